@@ -1,0 +1,36 @@
+"""shardkit: pack an image folder once into LMDB/HDF5 shards, then feed GPUs from them fast.
+
+Names are imported on first use, so that packing and the CLI do not pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ._version import __version__
+
+_EXPORTS = {
+    "ShardDataset": "dataset", "Batch": "dataset", "collate": "dataset",
+    "worker_init_fn": "dataset",
+    "ShardSampler": "sampler",
+    "pack": "packer", "merge": "packer", "PackResult": "packer",
+    "info": "inspection", "verify": "inspection",
+    "IMG_EXTENSIONS": "discovery", "find_classes": "discovery", "make_dataset": "discovery",
+    "ShardkitError": "errors", "PackError": "errors", "StoreError": "errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,212 @@
+"""The ``shardkit`` command: a thin argparse layer over the Python API."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import Sequence
+
+from ._version import __version__
+from .errors import Interrupted, ShardkitError
+from .imaging import PILLOW_PIXEL_LIMIT
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
+          "mib": 1 << 20, "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4,
+          "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """'1GiB', '500MB', '1e9' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 512MiB, 1GiB, 2GB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardkit",
+        description="Pack image folders into LMDB/HDF5 shards for fast PyTorch data loading.")
+    parser.add_argument("--version", action="version", version=f"shardkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("pack", help="pack an ImageFolder-layout folder into a store",
+                       description="Decode, resize and re-encode every image in SRC "
+                       "(SRC/<class>/<file>, as torchvision's ImageFolder) into the store OUT.")
+    p.add_argument("src", metavar="SRC", help="source folder (or root of --file-list paths)")
+    p.add_argument("out", metavar="OUT", help="output store (.lmdb / .h5 file, or a folder "
+                   "when sharded)")
+    p.add_argument("--format", choices=("lmdb", "hdf5"),
+                   help="store format (default: from OUT's suffix; .h5/.hdf5 is HDF5, else LMDB)")
+    p.add_argument("--size", type=_positive_int, default=256,
+                   help="resize the shorter side to this (never upscale; 0 keeps size) [256]")
+    p.add_argument("--quality", type=_positive_int, default=90, help="JPEG quality [90]")
+    p.add_argument("--encoding", choices=("jpeg", "raw"), default="jpeg",
+                   help="record encoding: jpeg, or raw uint8 pixels [jpeg]")
+    p.add_argument("--workers", type=_positive_int, default=None,
+                   help="worker processes (default: all cores; 0 or 1 packs in-process)")
+    p.add_argument("--strict", action="store_true",
+                   help="fail (and write nothing) on the first unusable image")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--max-pixels", type=_positive_int, default=PILLOW_PIXEL_LIMIT,
+                   help=f"refuse images declaring more pixels (0: no limit) [{PILLOW_PIXEL_LIMIT}]")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="keep class folders with no images as classes (indices never shift)")
+    p.add_argument("--file-list", metavar="LIST",
+                   help="CSV/TSV of path,label or path,class-name instead of class folders")
+    p.add_argument("--shard-size", type=parse_bytes, metavar="BYTES",
+                   help="write OUT as a folder of shards of about this size (e.g. 1GiB)")
+    p.add_argument("--num-shards", type=_positive_int, metavar="N",
+                   help="write OUT as a folder of N shards")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted sharded pack, keeping finished shards")
+    p.add_argument("--engine", choices=("local", "dask"), default="local",
+                   help="local process pool, or one task per shard on a Dask cluster [local]")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="Dask scheduler address (default: start a local cluster)")
+    p.add_argument("--num-nodes", type=_positive_int, default=1,
+                   help="static split over N nodes: this run packs its share of the shards")
+    p.add_argument("--node-rank", type=_positive_int, default=0, help="this node's rank")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("info", help="describe a store")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("verify", help="read and decode every record; exit 1 on any fault")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("merge", help="finish a multi-node pack once every node is done")
+    p.add_argument("out", metavar="OUT")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+
+    p = sub.add_parser("bench", help="throughput benchmark (see benchmarks/throughput.py)",
+                       add_help=False)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from .packer import pack
+
+    if args.shard_size is not None and args.num_shards is not None:
+        raise ShardkitError("give --shard-size or --num-shards, not both")
+    result = pack(args.src, args.out, format=args.format, size=args.size, quality=args.quality,
+                  encoding=args.encoding, workers=args.workers, strict=args.strict,
+                  overwrite=args.overwrite, max_pixels=args.max_pixels,
+                  allow_empty=args.allow_empty, file_list=args.file_list,
+                  shard_size=args.shard_size, num_shards=args.num_shards, resume=args.resume,
+                  engine=args.engine, scheduler=args.scheduler, num_nodes=args.num_nodes,
+                  node_rank=args.node_rank, progress=not args.quiet)
+    if args.num_nodes > 1:
+        print(f"node {args.node_rank}/{args.num_nodes}: packed {result.count} images; run "
+              f"'shardkit merge {args.out}' when every node is done", file=sys.stderr)
+        return EXIT_OK
+    print(f"packed {result.count} images into {result.out} ({result.shards} shard"
+          f"{'s' if result.shards != 1 else ''}) in {result.seconds:.1f} s "
+          f"({result.images_per_second:.0f} images/s)", file=sys.stderr)
+    _report_skipped(result.skipped)
+    return EXIT_OK
+
+
+def _report_skipped(skipped: list[dict[str, str]]) -> None:
+    if not skipped:
+        return
+    print(f"skipped {len(skipped)} unusable file{'s' if len(skipped) != 1 else ''} "
+          "(listed in the store's metadata):", file=sys.stderr)
+    for item in skipped[:20]:
+        print(f"  {item['path']!r}: {item['reason']}", file=sys.stderr)
+    if len(skipped) > 20:
+        print(f"  ... and {len(skipped) - 20} more ('shardkit info --json' lists them)",
+              file=sys.stderr)
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from .inspection import info
+    from .store import Store
+
+    summary = info(args.store)
+    if args.json:
+        summary["skipped_files"] = Store(args.store).skipped
+        print(json.dumps(summary, indent=2))
+        return EXIT_OK
+    classes = summary["classes"]
+    shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} in all)" if len(classes) > 10 else "")
+    print(f"store:      {summary['path']}\n"
+          f"format:     {summary['format']} ({summary['kind']}, {summary['shards']} shard(s), "
+          f"format version {summary['format_version']})\n"
+          f"records:    {summary['count']}\n"
+          f"classes:    {summary['num_classes']}: {shown}\n"
+          f"encoding:   {summary['encoding']} (size {summary['size']}, "
+          f"quality {summary['quality']})\n"
+          f"on disk:    {summary['bytes_on_disk']} bytes\n"
+          f"skipped:    {summary['skipped']} source file(s)")
+    return EXIT_OK
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .inspection import verify
+
+    report = verify(args.store, progress=not args.quiet)
+    if report.ok:
+        print(f"ok: {report.records} records verified in {report.path}")
+        return EXIT_OK
+    for fault in report.faults:
+        print(f"fault: {fault}", file=sys.stderr)
+    print(f"shardkit verify: {len(report.faults)} fault(s) in {report.path}", file=sys.stderr)
+    return EXIT_FAIL
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from .packer import merge
+
+    result = merge(args.out, overwrite=args.overwrite)
+    print(f"merged {result.shards} shards, {result.count} images into {result.out}",
+          file=sys.stderr)
+    return EXIT_OK
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .benchmark import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
+COMMANDS = {"pack": _cmd_pack, "info": _cmd_info, "verify": _cmd_verify, "merge": _cmd_merge,
+            "bench": _cmd_bench}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except Interrupted as exc:
+        print(f"shardkit {args.command}: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except ShardkitError as exc:
+        print(f"shardkit {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        print(f"shardkit {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Find images and labels in a folder, following torchvision's ``ImageFolder`` rules exactly.
+
+Classes are the source folder's immediate subfolders (symlinks followed) in sorted order; each
+class's files are found recursively, by extension (any case), in the order torchvision produces:
+``sorted(os.walk(class_dir, followlinks=True))`` and then sorted file names per folder.
+A label file (``--file-list``) is the alternative for datasets whose labels are not folders.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass, field
+
+from .errors import PackError
+
+IMG_EXTENSIONS: tuple[str, ...] = (
+    ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
+)
+
+
+@dataclass
+class Discovery:
+    """What a source folder holds: classes, and (path, label) per image in ImageFolder order."""
+
+    root: str
+    classes: list[str]
+    class_to_idx: dict[str, int]
+    samples: list[tuple[str, int]]
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+
+def has_image_extension(name: str) -> bool:
+    return name.lower().endswith(IMG_EXTENSIONS)
+
+
+def find_classes(root: str) -> tuple[list[str], dict[str, int]]:
+    """Immediate subfolders of ``root`` (following symlinks), sorted, mapped to 0..n-1."""
+    try:
+        with os.scandir(root) as it:
+            classes = sorted(entry.name for entry in it if _is_dir(entry))
+    except FileNotFoundError:
+        raise PackError(f"source folder not found: {root}") from None
+    except NotADirectoryError:
+        raise PackError(f"source is not a folder: {root}") from None
+    except PermissionError as exc:
+        raise PackError(f"cannot read source folder {root}: {exc.strerror}") from None
+    if not classes:
+        raise PackError(f"no class folders found in {root} (expected {root}/<class>/<image>)")
+    return classes, {name: i for i, name in enumerate(classes)}
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _walk(top: str, skipped: list[dict[str, str]]):
+    """``os.walk(top, followlinks=True)`` that visits each real directory once.
+
+    torchvision follows symlink loops until paths grow too long; we stop at the first repeat of a
+    (device, inode) pair on the current path and report it, so a loop never runs forever.
+    """
+    def walk(path: str, ancestors: frozenset):
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            skipped.append({"path": path, "reason": f"cannot open folder: {exc.strerror}"})
+            return
+        key = (st.st_dev, st.st_ino)
+        if key in ancestors:
+            skipped.append({"path": path, "reason": "symlink loop: folder already on this path"})
+            return
+        ancestors = ancestors | {key}
+        dirs, files = [], []
+        try:
+            with os.scandir(path) as it:
+                for entry in it:
+                    (dirs if _is_dir(entry) else files).append(entry.name)
+        except OSError as exc:
+            skipped.append({"path": path, "reason": f"cannot list folder: {exc.strerror}"})
+            return
+        yield path, dirs, files
+        for name in dirs:
+            yield from walk(os.path.join(path, name), ancestors)
+
+    yield from walk(top, frozenset())
+
+
+def make_dataset(root: str, class_to_idx: dict[str, int], allow_empty: bool = False,
+                 skipped: list[dict[str, str]] | None = None) -> list[tuple[str, int]]:
+    """(path, class index) for every image file, in ImageFolder's order."""
+    skipped = [] if skipped is None else skipped
+    samples: list[tuple[str, int]] = []
+    empty: list[str] = []
+    for target_class in sorted(class_to_idx):
+        label = class_to_idx[target_class]
+        target_dir = os.path.join(root, target_class)
+        found = 0
+        for dirpath, _, fnames in sorted(_walk(target_dir, skipped)):
+            for fname in sorted(fnames):
+                if has_image_extension(fname):
+                    samples.append((os.path.join(dirpath, fname), label))
+                    found += 1
+        if not found:
+            empty.append(target_class)
+    if empty and not allow_empty:
+        raise PackError(
+            f"found no image files for the classes {', '.join(sorted(empty))} "
+            f"(supported extensions: {', '.join(IMG_EXTENSIONS)}); "
+            "pass --allow-empty to keep them as classes with no images")
+    return samples
+
+
+def discover(root: str, allow_empty: bool = False) -> Discovery:
+    """Discover an ImageFolder-layout source folder."""
+    root = os.fspath(root)
+    classes, class_to_idx = find_classes(root)
+    skipped: list[dict[str, str]] = []
+    samples = make_dataset(root, class_to_idx, allow_empty, skipped)
+    return Discovery(root, classes, class_to_idx, samples, skipped)
+
+
+def read_file_list(list_path: str, root: str) -> Discovery:
+    """Discover from a CSV/TSV of ``path,label`` (integer) or ``path,class-name`` rows.
+
+    Paths are relative to ``root`` (or absolute). With class names, classes are the sorted set of
+    names, as ImageFolder would number them; with integers, classes are their decimal strings
+    ``0..max``. A header row ``path,...`` is allowed.
+    """
+    try:
+        with open(list_path, newline="", encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise PackError(f"cannot read file list {list_path}: {exc.strerror}") from None
+    dialect = "excel-tab" if "\t" in text.split("\n", 1)[0] else "excel"
+    rows = [r for r in csv.reader(text.splitlines(), dialect=dialect) if r and any(c.strip() for c in r)]
+    if rows and rows[0][0].strip().lower() in ("path", "file", "filename"):
+        rows = rows[1:]
+    if not rows:
+        raise PackError(f"file list {list_path} has no rows")
+    for n, row in enumerate(rows, 1):
+        if len(row) < 2:
+            raise PackError(f"file list {list_path} row {n}: expected 'path,label', got {row!r}")
+    labels = [row[1].strip() for row in rows]
+    if all(lab.lstrip("-").isdigit() for lab in labels):
+        ints = [int(lab) for lab in labels]
+        if min(ints) < 0:
+            raise PackError(f"file list {list_path}: negative label {min(ints)}")
+        classes = [str(i) for i in range(max(ints) + 1)]
+        targets = ints
+    else:
+        classes = sorted(set(labels))
+        index = {c: i for i, c in enumerate(classes)}
+        targets = [index[lab] for lab in labels]
+    samples = [(os.path.join(root, row[0].strip()), t) for row, t in zip(rows, targets)]
+    return Discovery(os.fspath(root), classes, {c: i for i, c in enumerate(classes)}, samples)

@@ -1,0 +1,174 @@
+"""HDF5 backend: one HDF5 file per shard, plain datasets only.
+
+``/data`` is one contiguous uint8 dataset of all encoded records back to back; ``/offsets``
+(int64, count+1) delimits them; index arrays are datasets under ``/index/<name>``; the metadata
+JSON is the string attribute ``shardkit_meta`` of the root group, written last. No variable-length
+objects, no pickle. Readers map ``/data`` straight from the file (its storage is contiguous), so a
+record read is a slice of memory, not an HDF5 library call.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from typing import Iterator
+
+import h5py
+import numpy as np
+
+from ..errors import StoreError
+from .base import RecordGetter, ShardReader, ShardWriter, check_array
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+META_ATTR = "shardkit_meta"
+COPY_CHUNK = 64 << 20
+
+
+def sniff(head: bytes) -> bool:
+    return head.startswith(HDF5_SIGNATURE)
+
+
+class Hdf5ShardWriter(ShardWriter):
+    """Spools record bytes to a side file, then lays them out as one contiguous dataset.
+
+    A contiguous dataset needs its size at creation, which is known only at the end.
+    """
+
+    format_name = "hdf5"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        fd, self._spool_path = tempfile.mkstemp(prefix=os.path.basename(path) + ".",
+                                                suffix=".spool", dir=os.path.dirname(path) or ".")
+        self._spool = os.fdopen(fd, "w+b")
+        self._offsets = [0]
+
+    def append(self, data: bytes) -> None:
+        self._spool.write(data)
+        self._offsets.append(self._offsets[-1] + len(data))
+        self.count += 1
+
+    def finish(self, arrays: dict[str, np.ndarray], meta_json: bytes) -> None:
+        total = self._offsets[-1]
+        try:
+            with h5py.File(self.path, "w", libver="earliest", track_order=False) as f:
+                data = f.create_dataset("data", shape=(total,), dtype=np.uint8)
+                self._spool.flush()
+                self._spool.seek(0)
+                pos = 0
+                while pos < total:
+                    chunk = self._spool.read(min(COPY_CHUNK, total - pos))
+                    data[pos:pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
+                    pos += len(chunk)
+                f.create_dataset("offsets", data=np.asarray(self._offsets, dtype=np.int64))
+                group = f.create_group("index")
+                for name, arr in arrays.items():
+                    group.create_dataset(name, data=np.ascontiguousarray(arr))
+                f.attrs[META_ATTR] = np.bytes_(meta_json)
+                f.flush()
+        finally:
+            self._drop_spool()
+        with open(self.path, "rb+") as f:
+            os.fsync(f.fileno())
+
+    def abort(self) -> None:
+        self._drop_spool()
+
+    def _drop_spool(self) -> None:
+        self._spool.close()
+        try:
+            os.unlink(self._spool_path)
+        except FileNotFoundError:
+            pass
+
+
+class Hdf5ShardReader(ShardReader):
+    """Reads metadata and index arrays with h5py once, then serves records from a memory map."""
+
+    format_name = "hdf5"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        try:
+            f = h5py.File(path, "r", locking=False)
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{path}: cannot open HDF5 store: {exc}") from None
+        self._file = f
+        try:
+            raw = f.attrs.get(META_ATTR)
+            if raw is None:
+                raise StoreError(f"{path}: HDF5 file has no shardkit metadata "
+                                 "(incomplete or foreign store)")
+            self._meta = bytes(raw) if not isinstance(raw, str) else raw.encode()
+            self._data_map = self._map_data(f)
+        except StoreError:
+            f.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - h5py surfaces corruption as many types
+            f.close()
+            raise StoreError(f"{path}: damaged HDF5 store: {exc}") from None
+
+    def _map_data(self, f: h5py.File) -> np.ndarray:
+        ds = f.get("data")
+        offsets = f.get("offsets")
+        if not isinstance(ds, h5py.Dataset) or not isinstance(offsets, h5py.Dataset):
+            raise StoreError(f"{self.path}: HDF5 store lacks /data or /offsets")
+        if ds.dtype != np.uint8 or ds.ndim != 1 or ds.chunks is not None or ds.compression:
+            raise StoreError(f"{self.path}: /data is not a contiguous uint8 dataset")
+        self._offsets = self._map_dataset(offsets)
+        if self._offsets.dtype != np.int64 or self._offsets.ndim != 1:
+            raise StoreError(f"{self.path}: /offsets is not an int64 vector")
+        n = int(ds.shape[0])
+        if len(self._offsets) == 0 or self._offsets[0] != 0 or self._offsets[-1] != n \
+                or np.any(np.diff(self._offsets) < 0):
+            raise StoreError(f"{self.path}: /offsets do not describe /data (damaged store)")
+        return self._map_dataset(ds)
+
+    def meta_json(self) -> bytes:
+        return self._meta
+
+    def array(self, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        if self._file is None:
+            raise StoreError(f"{self.path}: reader is closed")
+        ds = self._file.get(f"index/{name}")
+        if not isinstance(ds, h5py.Dataset):
+            raise StoreError(f"{self.path}: index array {name!r} is missing (damaged store)")
+        try:
+            arr = self._map_dataset(ds)
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise StoreError(f"{self.path}: cannot read index array {name!r}: {exc}") from None
+        return check_array(self.path, name, arr, dtype, shape)
+
+    def _map_dataset(self, ds: h5py.Dataset) -> np.ndarray:
+        """A contiguous dataset as a read-only memory map (shared page cache, no private copy)."""
+        start = ds.id.get_offset()
+        if ds.chunks is not None or ds.compression or start is None or ds.size == 0:
+            return np.asarray(ds[()])
+        if start + ds.nbytes > self.file_size:
+            raise StoreError(f"{self.path}: dataset {ds.name} lies beyond the end of the file "
+                             "(truncated store)")
+        return np.memmap(self.path, dtype=ds.dtype, mode="r", offset=start, shape=ds.shape)
+
+    @contextmanager
+    def records(self) -> Iterator[RecordGetter]:
+        data, offsets, path = self._data_map, self._offsets, self.path
+
+        def get(i: int):
+            if not 0 <= i < len(offsets) - 1:
+                raise StoreError(f"{path}: record {i} is missing (damaged store)")
+            return data[offsets[i]:offsets[i + 1]]
+
+        yield get
+
+    def release_library_handle(self) -> None:
+        """Close the h5py handle once arrays are read; records keep coming from the map."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def close(self) -> None:
+        self.release_library_handle()
+        self._data_map = None

@@ -1,0 +1,214 @@
+"""LMDB backend: one single-file LMDB environment per shard.
+
+Record ``i`` is under the 8-byte big-endian key ``i`` (so keys sort in index order and are written
+with ``append=True``). Index arrays are raw little-endian bytes under ``__array__/<name>``; their
+dtype and shape live in the metadata JSON under ``__meta__``. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from contextlib import contextmanager
+from typing import Iterator
+
+import lmdb
+import numpy as np
+
+from ..errors import StoreError
+from .base import RecordGetter, ShardReader, ShardWriter, check_array
+
+META_KEY = b"__meta__"
+ARRAY_PREFIX = b"__array__/"
+LMDB_MAGIC = 0xBEEFC0DE
+INITIAL_MAP_SIZE = 64 << 20
+TXN_BYTES = 64 << 20  # commit a write transaction every ~64 MiB
+MAX_READERS = 2048
+
+
+def record_key(i: int) -> bytes:
+    return i.to_bytes(8, "big")
+
+
+def sniff(head: bytes) -> bool:
+    return len(head) >= 24 and struct.unpack_from("<I", head, 16)[0] == LMDB_MAGIC
+
+
+def expected_size(path: str) -> int:
+    """Bytes the file must hold, from LMDB's two meta pages (the newer one wins).
+
+    LMDB maps the whole file; reading a page past the end of a truncated file raises SIGBUS, so
+    readers check this before opening.
+    """
+    with open(path, "rb") as f:
+        head = f.read(4096)
+        if not sniff(head):
+            raise StoreError(f"{path}: not an LMDB file (bad magic)")
+        psize = struct.unpack_from("<I", head, 40)[0]
+        if psize < 512 or psize > 65536 or psize & (psize - 1):
+            raise StoreError(f"{path}: LMDB header has an invalid page size {psize}")
+        f.seek(psize)
+        second = f.read(psize)
+    metas = [head]
+    if len(second) >= 152 and struct.unpack_from("<I", second, 16)[0] == LMDB_MAGIC:
+        metas.append(second)
+    last_pg, _ = max((struct.unpack_from("<QQ", m, 136) for m in metas), key=lambda t: t[1])
+    return (last_pg + 1) * psize
+
+
+class LmdbShardWriter(ShardWriter):
+    format_name = "lmdb"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self._map_size = INITIAL_MAP_SIZE
+        self._env = lmdb.open(path, subdir=False, map_size=self._map_size, lock=False,
+                              meminit=True, sync=False, metasync=False, readahead=False)
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+
+    def append(self, data: bytes) -> None:
+        self._pending.append((record_key(self.count), data))
+        self._pending_bytes += len(data)
+        self.count += 1
+        if self._pending_bytes >= TXN_BYTES:
+            self._commit()
+
+    def _commit(self) -> None:
+        """Write pending items in one transaction, doubling the map until they fit."""
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    for key, value in self._pending:
+                        if not txn.put(key, value, append=key[:2] != b"__", overwrite=True):
+                            raise StoreError(f"{self.path}: duplicate key {key!r}")
+                break
+            except lmdb.MapFullError:
+                self._map_size *= 2
+                self._env.set_mapsize(self._map_size)
+            except lmdb.Error as exc:  # e.g. ENOSPC: surface as the OSError it is
+                raise OSError(f"LMDB write to {self.path} failed: {exc}") from None
+        self._pending.clear()
+        self._pending_bytes = 0
+
+    def finish(self, arrays: dict[str, np.ndarray], meta_json: bytes) -> None:
+        self._commit()
+        for name, arr in arrays.items():
+            self._pending.append((ARRAY_PREFIX + name.encode(), np.ascontiguousarray(arr).tobytes()))
+        self._commit()
+        self._pending.append((META_KEY, meta_json))
+        self._commit()
+        try:
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise OSError(f"LMDB sync of {self.path} failed: {exc}") from None
+        self._env.close()
+
+    def abort(self) -> None:
+        self._env.close()
+
+
+# lmdb refuses to open one file twice in a process (a forked child inherits the parent's handle
+# too), so each process keeps one environment per file and shares it between readers.
+_ENVS: dict[str, tuple[int, lmdb.Environment, int]] = {}
+
+
+def _acquire_env(path: str) -> lmdb.Environment:
+    key = os.path.realpath(path)
+    pid = os.getpid()
+    entry = _ENVS.get(key)
+    if entry is not None:
+        owner, env, refs = entry
+        if owner == pid:
+            _ENVS[key] = (owner, env, refs + 1)
+            return env
+        env.close()  # inherited over fork: unusable here, and it blocks a fresh open
+    env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False,
+                    meminit=False, max_readers=MAX_READERS, max_dbs=0)
+    _ENVS[key] = (pid, env, 1)
+    return env
+
+
+def _release_env(path: str, env: lmdb.Environment) -> None:
+    key = os.path.realpath(path)
+    entry = _ENVS.get(key)
+    if entry is None or entry[1] is not env:
+        return
+    owner, _, refs = entry
+    if refs > 1:
+        _ENVS[key] = (owner, env, refs - 1)
+    else:
+        del _ENVS[key]
+        env.close()
+
+
+class LmdbShardReader(ShardReader):
+    format_name = "lmdb"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        need = expected_size(path)
+        if self.file_size < need:
+            raise StoreError(
+                f"{path}: LMDB file is truncated ({self.file_size} bytes, header needs {need})")
+        try:
+            self._env = _acquire_env(path)
+            # Index arrays are views into this long-lived read transaction's map: no copies.
+            self._array_txn = self._env.begin(buffers=True)
+        except lmdb.Error as exc:
+            raise StoreError(f"{path}: cannot open LMDB store: {exc}") from None
+
+    def _get(self, key: bytes, what: str) -> bytes:
+        try:
+            with self._env.begin() as txn:
+                value = txn.get(key)
+        except lmdb.Error as exc:
+            raise StoreError(f"{self.path}: LMDB read failed for {what}: {exc}") from None
+        if value is None:
+            raise StoreError(f"{self.path}: {what} is missing (incomplete or foreign store)")
+        return value
+
+    def meta_json(self) -> bytes:
+        return self._get(META_KEY, "metadata")
+
+    def array(self, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        try:
+            raw = self._array_txn.get(ARRAY_PREFIX + name.encode())
+        except lmdb.Error as exc:
+            raise StoreError(f"{self.path}: LMDB read failed for index array {name!r}: {exc}") from None
+        if raw is None:
+            raise StoreError(f"{self.path}: index array {name!r} is missing (damaged store)")
+        itemsize = np.dtype(dtype).itemsize
+        if len(raw) != itemsize * int(np.prod(shape, dtype=np.int64)):
+            raise StoreError(f"{self.path}: index array {name!r} has {len(raw)} bytes, "
+                             f"metadata promises {dtype}{list(shape)} (damaged store)")
+        arr = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        return check_array(self.path, name, arr, dtype, shape)
+
+    @contextmanager
+    def records(self) -> Iterator[RecordGetter]:
+        try:
+            txn = self._env.begin(buffers=True)
+        except lmdb.Error as exc:
+            raise StoreError(f"{self.path}: LMDB read failed: {exc}") from None
+        path = self.path
+
+        def get(i: int):
+            try:
+                value = txn.get(record_key(i))
+            except lmdb.Error as exc:
+                raise StoreError(f"{path}: LMDB read of record {i} failed: {exc}") from None
+            if value is None:
+                raise StoreError(f"{path}: record {i} is missing (damaged store)")
+            return value
+
+        try:
+            yield get
+        finally:
+            txn.abort()
+
+    def close(self) -> None:
+        env, self._env = getattr(self, "_env", None), None
+        if env is not None:
+            self._array_txn.abort()
+            _release_env(self.path, env)

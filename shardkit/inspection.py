@@ -1,0 +1,118 @@
+"""``info`` and ``verify``: describe a store, and prove every record in it is intact."""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import codec
+from .errors import StoreError
+from .store import Store, sha256_file
+
+MAX_FAULTS = 100
+
+
+def _disk_bytes(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(path, name)) for name in os.listdir(path)
+                   if os.path.isfile(os.path.join(path, name)))
+    return os.path.getsize(path)
+
+
+def info(path: str | os.PathLike) -> dict[str, Any]:
+    """A summary of a store, from its metadata alone (records are not read)."""
+    store = Store(path)
+    meta, settings = store.meta, store.settings
+    return {
+        "path": store.path,
+        "kind": meta["kind"],
+        "format_version": meta["format_version"],
+        "shardkit_version": meta.get("shardkit_version"),
+        "format": settings["format"],
+        "count": store.count,
+        "num_classes": len(store.classes),
+        "classes": store.classes,
+        "encoding": store.encoding,
+        "size": settings["size"],
+        "quality": settings["quality"],
+        "shards": len(store.shards),
+        "bytes_on_disk": _disk_bytes(store.path),
+        "skipped": len(store.skipped),
+    }
+
+
+@dataclass
+class VerifyReport:
+    path: str
+    records: int = 0
+    faults: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.faults
+
+
+def verify(path: str | os.PathLike, progress: bool = False) -> VerifyReport:
+    """Check checksums of shard files, metadata consistency, and decode every record.
+
+    Faults are collected (up to ``MAX_FAULTS``) rather than raised, so one run lists them all.
+    A store that cannot be opened at all raises ``StoreError``.
+    """
+    from tqdm import tqdm
+
+    store = Store(path)
+    report = VerifyReport(store.path)
+
+    def fault(msg: str) -> None:
+        if len(report.faults) < MAX_FAULTS:
+            report.faults.append(msg)
+
+    n_classes = len(store.classes)
+    labels_seen = []
+    bar = tqdm(total=store.count, unit="rec", desc="verify", disable=not progress,
+               file=sys.stderr, dynamic_ncols=True)
+    for k, entry in enumerate(store.shards):
+        where = f"shard {k} ({entry.path})"
+        if entry.sha256 is not None:
+            try:
+                if sha256_file(entry.path) != entry.sha256:
+                    fault(f"{where}: file checksum differs from the manifest")
+                    continue
+            except OSError as exc:
+                fault(f"{where}: cannot read: {exc.strerror}")
+                continue
+        try:
+            shard = store.shard(k)
+        except StoreError as exc:
+            fault(str(exc))
+            continue
+        labels = np.asarray(shard.labels)
+        labels_seen.append(labels)
+        if len(labels) and (labels.min() < 0 or labels.max() >= n_classes):
+            fault(f"{where}: labels outside 0..{n_classes - 1}")
+        with shard.reader.records() as get:
+            for local in range(entry.count):
+                try:
+                    buf = get(local)
+                    if zlib.crc32(buf) != int(shard.crc32[local]):
+                        fault(f"{where}, record {local}: CRC32 mismatch (damaged bytes)")
+                        continue
+                    codec.decode(buf, store.encoding, int(shard.heights[local]),
+                                 int(shard.widths[local]))
+                except (StoreError, codec.RecordDecodeError) as exc:
+                    fault(f"{where}, record {local}: {exc}")
+                report.records += 1
+                bar.update(1)
+    bar.close()
+    if not report.faults and len(store.shards) > 1:
+        if not np.array_equal(np.concatenate(labels_seen), store.labels):
+            fault("labels.npy disagrees with the labels stored in the shards")
+    if report.records != store.count and not report.faults:
+        fault(f"read {report.records} records, metadata says {store.count}")
+    store.close()
+    return report

@@ -1,0 +1,164 @@
+"""The JSON metadata of shards and manifests: building it, and parsing it strictly.
+
+Everything a reader trusts is checked here: the format tag, the version, the types of every field
+it uses, and that array descriptions are plain numeric dtypes of the promised length. Metadata is
+JSON only; nothing in a store is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ._version import __version__
+from .errors import StoreError
+
+FORMAT_TAG = "shardkit"
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+MANIFEST_NAME = "manifest.json"
+MAX_META_BYTES = 1 << 30
+
+# Per-record index arrays every shard holds (name -> dtype); path_blob/path_offsets hold the
+# UTF-8 (surrogate-escaped) source paths back to back.
+RECORD_ARRAYS: dict[str, str] = {
+    "labels": "<i8",
+    "heights": "<i4",
+    "widths": "<i4",
+    "crc32": "<u4",
+    "path_offsets": "<i8",
+    "path_blob": "|u1",
+}
+ALLOWED_DTYPES = frozenset(RECORD_ARRAYS.values())
+
+
+def dumps(obj: dict[str, Any]) -> bytes:
+    """Canonical JSON (sorted keys) so identical packs give identical bytes."""
+    return json.dumps(obj, sort_keys=True, ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+def loads(raw: bytes | str, where: str) -> dict[str, Any]:
+    if len(raw) > MAX_META_BYTES:
+        raise StoreError(f"{where}: metadata is implausibly large ({len(raw)} bytes)")
+    try:
+        obj = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise StoreError(f"{where}: metadata is not valid JSON ({exc}); "
+                         "damaged store or not written by shardkit") from None
+    if not isinstance(obj, dict):
+        raise StoreError(f"{where}: metadata is not a JSON object")
+    return obj
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"non-finite number {name}")
+
+
+def _need(obj: dict, key: str, types: type | tuple[type, ...], where: str) -> Any:
+    value = obj.get(key)
+    if not isinstance(value, types) or (isinstance(value, bool) and types is int):
+        raise StoreError(f"{where}: metadata field {key!r} is missing or has the wrong type")
+    return value
+
+
+def check_header(obj: dict[str, Any], where: str, kind: str | tuple[str, ...]) -> None:
+    """Format tag, version and kind: the first thing checked in any metadata."""
+    if obj.get("format") != FORMAT_TAG:
+        raise StoreError(f"{where}: not a shardkit store (format tag {obj.get('format')!r})")
+    version = obj.get("format_version")
+    if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
+        supported = ", ".join(map(str, SUPPORTED_VERSIONS))
+        raise StoreError(f"{where}: store format version {version!r} is not supported by "
+                         f"shardkit {__version__} (supports version {supported}); "
+                         "upgrade shardkit or re-pack the data")
+    kinds = (kind,) if isinstance(kind, str) else kind
+    if obj.get("kind") not in kinds:
+        raise StoreError(f"{where}: metadata kind {obj.get('kind')!r}, expected {' or '.join(kinds)}")
+
+
+def check_dataset_fields(obj: dict[str, Any], where: str) -> None:
+    """Fields shared by single-file stores, shards and manifests."""
+    count = _need(obj, "count", int, where)
+    if count < 0:
+        raise StoreError(f"{where}: negative record count")
+    classes = _need(obj, "classes", list, where)
+    if not all(isinstance(c, str) for c in classes):
+        raise StoreError(f"{where}: classes must be strings")
+    class_to_idx = _need(obj, "class_to_idx", dict, where)
+    if class_to_idx != {c: i for i, c in enumerate(classes)}:
+        raise StoreError(f"{where}: class_to_idx does not match classes")
+    settings = _need(obj, "settings", dict, where)
+    if settings.get("encoding") not in ("jpeg", "raw"):
+        raise StoreError(f"{where}: unknown record encoding {settings.get('encoding')!r}")
+    skipped = obj.get("skipped", [])
+    if not isinstance(skipped, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("reason"), str)
+            for s in skipped):
+        raise StoreError(f"{where}: skipped-file list is malformed")
+
+
+def check_shard_fields(obj: dict[str, Any], where: str) -> None:
+    """Array descriptions and the shard's position, for a shard or single-file store."""
+    shard = _need(obj, "shard", dict, where)
+    count = obj["count"] if obj.get("kind") == "single" else _need(shard, "count", int, where)
+    for key in ("index", "count"):
+        if not isinstance(shard.get(key), int) or isinstance(shard.get(key), bool) or shard[key] < 0:
+            raise StoreError(f"{where}: shard field {key!r} is missing or invalid")
+    if shard["count"] != count:
+        raise StoreError(f"{where}: shard count disagrees with store count")
+    arrays = _need(obj, "arrays", dict, where)
+    for name, dtype in RECORD_ARRAYS.items():
+        desc = arrays.get(name)
+        if not isinstance(desc, dict) or desc.get("dtype") != dtype:
+            raise StoreError(f"{where}: index array {name!r} is missing or not {dtype}")
+        shape = desc.get("shape")
+        if not (isinstance(shape, list) and len(shape) == 1 and isinstance(shape[0], int)
+                and shape[0] >= 0):
+            raise StoreError(f"{where}: index array {name!r} has an invalid shape")
+        expected = count + 1 if name == "path_offsets" else count
+        if name != "path_blob" and shape[0] != expected:
+            raise StoreError(f"{where}: index array {name!r} has {shape[0]} entries, "
+                             f"expected {expected}")
+
+
+def parse_shard_meta(raw: bytes | str, where: str) -> dict[str, Any]:
+    obj = loads(raw, where)
+    check_header(obj, where, ("single", "shard"))
+    check_dataset_fields(obj, where)
+    check_shard_fields(obj, where)
+    return obj
+
+
+def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
+    obj = loads(raw, where)
+    check_header(obj, where, "sharded")
+    check_dataset_fields(obj, where)
+    shards = _need(obj, "shards", list, where)
+    start = 0
+    for k, entry in enumerate(shards):
+        if not isinstance(entry, dict):
+            raise StoreError(f"{where}: shard entry {k} is not an object")
+        name = _need(entry, "file", str, where)
+        if "/" in name or "\\" in name or name in ("", ".", ".."):
+            raise StoreError(f"{where}: shard file name {name!r} is not a plain file name")
+        if entry.get("format") not in ("lmdb", "hdf5"):
+            raise StoreError(f"{where}: shard {k} has unknown format {entry.get('format')!r}")
+        for key in ("count", "start", "bytes"):
+            _need(entry, key, int, where)
+        _need(entry, "sha256", str, where)
+        if entry["start"] != start:
+            raise StoreError(f"{where}: shard {k} starts at {entry['start']}, expected {start}")
+        start += entry["count"]
+    if start != obj["count"]:
+        raise StoreError(f"{where}: shards hold {start} records, manifest says {obj['count']}")
+    labels = _need(obj, "labels", dict, where)
+    _need(labels, "file", str, where)
+    _need(labels, "sha256", str, where)
+    return obj
+
+
+def array_descriptions(count: int, path_blob_len: int) -> dict[str, dict[str, Any]]:
+    return {name: {"dtype": dtype,
+                   "shape": [path_blob_len if name == "path_blob"
+                             else count + 1 if name == "path_offsets" else count]}
+            for name, dtype in RECORD_ARRAYS.items()}

@@ -1,0 +1,590 @@
+"""``shardkit.pack``: decode every source image once, resize, re-encode, write a store.
+
+Work is split by a *plan* fixed before any pixel is decoded: the ordered source list and the
+shard boundaries (by count). Every engine (in-process, a local process pool, Dask, or several
+nodes each packing their share) produces the same shards from the same plan. Output is written
+under a hidden ``.<name>.partial`` sibling, metadata last, and renamed to OUT only when complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from . import metadata
+from ._version import __version__
+from .codec import ENCODINGS, encode
+from .discovery import Discovery, discover, read_file_list
+from .errors import Interrupted, PackError, ShardkitError
+from .formats import FORMATS, SUFFIXES, format_for_path, open_writer
+from .imaging import PILLOW_PIXEL_LIMIT, ImageRejected, load_rgb
+from .store import sha256_file
+
+PLAN_NAME = "plan.json"
+SIZE_SAMPLE = 32  # images encoded up front to estimate bytes per record for --shard-size
+
+
+@dataclass(frozen=True)
+class PackSettings:
+    """How each image is transformed; stored verbatim in the metadata."""
+
+    size: int = 256
+    quality: int = 90
+    encoding: str = "jpeg"
+    format: str = "lmdb"
+    max_pixels: int = PILLOW_PIXEL_LIMIT
+
+    def as_meta(self) -> dict[str, Any]:
+        return {"size": self.size, "quality": self.quality, "encoding": self.encoding,
+                "format": self.format, "max_pixels": self.max_pixels, "resample": "bicubic",
+                "alpha_background": "white", "chroma_subsampling": "4:2:0"}
+
+    def validate(self) -> None:
+        if self.size < 0:
+            raise PackError("--size must be >= 0 (0 keeps the original size)")
+        if not 1 <= self.quality <= 100:
+            raise PackError("--quality must be between 1 and 100")
+        if self.encoding not in ENCODINGS:
+            raise PackError(f"--encoding must be one of {', '.join(ENCODINGS)}")
+        if self.format not in FORMATS:
+            raise PackError(f"--format must be one of {', '.join(FORMATS)}")
+        if self.max_pixels < 0:
+            raise PackError("--max-pixels must be >= 0 (0 disables the limit)")
+
+
+@dataclass
+class PackResult:
+    """What a pack produced."""
+
+    out: str
+    count: int
+    skipped: list[dict[str, str]]
+    seconds: float
+    shards: int = 1
+    sources: int = 0
+
+    @property
+    def images_per_second(self) -> float:
+        return self.sources / self.seconds if self.seconds > 0 else 0.0
+
+
+# -- per-image work (runs in worker processes) ----------------------------------------------------
+
+Encoded = tuple[bytes | None, int, int, str | None]
+
+
+def encode_file(path: str, settings: PackSettings) -> Encoded:
+    """(record bytes, height, width, None) or (None, 0, 0, reason) for one source file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        return None, 0, 0, f"cannot read file: {exc.strerror or exc}"
+    try:
+        pixels = load_rgb(data, settings.size, settings.max_pixels)
+    except ImageRejected as exc:
+        return None, 0, 0, str(exc)
+    except MemoryError:
+        return None, 0, 0, "out of memory while decoding"
+    height, width = pixels.shape[:2]
+    return encode(pixels, settings.encoding, settings.quality), height, width, None
+
+
+def _encode_task(args: tuple[str, PackSettings]) -> Encoded:
+    return encode_file(*args)
+
+
+def _worker_init() -> None:
+    # The parent handles Ctrl-C and terminates the pool; workers must not print tracebacks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# -- the plan -------------------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    """Sources, shard boundaries and settings: everything that decides the output."""
+
+    root: str
+    classes: list[str]
+    class_to_idx: dict[str, int]
+    paths: list[str]
+    labels: list[int]
+    bounds: list[int]  # shard k holds sources bounds[k]:bounds[k+1]
+    settings: PackSettings
+    sharded: bool
+    discovery_skipped: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.bounds) - 1
+
+    def plan_id(self) -> str:
+        h = hashlib.sha256()
+        h.update(metadata.dumps({"settings": self.settings.as_meta(), "classes": self.classes,
+                                 "bounds": self.bounds, "sharded": self.sharded}))
+        for path, label in zip(self.paths, self.labels):
+            h.update(os.fsencode(self.relpath(path)) + b"\0" + str(label).encode() + b"\n")
+        return h.hexdigest()
+
+    def relpath(self, path: str) -> str:
+        return os.path.relpath(path, self.root)
+
+    def shard_file(self, k: int) -> str:
+        return f"shard-{k:05d}{SUFFIXES[self.settings.format]}"
+
+    def common_meta(self) -> dict[str, Any]:
+        return {"format": metadata.FORMAT_TAG, "format_version": metadata.FORMAT_VERSION,
+                "shardkit_version": __version__, "classes": self.classes,
+                "class_to_idx": self.class_to_idx, "settings": self.settings.as_meta(),
+                "source_root": os.path.abspath(self.root)}
+
+
+def shard_bounds(n: int, num_shards: int | None, per_shard: int | None) -> list[int]:
+    if num_shards is not None:
+        if num_shards < 1:
+            raise PackError("--num-shards must be >= 1")
+        num_shards = min(num_shards, max(n, 1))
+        return [round(k * n / num_shards) for k in range(num_shards + 1)]
+    per_shard = max(1, per_shard or n or 1)
+    return list(range(0, n, per_shard)) + [n] if n else [0, 0]
+
+
+def estimate_record_bytes(paths: Sequence[str], settings: PackSettings) -> int:
+    """Mean record size over up to SIZE_SAMPLE evenly spaced sources (deterministic)."""
+    if not paths:
+        return 1
+    step = max(1, len(paths) // SIZE_SAMPLE)
+    sizes = [len(r[0]) for r in (encode_file(p, settings) for p in paths[::step][:SIZE_SAMPLE])
+             if r[0] is not None]
+    if not sizes:
+        return settings.size * settings.size * 4 if settings.size else 1 << 20
+    return max(1, int(sum(sizes) / len(sizes)))
+
+
+def make_plan(src: str, settings: PackSettings, *, allow_empty: bool = False,
+              file_list: str | None = None, shard_size: int | None = None,
+              num_shards: int | None = None) -> Plan:
+    found: Discovery = read_file_list(file_list, src) if file_list else discover(src, allow_empty)
+    paths = [p for p, _ in found.samples]
+    labels = [t for _, t in found.samples]
+    sharded = shard_size is not None or num_shards is not None
+    per_shard = None
+    if shard_size is not None:
+        if shard_size <= 0:
+            raise PackError("--shard-size must be positive")
+        per_shard = max(1, shard_size // estimate_record_bytes(paths, settings))
+    bounds = shard_bounds(len(paths), num_shards, per_shard) if sharded else [0, len(paths)]
+    return Plan(found.root, found.classes, found.class_to_idx, paths, labels, bounds, settings,
+                sharded, found.skipped)
+
+
+# -- writing one shard ----------------------------------------------------------------------------
+
+class ShardBuilder:
+    """Feeds encoded records into a format writer and builds the shard's index arrays."""
+
+    def __init__(self, plan: Plan, k: int, path: str, strict: bool) -> None:
+        self.plan, self.k, self.path, self.strict = plan, k, path, strict
+        self.writer = open_writer(path, plan.settings.format)
+        self.labels: list[int] = []
+        self.heights: list[int] = []
+        self.widths: list[int] = []
+        self.crcs: list[int] = []
+        self.paths: list[bytes] = []
+        self.skipped: list[dict[str, str]] = []
+
+    def add(self, source: int, result: Encoded) -> None:
+        data, height, width, reason = result
+        path = self.plan.paths[source]
+        if data is None:
+            if self.strict:
+                raise PackError(f"{path}: {reason} (--strict: no output written)")
+            self.skipped.append({"path": path, "reason": reason or "unknown error"})
+            return
+        self.writer.append(data)
+        self.labels.append(self.plan.labels[source])
+        self.heights.append(height)
+        self.widths.append(width)
+        self.crcs.append(zlib.crc32(data))
+        self.paths.append(self.plan.relpath(path).encode("utf-8", "surrogateescape"))
+
+    def finish(self, kind: str, extra_skipped: Iterable[dict[str, str]] = ()) -> dict[str, Any]:
+        """Write arrays and metadata; return the manifest entry for this shard."""
+        n = len(self.labels)
+        path_offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in self.paths], out=path_offsets[1:])
+        arrays = {
+            "labels": np.asarray(self.labels, dtype="<i8"),
+            "heights": np.asarray(self.heights, dtype="<i4"),
+            "widths": np.asarray(self.widths, dtype="<i4"),
+            "crc32": np.asarray(self.crcs, dtype="<u4"),
+            "path_offsets": path_offsets,
+            "path_blob": np.frombuffer(b"".join(self.paths), dtype=np.uint8),
+        }
+        skipped = list(extra_skipped) + self.skipped
+        meta = self.plan.common_meta() | {
+            "kind": kind, "count": n, "skipped": skipped,
+            "shard": {"index": self.k, "count": n,
+                      "sources": [self.plan.bounds[self.k], self.plan.bounds[self.k + 1]]},
+            "arrays": metadata.array_descriptions(n, len(arrays["path_blob"])),
+        }
+        self.writer.finish(arrays, metadata.dumps(meta))
+        return {"file": os.path.basename(self.path), "format": self.plan.settings.format,
+                "count": n, "bytes": os.path.getsize(self.path), "sha256": sha256_file(self.path),
+                "skipped": skipped}
+
+    def abort(self) -> None:
+        self.writer.abort()
+
+
+# -- engines --------------------------------------------------------------------------------------
+
+def _encoded_stream(tasks: list[tuple[str, PackSettings]], workers: int) -> Iterator[Encoded]:
+    """Results in task order, from this process (workers <= 1) or a process pool."""
+    if workers <= 1 or len(tasks) < 2:
+        for task in tasks:
+            yield _encode_task(task)
+        return
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+    chunk = max(1, min(16, len(tasks) // (workers * 8)))
+    pool = ctx.Pool(workers, initializer=_worker_init)
+    try:
+        yield from pool.imap(_encode_task, tasks, chunksize=chunk)
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _progress(total: int, enabled: bool, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="img", desc=desc, disable=not enabled, file=sys.stderr,
+                dynamic_ncols=True, smoothing=0.1)
+
+
+def run_local(plan: Plan, shards: list[int], dest: dict[int, str], *, workers: int,
+              strict: bool, progress: bool, on_shard_done) -> None:
+    """Encode the given shards with a local process pool, writing each through a builder."""
+    tasks = [(plan.paths[i], plan.settings)
+             for k in shards for i in range(plan.bounds[k], plan.bounds[k + 1])]
+    stream = _encoded_stream(tasks, workers)
+    bar = _progress(len(tasks), progress, "pack")
+    try:
+        for k in shards:
+            builder = ShardBuilder(plan, k, dest[k], strict)
+            try:
+                for i in range(plan.bounds[k], plan.bounds[k + 1]):
+                    builder.add(i, next(stream))
+                    bar.update(1)
+                extra = plan.discovery_skipped if not plan.sharded else ()
+                entry = builder.finish("shard" if plan.sharded else "single", extra)
+            except BaseException:
+                builder.abort()
+                _remove(dest[k])
+                raise
+            on_shard_done(k, entry)
+    finally:
+        bar.close()
+        stream.close()
+
+
+def pack_shard(plan: Plan, k: int, dest: str) -> dict[str, Any]:
+    """Pack one shard in this process (the unit of work for Dask and multi-node packing)."""
+    builder = ShardBuilder(plan, k, dest, strict=False)
+    try:
+        for i in range(plan.bounds[k], plan.bounds[k + 1]):
+            builder.add(i, encode_file(plan.paths[i], plan.settings))
+        return builder.finish("shard")
+    except BaseException:
+        builder.abort()
+        _remove(dest)
+        raise
+
+
+# -- partial outputs, progress entries, merge ----------------------------------------------------
+
+def partial_path(out: str) -> str:
+    head, tail = os.path.split(os.path.abspath(out))
+    return os.path.join(head, f".{tail}.partial")
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        for p in (path, path + ".spool"):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+
+def _write_json_atomic(path: str, obj: dict[str, Any]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(metadata.dumps(obj))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _entry_path(partial: str, k: int) -> str:
+    return os.path.join(partial, f"shard-{k:05d}.done.json")
+
+
+def _completed_shards(partial: str, plan: Plan, plan_id: str) -> dict[int, dict[str, Any]]:
+    """Shards of an interrupted run whose file still matches the checksum recorded when done."""
+    done: dict[int, dict[str, Any]] = {}
+    for k in range(plan.num_shards):
+        try:
+            with open(_entry_path(partial, k), "rb") as f:
+                entry = json.loads(f.read())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(entry, dict) or entry.get("plan_id") != plan_id:
+            continue
+        shard = os.path.join(partial, plan.shard_file(k))
+        if entry.get("file") == plan.shard_file(k) and os.path.exists(shard) \
+                and os.path.getsize(shard) == entry.get("bytes") \
+                and sha256_file(shard) == entry.get("sha256"):
+            done[k] = entry
+    return done
+
+
+def _prepare_partial(partial: str, plan: Plan, plan_id: str, resume: bool) -> dict[int, dict]:
+    """Create or reuse the partial folder; returns shards already complete (on resume)."""
+    plan_file = os.path.join(partial, PLAN_NAME)
+    if resume and os.path.isdir(partial):
+        try:
+            with open(plan_file, "rb") as f:
+                old = json.loads(f.read())
+        except (OSError, ValueError):
+            old = {}
+        if old.get("plan_id") not in (None, plan_id):
+            raise PackError(f"cannot resume: {partial} was started with different sources or "
+                            "settings; rerun without --resume to start over")
+        done = _completed_shards(partial, plan, plan_id)
+    else:
+        _remove(partial)
+        done = {}
+    os.makedirs(partial, exist_ok=True)
+    _write_json_atomic(plan_file, {"plan_id": plan_id, "num_shards": plan.num_shards,
+                                   "count_sources": len(plan.paths)})
+    return done
+
+
+def finalize_sharded(partial: str, plan: Plan | None = None) -> tuple[dict[str, Any], int]:
+    """Merge per-shard entries into ``manifest.json`` (+ ``labels.npy``), written last."""
+    from .formats import open_reader
+
+    try:
+        with open(os.path.join(partial, PLAN_NAME), "rb") as f:
+            plan_info = json.loads(f.read())
+    except (OSError, ValueError):
+        raise PackError(f"{partial}: no pack in progress to merge") from None
+    plan_id, num_shards = plan_info["plan_id"], plan_info["num_shards"]
+    entries, missing = [], []
+    for k in range(num_shards):
+        try:
+            with open(_entry_path(partial, k), "rb") as f:
+                entry = json.loads(f.read())
+        except (OSError, ValueError):
+            missing.append(k)
+            continue
+        if entry.get("plan_id") != plan_id:
+            missing.append(k)
+        entries.append(entry)
+    if missing:
+        raise PackError(f"{len(missing)} of {num_shards} shards are not finished yet "
+                        f"(first: {missing[0]}); run the remaining nodes, or pack with --resume")
+    labels, start, skipped, shard_list, common = [], 0, [], [], None
+    for k, entry in enumerate(entries):
+        path = os.path.join(partial, entry["file"])
+        reader = open_reader(path, entry["format"])
+        try:
+            meta = metadata.parse_shard_meta(reader.meta_json(), path)
+            labels.append(np.array(reader.array("labels", "<i8", (meta["count"],))))
+        finally:
+            reader.close()
+        common = common or {key: meta[key] for key in (
+            "format", "format_version", "shardkit_version", "classes", "class_to_idx",
+            "settings", "source_root")}
+        skipped.extend(entry["skipped"])
+        shard_list.append({key: entry[key] for key in ("file", "format", "count", "bytes",
+                                                       "sha256")} | {"start": start})
+        start += entry["count"]
+    all_labels = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
+    labels_path = os.path.join(partial, "labels.npy")
+    np.save(labels_path, all_labels.astype("<i8"), allow_pickle=False)
+    if common is None:
+        raise PackError("cannot merge a store with no shards")
+    if plan is not None:
+        skipped = plan.discovery_skipped + skipped
+    manifest = common | {"kind": "sharded", "count": start, "skipped": skipped,
+                         "shards": shard_list,
+                         "labels": {"file": "labels.npy", "sha256": sha256_file(labels_path)}}
+    _write_json_atomic(os.path.join(partial, metadata.MANIFEST_NAME), manifest)
+    for k in range(num_shards):
+        _remove(_entry_path(partial, k))
+    _remove(os.path.join(partial, PLAN_NAME))
+    _fsync_dir(partial)
+    return manifest, start
+
+
+def install(partial: str, out: str, overwrite: bool) -> None:
+    """Move a finished store from its partial name to OUT (atomically for a single file)."""
+    if os.path.lexists(out):
+        if not overwrite:
+            raise PackError(f"{out} already exists (use --overwrite to replace it)")
+        if os.path.isdir(out) and not os.path.islink(out) or os.path.isdir(partial):
+            old = out + f".old-{os.getpid()}"
+            os.rename(out, old)
+            os.rename(partial, out)
+            _remove(old)
+            _fsync_dir(os.path.dirname(os.path.abspath(out)))
+            return
+    os.replace(partial, out)
+    _fsync_dir(os.path.dirname(os.path.abspath(out)))
+
+
+# -- the public entry point -----------------------------------------------------------------------
+
+def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None = None,
+         size: int = 256, quality: int = 90, encoding: str = "jpeg", workers: int | None = None,
+         strict: bool = False, overwrite: bool = False, max_pixels: int = PILLOW_PIXEL_LIMIT,
+         allow_empty: bool = False, file_list: str | None = None,
+         shard_size: int | None = None, num_shards: int | None = None, resume: bool = False,
+         engine: str = "local", scheduler: str | None = None, num_nodes: int = 1,
+         node_rank: int = 0, progress: bool = True) -> PackResult:
+    """Pack an ImageFolder-layout folder (or a file list) into an LMDB or HDF5 store.
+
+    Without ``shard_size``/``num_shards`` OUT is one file; with them, a folder of shard files and
+    a ``manifest.json``. Unusable images are skipped and listed in the metadata (or, with
+    ``strict``, abort the run with no output). See the README for every option.
+    """
+    t0 = time.perf_counter()
+    src, out = os.fspath(src), os.fspath(out).rstrip("/") or "/"
+    settings = PackSettings(size, quality, encoding, format or format_for_path(out), max_pixels)
+    settings.validate()
+    if os.path.lexists(out) and not overwrite:
+        raise PackError(f"{out} already exists (use --overwrite to replace it)")
+    if not 0 <= node_rank < num_nodes:
+        raise PackError("--node-rank must be in 0..--num-nodes-1")
+    if os.path.abspath(out) == os.path.abspath(src) or \
+            os.path.abspath(out).startswith(os.path.abspath(src) + os.sep):
+        raise PackError("OUT must not be inside SRC")
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    plan = make_plan(src, settings, allow_empty=allow_empty, file_list=file_list,
+                     shard_size=shard_size, num_shards=num_shards)
+    if num_nodes > 1 and not plan.sharded:
+        raise PackError("multi-node packing needs a sharded store (--shard-size or --num-shards)")
+    partial = partial_path(out)
+    if not plan.sharded:
+        return _pack_single(plan, out, partial, workers, strict, overwrite, progress, t0)
+    plan_id = plan.plan_id()
+    done = _prepare_partial(partial, plan, plan_id, resume or num_nodes > 1)
+    mine = [k for k in range(plan.num_shards) if k % num_nodes == node_rank and k not in done]
+    dest = {k: os.path.join(partial, plan.shard_file(k)) for k in mine}
+
+    def on_done(k: int, entry: dict[str, Any]) -> None:
+        _write_json_atomic(_entry_path(partial, k), entry | {"plan_id": plan_id})
+
+    try:
+        if engine == "dask":
+            from .distributed import run_dask
+
+            run_dask(plan, mine, dest, scheduler=scheduler, workers=workers,
+                     progress=progress, on_shard_done=on_done)
+        elif engine == "local":
+            run_local(plan, mine, dest, workers=workers, strict=strict, progress=progress,
+                      on_shard_done=on_done)
+        else:
+            raise PackError(f"unknown engine {engine!r}; expected local or dask")
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; finished shards kept in {partial} "
+                        "(rerun with --resume to continue)") from None
+    except OSError as exc:
+        raise PackError(f"cannot write {out}: {exc.strerror or exc}; finished shards kept in "
+                        f"{partial} (rerun with --resume)") from None
+    if num_nodes > 1:
+        # Each node packs its share; `shardkit merge OUT` finishes once every node is done.
+        return PackResult(out, sum(entry["count"] for entry in _entries(partial, mine)), [],
+                          time.perf_counter() - t0, plan.num_shards,
+                          sum(plan.bounds[k + 1] - plan.bounds[k] for k in mine))
+    manifest, count = finalize_sharded(partial, plan)
+    install(partial, out, overwrite)
+    return PackResult(out, count, manifest["skipped"], time.perf_counter() - t0,
+                      plan.num_shards, len(plan.paths))
+
+
+def _entries(partial: str, shards: Iterable[int]) -> list[dict[str, Any]]:
+    entries = []
+    for k in shards:
+        with open(_entry_path(partial, k), "rb") as f:
+            entries.append(json.loads(f.read()))
+    return entries
+
+
+def merge(out: str | os.PathLike, overwrite: bool = False) -> PackResult:
+    """Finish a multi-node pack: check every shard is done, write the manifest, install OUT."""
+    t0 = time.perf_counter()
+    out = os.fspath(out).rstrip("/") or "/"
+    partial = partial_path(out)
+    if not os.path.isdir(partial):
+        raise PackError(f"no pack in progress for {out} (expected {partial})")
+    manifest, count = finalize_sharded(partial)
+    install(partial, out, overwrite)
+    return PackResult(out, count, manifest["skipped"], time.perf_counter() - t0,
+                      len(manifest["shards"]), count + len(manifest["skipped"]))
+
+
+def _pack_single(plan: Plan, out: str, partial: str, workers: int, strict: bool,
+                 overwrite: bool, progress: bool, t0: float) -> PackResult:
+    _remove(partial)
+    entries: dict[int, dict[str, Any]] = {}
+    try:
+        run_local(plan, [0], {0: partial}, workers=workers, strict=strict, progress=progress,
+                  on_shard_done=entries.__setitem__)
+        install(partial, out, overwrite)
+    except KeyboardInterrupt:
+        _remove(partial)
+        raise Interrupted("interrupted; no output written") from None
+    except ShardkitError:
+        _remove(partial)
+        raise
+    except OSError as exc:
+        _remove(partial)
+        raise PackError(f"cannot write {out}: {exc.strerror or exc}; no output written") from None
+    except BaseException:
+        _remove(partial)
+        raise
+    entry = entries[0]
+    return PackResult(out, entry["count"], entry["skipped"], time.perf_counter() - t0, 1,
+                      len(plan.paths))
