@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import time
+import uuid
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
@@ -237,9 +238,9 @@ class ShardBuilder:
             "kind": kind, "count": n, "skipped": skipped,
             "shard": {"index": self.k, "count": n,
                       "sources": [self.plan.bounds[self.k], self.plan.bounds[self.k + 1]]},
-            "arrays": metadata.array_descriptions(n, len(arrays["path_blob"])),
+            "arrays": metadata.describe_arrays(arrays),
         }
-        self.writer.finish(arrays, metadata.dumps(meta))
+        self.writer.finish(arrays, metadata.dumps(metadata.seal(meta)))
         return {"file": os.path.basename(self.path), "format": self.plan.settings.format,
                 "count": n, "bytes": os.path.getsize(self.path), "sha256": sha256_file(self.path),
                 "skipped": skipped}
@@ -302,9 +303,10 @@ def run_local(plan: Plan, shards: list[int], dest: dict[int, str], *, workers: i
         stream.close()
 
 
-def pack_shard(plan: Plan, k: int, dest: str) -> dict[str, Any]:
+def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False) -> dict[str, Any]:
     """Pack one shard in this process (the unit of work for Dask and multi-node packing)."""
-    builder = ShardBuilder(plan, k, dest, strict=False)
+    _remove_shard_files([dest])  # left by an attempt that was killed (e.g. a lost Dask worker)
+    builder = ShardBuilder(plan, k, dest, strict=strict)
     try:
         for i in range(plan.bounds[k], plan.bounds[k + 1]):
             builder.add(i, encode_file(plan.paths[i], plan.settings))
@@ -334,7 +336,7 @@ def _remove(path: str) -> None:
 
 
 def _write_json_atomic(path: str, obj: dict[str, Any]) -> None:
-    tmp = path + ".tmp"
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"  # unique: several nodes may write plan.json at once
     with open(tmp, "wb") as f:
         f.write(metadata.dumps(obj))
         f.flush()
@@ -359,10 +361,28 @@ def _entry_path(partial: str, k: int) -> str:
     return os.path.join(partial, f"shard-{k:05d}.done.json")
 
 
-def _completed_shards(partial: str, plan: Plan, plan_id: str) -> dict[int, dict[str, Any]]:
+def _remove_shard_files(shards: Iterable[str]) -> None:
+    """Shard files and the side files their killed writers may leave (e.g. an HDF5 spool)."""
+    by_folder: dict[str, set[str]] = {}
+    for shard in shards:
+        _remove(shard)
+        folder, name = os.path.split(shard)
+        by_folder.setdefault(folder or ".", set()).add(name)
+    for folder, names in by_folder.items():
+        try:
+            present = os.listdir(folder)
+        except OSError:
+            continue
+        for other in present:
+            if other.endswith(".spool") and other.split(".spool")[0].rsplit(".", 1)[0] in names:
+                _remove(os.path.join(folder, other))
+
+
+def _completed_shards(partial: str, plan: Plan, plan_id: str,
+                      shards: Iterable[int]) -> dict[int, dict[str, Any]]:
     """Shards of an interrupted run whose file still matches the checksum recorded when done."""
     done: dict[int, dict[str, Any]] = {}
-    for k in range(plan.num_shards):
+    for k in shards:
         try:
             with open(_entry_path(partial, k), "rb") as f:
                 entry = json.loads(f.read())
@@ -378,25 +398,39 @@ def _completed_shards(partial: str, plan: Plan, plan_id: str) -> dict[int, dict[
     return done
 
 
-def _prepare_partial(partial: str, plan: Plan, plan_id: str, resume: bool) -> dict[int, dict]:
-    """Create or reuse the partial folder; returns shards already complete (on resume)."""
+def _prepare_partial(partial: str, plan: Plan, plan_id: str, resume: bool,
+                     shards: Sequence[int]) -> dict[int, dict]:
+    """Create or reuse the partial folder; returns which of ``shards`` are already complete.
+
+    Files of the other ``shards`` (half-written by a killed run) are removed. Shards outside
+    ``shards`` are never touched: with ``--num-nodes`` other nodes write them concurrently.
+    """
     plan_file = os.path.join(partial, PLAN_NAME)
-    if resume and os.path.isdir(partial):
+    if resume:
+        if os.path.lexists(partial) and not os.path.isdir(partial):
+            _remove(partial)
+        os.makedirs(partial, exist_ok=True)  # never remove a folder another node may be using
         try:
             with open(plan_file, "rb") as f:
                 old = json.loads(f.read())
         except (OSError, ValueError):
             old = {}
-        if old.get("plan_id") not in (None, plan_id):
-            raise PackError(f"cannot resume: {partial} was started with different sources or "
-                            "settings; rerun without --resume to start over")
-        done = _completed_shards(partial, plan, plan_id)
+        if not isinstance(old, dict) or old.get("plan_id") not in (None, plan_id):
+            raise PackError(f"cannot resume: {partial} was started with different sources, "
+                            "settings or shard sizes; rerun without --resume (or delete it) "
+                            "to start over")
+        done = _completed_shards(partial, plan, plan_id, shards)
     else:
         _remove(partial)
+        os.makedirs(partial, exist_ok=True)
         done = {}
-    os.makedirs(partial, exist_ok=True)
+    redo = [k for k in shards if k not in done]
+    for k in redo:
+        _remove(_entry_path(partial, k))
+    _remove_shard_files(os.path.join(partial, plan.shard_file(k)) for k in redo)
     _write_json_atomic(plan_file, {"plan_id": plan_id, "num_shards": plan.num_shards,
-                                   "count_sources": len(plan.paths)})
+                                   "count_sources": len(plan.paths),
+                                   "discovery_skipped": plan.discovery_skipped})
     return done
 
 
@@ -427,6 +461,9 @@ def finalize_sharded(partial: str, plan: Plan | None = None) -> tuple[dict[str, 
     labels, start, skipped, shard_list, common = [], 0, [], [], None
     for k, entry in enumerate(entries):
         path = os.path.join(partial, entry["file"])
+        if not os.path.isfile(path) or os.path.getsize(path) != entry["bytes"]:
+            raise PackError(f"shard {k} ({path}) is missing or changed since it was packed; "
+                            "repack it (rerun its node, or pack with --resume)")
         reader = open_reader(path, entry["format"])
         try:
             meta = metadata.parse_shard_meta(reader.meta_json(), path)
@@ -445,14 +482,18 @@ def finalize_sharded(partial: str, plan: Plan | None = None) -> tuple[dict[str, 
     np.save(labels_path, all_labels.astype("<i8"), allow_pickle=False)
     if common is None:
         raise PackError("cannot merge a store with no shards")
-    if plan is not None:
-        skipped = plan.discovery_skipped + skipped
+    skipped = (plan.discovery_skipped if plan is not None
+               else plan_info.get("discovery_skipped", [])) + skipped
     manifest = common | {"kind": "sharded", "count": start, "skipped": skipped,
                          "shards": shard_list,
                          "labels": {"file": "labels.npy", "sha256": sha256_file(labels_path)}}
+    manifest = metadata.seal(manifest)
     _write_json_atomic(os.path.join(partial, metadata.MANIFEST_NAME), manifest)
     for k in range(num_shards):
         _remove(_entry_path(partial, k))
+    for name in os.listdir(partial):  # side files of killed writers
+        if name.endswith((".spool", ".tmp")):
+            _remove(os.path.join(partial, name))
     _remove(os.path.join(partial, PLAN_NAME))
     _fsync_dir(partial)
     return manifest, start
@@ -509,8 +550,9 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     if not plan.sharded:
         return _pack_single(plan, out, partial, workers, strict, overwrite, progress, t0)
     plan_id = plan.plan_id()
-    done = _prepare_partial(partial, plan, plan_id, resume or num_nodes > 1)
-    mine = [k for k in range(plan.num_shards) if k % num_nodes == node_rank and k not in done]
+    ours = [k for k in range(plan.num_shards) if k % num_nodes == node_rank]
+    done = _prepare_partial(partial, plan, plan_id, resume or num_nodes > 1, ours)
+    mine = [k for k in ours if k not in done]
     dest = {k: os.path.join(partial, plan.shard_file(k)) for k in mine}
 
     def on_done(k: int, entry: dict[str, Any]) -> None:
@@ -521,7 +563,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
             from .distributed import run_dask
 
             run_dask(plan, mine, dest, scheduler=scheduler, workers=workers,
-                     progress=progress, on_shard_done=on_done)
+                     progress=progress, on_shard_done=on_done, strict=strict)
         elif engine == "local":
             run_local(plan, mine, dest, workers=workers, strict=strict, progress=progress,
                       on_shard_done=on_done)
@@ -567,7 +609,7 @@ def merge(out: str | os.PathLike, overwrite: bool = False) -> PackResult:
 
 def _pack_single(plan: Plan, out: str, partial: str, workers: int, strict: bool,
                  overwrite: bool, progress: bool, t0: float) -> PackResult:
-    _remove(partial)
+    _remove_shard_files([partial])  # with a killed run's side files (HDF5 spool)
     entries: dict[int, dict[str, Any]] = {}
     try:
         run_local(plan, [0], {0: partial}, workers=workers, strict=strict, progress=progress,

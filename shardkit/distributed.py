@@ -1,0 +1,107 @@
+"""The Dask engine: one task per shard on a Dask cluster (``--engine dask``).
+
+Each task runs :func:`shardkit.packer.pack_shard` on a worker, writing its shard file straight into
+the pack's partial folder, which must be on a filesystem every worker shares. The client collects
+each shard's manifest entry as the task finishes and hands it to ``on_shard_done`` (which records
+it for ``--resume``); the caller then merges the manifest. Without a scheduler address a
+``LocalCluster`` of worker processes on 127.0.0.1 is started for the duration of the pack.
+
+Dask is an optional extra (``pip install 'shardkit[dask]'``); nothing here is imported by the
+default engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import uuid
+from typing import TYPE_CHECKING, Any, Callable
+
+from .errors import PackError
+
+if TYPE_CHECKING:
+    from .packer import Plan
+
+ShardDone = Callable[[int, dict[str, Any]], None]
+
+
+def _import_dask() -> Any:
+    try:
+        import dask.distributed as dd
+    except ImportError:
+        raise PackError("--engine dask needs Dask's distributed scheduler: "
+                        "pip install 'shardkit[dask]'") from None
+    return dd
+
+
+def _absolute(plan: Plan) -> Plan:
+    """The same plan with absolute source paths, so workers with another cwd find the files.
+
+    Paths stored in shards are relative to the root, so the output does not change.
+    """
+    root = os.path.abspath(plan.root)
+    return dataclasses.replace(plan, root=root,
+                               paths=[os.path.join(root, plan.relpath(p)) for p in plan.paths])
+
+
+def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: str | None = None,
+             workers: int = 1, progress: bool = True, on_shard_done: ShardDone,
+             strict: bool = False) -> None:
+    """Pack ``shards`` of ``plan`` on a Dask cluster, one task per shard.
+
+    Args:
+        plan: the pack plan (sources, shard bounds, settings); sent to each worker once.
+        shards: shard numbers to pack.
+        dest: shard number -> absolute path of its file (on the shared filesystem).
+        scheduler: address of a running Dask scheduler (``tcp://host:8786``); ``None`` starts a
+            ``LocalCluster`` of ``workers`` single-threaded processes on 127.0.0.1.
+        workers: worker processes of the local cluster (ignored with ``scheduler``).
+        progress: show a progress bar (images, advanced as each shard finishes).
+        on_shard_done: called in this process with ``(k, entry)`` as each shard finishes, in
+            completion order.
+        strict: fail on the first unusable image instead of skipping it.
+
+    A failing task (or a worker lost more often than Dask's retry limit) cancels the remaining
+    tasks and raises; shards that finished stay recorded, so ``--resume`` continues from there.
+    """
+    if not shards:
+        return
+    dd = _import_dask()
+    from . import packer
+
+    plan = _absolute(plan)
+    cluster = None
+    if scheduler is None:
+        cluster = dd.LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
+                                  host="127.0.0.1", dashboard_address=None,
+                                  silence_logs=logging.ERROR)
+        client = dd.Client(cluster)
+    else:
+        try:
+            client = dd.Client(scheduler, timeout="60s")
+        except OSError as exc:
+            raise PackError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+    sizes = {k: plan.bounds[k + 1] - plan.bounds[k] for k in shards}
+    bar = packer._progress(sum(sizes.values()), progress, "pack (dask)")
+    futures: list[Any] = []
+    try:
+        # One copy of the (possibly large) plan per worker instead of one per task.
+        [plan_future] = client.scatter([plan], broadcast=True, hash=False)
+        token = uuid.uuid4().hex[:12]
+        futures = [client.submit(packer.pack_shard, plan_future, k, dest[k], strict=strict,
+                                 key=f"shardkit-shard-{k:05d}-{token}", pure=False)
+                   for k in shards]
+        shard_of = {future.key: k for future, k in zip(futures, shards)}
+        for future in dd.as_completed(futures):
+            k = shard_of[future.key]
+            entry = future.result()  # re-raises the task's exception here
+            on_shard_done(k, entry)
+            bar.update(sizes[k])
+    finally:
+        bar.close()
+        if futures:
+            client.cancel(futures)
+        client.close()
+        if cluster is not None:
+            cluster.close()

@@ -1,0 +1,138 @@
+"""The Dask engine (a LocalCluster of 2 worker processes on 127.0.0.1) and the static multi-node
+split with ``shardkit merge``: both must give the local engine's store, shard for shard."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+import shardkit
+from shardkit.cli import main as cli_main
+from shardkit.errors import PackError
+from shardkit.inspection import verify
+
+try:
+    from ._scaleout import make_tree, manifest, partial_of, shard_digests, store_files
+except ImportError:
+    from _scaleout import make_tree, manifest, partial_of, shard_digests, store_files
+
+distributed = pytest.importorskip("dask.distributed")
+
+ARGS = ["--num-shards", "5", "--size", "32", "-q"]
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> str:
+    root = str(tmp_path_factory.mktemp("src"))
+    make_tree(root, classes=3, per_class=10, seed=3)
+    return root
+
+
+@pytest.fixture(scope="module")
+def local(src, tmp_path_factory):
+    """fmt -> the local engine's store of ``src``."""
+    base = tmp_path_factory.mktemp("local")
+    stores = {}
+    for fmt in ("lmdb", "hdf5"):
+        stores[fmt] = str(base / fmt)
+        assert cli_main(["pack", src, stores[fmt], *ARGS, "--format", fmt, "--workers", "2"]) == 0
+    return stores
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  host="127.0.0.1", dashboard_address=None,
+                                  silence_logs=logging.ERROR) as c:
+        yield c
+
+
+def test_dask_local_cluster_from_the_cli(src, local, tmp_path):
+    """``--engine dask`` without a scheduler starts its own 2-process LocalCluster."""
+    out = str(tmp_path / "dask")
+    assert cli_main(["pack", src, out, *ARGS, "--engine", "dask", "--workers", "2"]) == 0
+    assert shard_digests(out) == shard_digests(local["lmdb"])
+    assert store_files(out) == store_files(local["lmdb"])
+    assert not os.path.exists(partial_of(out))
+
+
+def test_dask_scheduler_address(src, local, cluster, tmp_path):
+    out = str(tmp_path / "dask-h5")
+    pids = set(cluster.scheduler_info["workers"])
+    assert len(pids) == 2 and all(a.startswith("tcp://127.0.0.1:") for a in pids)
+    result = shardkit.pack(src, out, format="hdf5", size=32, num_shards=5, engine="dask",
+                           scheduler=cluster.scheduler_address, progress=False)
+    assert result.count == 30 and result.shards == 5
+    assert store_files(out) == store_files(local["hdf5"])
+    assert verify(out).ok
+    # The shards really were written by both worker processes, not by this one.
+    with distributed.Client(cluster.scheduler_address) as client:
+        counts = client.run(lambda dask_worker: dask_worker.state.executed_count)
+    assert all(n > 0 for n in counts.values()), counts
+
+
+def test_dask_strict_failure_keeps_finished_shards(src, cluster, tmp_path):
+    bad_src = str(tmp_path / "src")
+    make_tree(bad_src, classes=3, per_class=10, seed=3)
+    with open(os.path.join(bad_src, "c2", "img004.jpg"), "wb") as f:
+        f.write(b"\xff\xd8\xff not a jpeg")
+    out = str(tmp_path / "out")
+    with pytest.raises(PackError, match="img004"):
+        shardkit.pack(bad_src, out, size=32, num_shards=5, engine="dask", strict=True,
+                      scheduler=cluster.scheduler_address, progress=False)
+    assert not os.path.exists(out)
+    done = [n for n in os.listdir(partial_of(out)) if n.endswith(".done.json")]
+    assert "shard-00004.done.json" not in done  # the shard with the bad image
+    # Without --strict the bad image is skipped, and --resume reuses the finished shards.
+    result = shardkit.pack(bad_src, out, size=32, num_shards=5, engine="dask", resume=True,
+                           scheduler=cluster.scheduler_address, progress=False)
+    assert result.count == 29 and [s["path"] for s in result.skipped] == \
+        [os.path.join(bad_src, "c2", "img004.jpg")]
+
+
+def test_dask_not_installed_message(src, tmp_path):
+    code = ("import sys; sys.modules['dask'] = None; sys.modules['dask.distributed'] = None\n"
+            "from shardkit.cli import main\n"
+            f"sys.exit(main(['pack', {src!r}, {str(tmp_path / 'o')!r}, '--num-shards', '2', "
+            "'--engine', 'dask', '-q']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    assert "pip install 'shardkit[dask]'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_static_split_then_merge(src, local, tmp_path, capsys):
+    out = str(tmp_path / "split")
+    assert cli_main(["pack", src, out, *ARGS, "--num-nodes", "2", "--node-rank", "0"]) == 0
+    partial = partial_of(out)
+    assert sorted(n for n in os.listdir(partial) if n.endswith(".lmdb")) == \
+        ["shard-00000.lmdb", "shard-00002.lmdb", "shard-00004.lmdb"]
+    capsys.readouterr()
+    assert cli_main(["merge", out]) == 1  # node 1 has not run yet
+    assert "not finished" in capsys.readouterr().err
+    assert not os.path.exists(out)
+    with pytest.raises(Exception):
+        shardkit.ShardDataset(partial)
+    assert cli_main(["pack", src, out, *ARGS, "--num-nodes", "2", "--node-rank", "1"]) == 0
+    assert cli_main(["merge", out]) == 0
+    assert not os.path.exists(partial)
+    assert store_files(out) == store_files(local["lmdb"])
+    assert manifest(out) == manifest(local["lmdb"])
+
+
+def test_static_split_nodes_run_concurrently(src, local, tmp_path):
+    out = str(tmp_path / "split-h5")
+    nodes = [subprocess.Popen([sys.executable, "-m", "shardkit.cli", "pack", src, out, *ARGS,
+                               "--format", "hdf5", "--workers", "1", "--num-nodes", "3",
+                               "--node-rank", str(r)], stderr=subprocess.PIPE, text=True)
+             for r in range(3)]
+    for node in nodes:
+        _, err = node.communicate(timeout=120)
+        assert node.returncode == 0, err
+    assert cli_main(["merge", out]) == 0
+    assert store_files(out) == store_files(local["hdf5"])
+    assert verify(out).ok

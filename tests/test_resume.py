@@ -1,0 +1,154 @@
+"""Interrupted sharded packs: SIGKILL / Ctrl-C after some shards finished, then --resume (or not).
+
+The pack is stopped at a known point without timing races: one source "image" is a named pipe,
+so the pack blocks there (inside shard 2) after shards 0 and 1 are done. The test then kills it,
+replaces the pipe with a real image (same name, so the plan is unchanged) and resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import shardkit
+from shardkit.cli import main as cli_main
+from shardkit.errors import StoreError
+from shardkit.inspection import verify
+
+try:
+    from ._scaleout import make_tree, manifest, partial_of, store_files, write_image
+except ImportError:
+    from _scaleout import make_tree, manifest, partial_of, store_files, write_image
+
+BLOCKER = "c1/img005.jpg"  # source 16 + 5 = 21 of 48: inside shard 2 of 6 (8 sources each)
+PACK_ARGS = ["--num-shards", "6", "--size", "32", "-q"]
+
+
+def _tree(root: str) -> None:
+    make_tree(root, classes=3, per_class=16, seed=5, fifo=BLOCKER)
+
+
+def _unblock(src: str) -> None:
+    path = os.path.join(src, BLOCKER)
+    os.unlink(path)
+    write_image(path, np.random.default_rng(99))
+
+
+def _start(src: str, out: str, *extra: str) -> subprocess.Popen:
+    # Own session, so the whole process group (pack + pool workers) can be signalled.
+    return subprocess.Popen([sys.executable, "-m", "shardkit.cli", "pack", src, out, *PACK_ARGS,
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _wait_for(path: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if proc.poll() is not None:
+            raise AssertionError(f"pack exited early ({proc.returncode}): {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"{path} did not appear")
+        time.sleep(0.02)
+    time.sleep(0.2)  # let it reach the blocking source of shard 2
+
+
+def _assert_nothing_complete(out: str) -> None:
+    """Nothing a reader or verify accepts as a finished store."""
+    partial = partial_of(out)
+    assert not os.path.exists(out)
+    for candidate in [out, partial] + [os.path.join(partial, f) for f in os.listdir(partial)
+                                       if f.endswith((".lmdb", ".h5"))]:
+        with pytest.raises(StoreError):
+            shardkit.ShardDataset(candidate)
+        with pytest.raises(StoreError):
+            verify(candidate)
+        assert cli_main(["verify", candidate, "-q"]) == 1
+
+
+def _stat(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns
+
+
+@pytest.mark.parametrize("fmt,workers", [("lmdb", "2"), ("hdf5", "1")])
+def test_sigkill_then_resume_keeps_finished_shards(tmp_path, fmt, workers):
+    src, out, ref = str(tmp_path / "src"), str(tmp_path / "out"), str(tmp_path / "ref")
+    _tree(src)
+    ext = {"lmdb": ".lmdb", "hdf5": ".h5"}[fmt]
+    proc = _start(src, out, "--format", fmt, "--workers", workers)
+    partial = partial_of(out)
+    _wait_for(os.path.join(partial, "shard-00001.done.json"), proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # the pack and its pool workers, as a crash would
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    proc.stderr.close()
+
+    names = sorted(os.listdir(partial))
+    assert "shard-00000.done.json" in names and "shard-00001.done.json" in names
+    assert not any(n.startswith(("shard-00003", "shard-00004", "shard-00005")) for n in names)
+    assert "manifest.json" not in names and "labels.npy" not in names
+    _assert_nothing_complete(out)
+
+    _unblock(src)
+    kept = {k: _stat(os.path.join(partial, f"shard-{k:05d}{ext}")) for k in (0, 1)}
+    # A shard whose bytes changed after it was recorded as done is redone, not trusted.
+    shard1 = os.path.join(partial, f"shard-00001{ext}")
+    with open(shard1, "r+b") as f:
+        f.seek(os.path.getsize(shard1) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    kept[1] = _stat(shard1)
+
+    assert cli_main(["pack", src, out, *PACK_ARGS, "--format", fmt, "--workers", workers,
+                     "--resume"]) == 0
+    assert not os.path.exists(partial)
+    assert _stat(os.path.join(out, f"shard-00000{ext}")) == kept[0]  # kept: same inode, mtime
+    assert _stat(os.path.join(out, f"shard-00001{ext}")) != kept[1]  # damaged: redone
+
+    assert cli_main(["pack", src, ref, *PACK_ARGS, "--format", fmt, "--workers", workers]) == 0
+    assert manifest(out) == manifest(ref)  # shard sha256s, counts, labels: all identical
+    assert store_files(out) == store_files(ref)
+    assert verify(out).ok
+
+
+def test_ctrl_c_then_plain_rerun_starts_over(tmp_path):
+    src, out = str(tmp_path / "src"), str(tmp_path / "out")
+    _tree(src)
+    proc = _start(src, out, "--workers", "2")
+    partial = partial_of(out)
+    _wait_for(os.path.join(partial, "shard-00001.done.json"), proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "--resume" in err and "Traceback" not in err
+    _assert_nothing_complete(out)
+    _unblock(src)
+    first = _stat(os.path.join(partial, "shard-00000.lmdb"))
+
+    # Resuming with other settings is refused: the finished shards belong to another plan.
+    assert cli_main(["pack", src, out, *PACK_ARGS, "--quality", "80", "--resume"]) == 1
+    assert os.path.exists(os.path.join(partial, "shard-00000.done.json"))
+
+    # Without --resume the partial run is discarded and everything is packed again.
+    assert cli_main(["pack", src, out, *PACK_ARGS, "--workers", "1"]) == 0
+    assert _stat(os.path.join(out, "shard-00000.lmdb")) != first
+    assert not os.path.exists(partial)
+    assert verify(out).ok and len(shardkit.ShardDataset(out)) == 48
+
+
+def test_resume_without_partial_is_a_fresh_pack(tmp_path):
+    src, out, ref = str(tmp_path / "src"), str(tmp_path / "out"), str(tmp_path / "ref")
+    shutil.rmtree(src, ignore_errors=True)
+    make_tree(src, classes=2, per_class=6, seed=2)
+    assert cli_main(["pack", src, out, "--num-shards", "3", "-q", "--resume"]) == 0
+    assert cli_main(["pack", src, ref, "--num-shards", "3", "-q"]) == 0
+    assert store_files(out) == store_files(ref)
