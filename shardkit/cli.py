@@ -192,7 +192,12 @@ COMMANDS = {"pack": _cmd_pack, "info": _cmd_info, "verify": _cmd_verify, "merge"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        # Passed through untouched: argparse's REMAINDER rejects a leading option (bench --help).
+        args = argparse.Namespace(command="bench", bench_args=argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except Interrupted as exc:

@@ -1,0 +1,85 @@
+"""Shared fixtures: generated source folders and stores packed from them, made once per session.
+
+The plain functions behind them live in ``tests/helpers.py`` so other test modules (and scripts)
+can call them directly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from helpers import QuirkyFolder, make_quirky_folder, photo_folder  # noqa: E402
+
+FORMATS = ("lmdb", "hdf5")
+SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
+
+
+@pytest.fixture(scope="session")
+def quirky(tmp_path_factory) -> QuirkyFolder:
+    """The quirky ImageFolder tree (see ``helpers.make_quirky_folder``); treat as read-only."""
+    return make_quirky_folder(str(tmp_path_factory.mktemp("quirky") / "src"))
+
+
+@pytest.fixture(scope="session")
+def pack_quirky(quirky, tmp_path_factory):
+    """``pack_quirky(fmt, encoding="jpeg", size=256)`` -> path of the quirky folder packed once."""
+    import shardkit
+
+    cache: dict[tuple, str] = {}
+    base = tmp_path_factory.mktemp("quirky-stores")
+
+    def get(fmt: str, encoding: str = "jpeg", size: int = 256) -> str:
+        key = (fmt, encoding, size)
+        if key not in cache:
+            out = str(base / f"quirky-{encoding}-{size}{SUFFIX[fmt]}")
+            shardkit.pack(quirky.root, out, format=fmt, encoding=encoding, size=size, workers=1,
+                          allow_empty=True, progress=False)
+            cache[key] = out
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session", params=[(f, e) for e in ("jpeg", "raw") for f in FORMATS],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def quirky_store(request, pack_quirky) -> str:
+    """The quirky folder packed at size 256, for every format x encoding."""
+    fmt, encoding = request.param
+    return pack_quirky(fmt, encoding)
+
+
+@pytest.fixture(scope="session")
+def photo_src(tmp_path_factory) -> tuple[str, list[tuple[str, int]]]:
+    """(root, [(relpath, label)]) of 64 distinct small photo-like JPEGs in 4 classes."""
+    root = str(tmp_path_factory.mktemp("photos") / "src")
+    return root, photo_folder(root, count=64, classes=4, seed=1)
+
+
+@pytest.fixture(scope="session")
+def pack_photos(photo_src, tmp_path_factory):
+    """``pack_photos(fmt, encoding="jpeg")`` -> the photo folder packed once per combination."""
+    import shardkit
+
+    cache: dict[tuple, str] = {}
+    base = tmp_path_factory.mktemp("photo-stores")
+
+    def get(fmt: str, encoding: str = "jpeg") -> str:
+        if (fmt, encoding) not in cache:
+            out = str(base / f"photos-{encoding}{SUFFIX[fmt]}")
+            shardkit.pack(photo_src[0], out, format=fmt, encoding=encoding, size=256,
+                          workers=1, progress=False)
+            cache[fmt, encoding] = out
+        return cache[fmt, encoding]
+
+    return get
+
+
+@pytest.fixture(scope="session", params=FORMATS)
+def photo_store(request, pack_photos) -> str:
+    """The photo folder packed as JPEG records, in each format."""
+    return pack_photos(request.param)

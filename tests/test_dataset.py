@@ -1,0 +1,386 @@
+"""``ShardDataset``: outputs, crops, batches, pickling, and real DataLoader worker processes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+import simplejpeg
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, DistributedSampler
+
+import shardkit
+from helpers import flip_byte_in_file, reference_center_crop
+from shardkit import Batch, ShardDataset
+from shardkit.errors import StoreError
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
+
+
+def list_collate(batch):
+    """A collate function that keeps samples as they are (images of different sizes)."""
+    return list(batch)
+
+
+def digest(img) -> str:
+    arr = img.numpy() if isinstance(img, torch.Tensor) else np.asarray(img)
+    return hashlib.sha1(np.ascontiguousarray(arr).tobytes()).hexdigest()
+
+
+def same_sample(a, b) -> bool:
+    (x, ya), (y, yb) = a, b
+    if isinstance(x, Image.Image):
+        x, y = np.asarray(x), np.asarray(y)
+    if isinstance(x, torch.Tensor):
+        return torch.equal(x, y) and ya == yb
+    if isinstance(x, np.ndarray):
+        return np.array_equal(x, y) and ya == yb
+    return x == y and ya == yb
+
+
+# -- outputs and attributes -----------------------------------------------------------------------
+
+def test_output_modes_agree(quirky_store):
+    tensor = ShardDataset(quirky_store)
+    numpy_ = ShardDataset(quirky_store, output="numpy")
+    pil = ShardDataset(quirky_store, output="pil")
+    raw = ShardDataset(quirky_store, output="bytes")
+    for i in range(len(tensor)):
+        t, label = tensor[i]
+        n, l2 = numpy_[i]
+        p, l3 = pil[i]
+        b, l4 = raw[i]
+        assert label == l2 == l3 == l4 == int(tensor.targets[i])
+        assert isinstance(label, int)
+        assert t.dtype == torch.uint8 and t.ndim == 3 and t.shape[0] == 3
+        assert n.dtype == np.uint8 and n.shape == (t.shape[1], t.shape[2], 3)
+        assert torch.equal(t, torch.from_numpy(n).permute(2, 0, 1))
+        assert p.mode == "RGB" and p.size == (n.shape[1], n.shape[0])
+        assert np.array_equal(np.asarray(p), n)
+        assert isinstance(b, bytes)
+        if tensor.encoding == "jpeg":
+            assert b[:2] == b"\xff\xd8"
+            assert np.array_equal(simplejpeg.decode_jpeg(b, colorspace="RGB"), n)
+        else:
+            assert b == n.tobytes()
+
+
+def test_numpy_output_is_writable_and_owned(photo_store):
+    """The caller may modify what it gets without damaging the store or later reads."""
+    ds = ShardDataset(photo_store, output="numpy")
+    first, _ = ds[0]
+    expected = first.copy()
+    first[:] = 0
+    assert np.array_equal(ds[0][0], expected)
+
+
+def test_imagefolder_attributes(photo_src, photo_store):
+    ds = ShardDataset(photo_store)
+    classes = sorted({rel.split(os.sep)[0] for rel, _ in photo_src[1]})
+    assert ds.classes == classes
+    assert ds.class_to_idx == {c: i for i, c in enumerate(classes)}
+    assert len(ds) == len(photo_src[1])
+    assert ds.targets.tolist() == [label for _, label in photo_src[1]]
+    assert [ds.source_path(i) for i in range(len(ds))] == [rel for rel, _ in photo_src[1]]
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+    assert same_sample(ds[-1], ds[len(ds) - 1])
+
+
+def test_transform_and_target_transform(photo_store):
+    plain = ShardDataset(photo_store)
+    ds = ShardDataset(photo_store, transform=lambda t: t.float().mean(),
+                      target_transform=lambda y: f"class-{y}")
+    for i in (0, 5, 63):
+        img, label = ds[i]
+        ref, ref_label = plain[i]
+        assert img.item() == pytest.approx(ref.float().mean().item())
+        assert label == f"class-{ref_label}"
+    batch = ds.__getitems__([3, 1])
+    assert [label for _, label in batch] == [f"class-{plain[3][1]}", f"class-{plain[1][1]}"]
+    cropped = ShardDataset(photo_store, crop=16, output="numpy", target_transform=lambda y: y + 100)
+    assert [label for _, label in cropped.__getitems__([0, 1])] == [plain[0][1] + 100,
+                                                                    plain[1][1] + 100]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        ShardDataset("x", output="jpeg")
+    with pytest.raises(ValueError):
+        ShardDataset("x", crop_mode="top")
+    with pytest.raises(StoreError):
+        ShardDataset("/nonexistent/store.lmdb")
+
+
+# -- crops ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [33, 80, 224])
+def test_center_crop_matches_torchvision(quirky_store, size):
+    """Centre crop at decode time == torchvision CenterCrop (zero padding for small images)."""
+    full = ShardDataset(quirky_store, output="numpy")
+    crop = ShardDataset(quirky_store, output="numpy", crop=size)
+    tensor = ShardDataset(quirky_store, crop=size)
+    padded = 0
+    for i in range(len(full)):
+        ref = reference_center_crop(full[i][0], size)
+        got = crop[i][0]
+        assert got.shape == (size, size, 3)
+        assert np.array_equal(got, ref), (i, full[i][0].shape)
+        assert np.array_equal(tensor[i][0].permute(1, 2, 0).numpy(), ref)
+        padded += min(full[i][0].shape[:2]) < size
+    batch = crop.__getitems__(list(range(len(crop))))
+    for i, (img, label) in enumerate(batch):
+        assert np.array_equal(img, reference_center_crop(full[i][0], size))
+        assert label == full[i][1]
+    if size > 33:
+        assert padded > 0
+
+
+def _crop_offsets(full: np.ndarray, crop: np.ndarray) -> list[tuple[int, int]]:
+    """Every (top, left) of ``full`` (zero-padded centrally on too-small sides) giving ``crop``."""
+    c = crop.shape[0]
+    h, w = full.shape[:2]
+    tops = range(0, h - c + 1) if h >= c else [-((c - h) // 2)]
+    lefts = range(0, w - c + 1) if w >= c else [-((c - w) // 2)]
+    pad_y, pad_x = max(0, c - h), max(0, c - w)
+    padded = np.pad(full, ((pad_y, pad_y), (pad_x, pad_x), (0, 0)))
+    return [(t, l) for t in tops for l in lefts
+            if np.array_equal(padded[t + pad_y:t + pad_y + c, l + pad_x:l + pad_x + c], crop)]
+
+
+def test_random_crop_within_bounds_seeded_and_reproducible(photo_store):
+    size = 32  # the photos' sides are 24..80: some sides need padding, most have room to move
+    full = ShardDataset(photo_store, output="numpy")
+    ds = ShardDataset(photo_store, output="numpy", crop=size, crop_mode="random")
+    n = len(ds)
+
+    def epoch(seed: int, dataset=ds) -> list[np.ndarray]:
+        torch.manual_seed(seed)
+        return [dataset[i][0] for i in range(n)]
+
+    a = epoch(0)
+    origins = set()
+    for i, img in enumerate(a):
+        found = _crop_offsets(full[i][0], img)
+        assert found, f"record {i}: crop is not a window of the image"
+        origins.add(found[0])
+    assert len(origins) > n // 2  # really random, not always the same corner
+    assert all(np.array_equal(x, y) for x, y in zip(a, epoch(0)))  # same instance, reseeded
+    fresh = ShardDataset(photo_store, output="numpy", crop=size, crop_mode="random")
+    assert all(np.array_equal(x, y) for x, y in zip(a, epoch(0, fresh)))
+    b = epoch(1)
+    assert sum(not np.array_equal(x, y) for x, y in zip(a, b)) > n // 2
+    torch.manual_seed(0)
+    batch = ds.__getitems__(list(range(n)))
+    assert all(np.array_equal(x, y) for x, (y, _) in zip(a, batch))
+
+
+# -- batches and threads --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs", [{}, {"output": "numpy"}, {"output": "pil"}, {"output": "bytes"},
+                                    {"crop": 40}, {"crop": 40, "output": "numpy"},
+                                    {"crop": 40, "threads": 2}, {"threads": 2, "output": "numpy"}],
+                         ids=lambda k: "-".join(f"{a}={b}" for a, b in k.items()) or "tensor")
+def test_getitems_equals_getitem(photo_store, kwargs):
+    ds = ShardDataset(photo_store, **kwargs)
+    indices = [5, 0, 63, 5, 17, 2, 40, 40]
+    batch = ds.__getitems__(indices)
+    assert len(batch) == len(indices)
+    for index, sample in zip(indices, batch):
+        assert same_sample(sample, ds[index])
+    if "crop" in kwargs:
+        assert isinstance(batch, Batch)
+        images, labels = shardkit.collate(batch)
+        assert labels.tolist() == [ds[i][1] for i in indices]
+        assert images.shape[0] == len(indices)
+
+
+@pytest.mark.parametrize("crop", [None, 48])
+def test_threads_give_identical_pixels(quirky_store, crop):
+    one = ShardDataset(quirky_store, output="numpy", crop=crop)
+    two = ShardDataset(quirky_store, output="numpy", crop=crop, threads=2)
+    indices = list(range(len(one))) * 2
+    for a, b in zip(one.__getitems__(indices), two.__getitems__(indices)):
+        assert same_sample(a, b)
+    two.close()
+
+
+def test_verify_detects_damaged_record(photo_src, tmp_path):
+    path = str(tmp_path / "s.h5")
+    shardkit.pack(photo_src[0], path, workers=1, progress=False)
+    record = ShardDataset(path, output="bytes")[7][0]
+    flip_byte_in_file(path, record, len(record) // 2)
+    ds = ShardDataset(path, verify=True)
+    ds[6]
+    with pytest.raises(StoreError, match="checksum"):
+        ds[7]
+
+
+def test_two_datasets_on_one_lmdb_file(pack_photos):
+    """lmdb 3 refuses a second open of one file: datasets on it share one environment."""
+    path = pack_photos("lmdb")
+    a, b = ShardDataset(path), ShardDataset(path)
+    assert same_sample(a[3], b[3])
+    a.close()
+    assert same_sample(b[4], ShardDataset(path)[4])
+    b.close()
+
+
+# -- pickling -------------------------------------------------------------------------------------
+
+HANDLE_MARKERS = (b"Environment", b"h5py", b"memmap", b"OpenShard", b"ShardReader", b"Thread")
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"crop": 24, "crop_mode": "random", "threads": 2}])
+def test_pickle_before_and_after_use(photo_store, kwargs):
+    ds = ShardDataset(photo_store, **kwargs)
+    before = pickle.dumps(ds)
+    torch.manual_seed(0)
+    samples = [ds[i] for i in range(len(ds))]
+    ds.__getitems__([1, 2, 3])
+    assert len(ds.targets) == len(ds)
+    ds.source_path(3)
+    after = pickle.dumps(ds)
+    assert len(after) <= len(before), "pickled dataset grew with use"
+    assert len(after) < 16_000
+    for marker in HANDLE_MARKERS:
+        assert marker not in before and marker not in after, marker
+    copy = pickle.loads(after)
+    torch.manual_seed(0)
+    assert all(same_sample(s, copy[i]) for i, s in enumerate(samples))
+    assert same_sample(pickle.loads(before)[5], ds[5]) or "crop" in kwargs
+    copy.close()
+    ds.close()
+
+
+# -- DataLoader workers ---------------------------------------------------------------------------
+
+def _identify(ds: ShardDataset) -> dict[str, int]:
+    """Digest of each record's (decoded, cropped) pixels -> index, from the main process."""
+    ident = {digest(ds[i][0]): i for i in range(len(ds))}
+    assert len(ident) == len(ds), "records must be distinguishable"
+    return ident
+
+
+LOADER_CASES = [
+    # (format, start method, worker_init_fn, persistent, crop)
+    ("lmdb", "fork", True, True, 32),
+    ("hdf5", "fork", False, False, None),
+    ("lmdb", "fork", False, True, None),
+    ("hdf5", "spawn", True, True, 32),
+    ("lmdb", "spawn", False, True, None),
+]
+
+
+@pytest.mark.parametrize("fmt,method,init,persistent,crop", LOADER_CASES,
+                         ids=["-".join(map(str, c)) for c in LOADER_CASES])
+def test_dataloader_workers(pack_photos, fmt, method, init, persistent, crop):
+    """2 workers: every index exactly once per epoch, labels match targets, shuffled, 3 epochs.
+
+    The dataset is used in the parent first, so a handle exists there before workers fork.
+    """
+    ds = ShardDataset(pack_photos(fmt), crop=crop)
+    ident = _identify(ds)  # opens the store in this (parent) process
+    targets = ds.targets.tolist()
+    loader = DataLoader(
+        ds, batch_size=7, shuffle=True, num_workers=2, multiprocessing_context=method,
+        persistent_workers=persistent, pin_memory=True, prefetch_factor=3,
+        worker_init_fn=shardkit.worker_init_fn if init else None,
+        collate_fn=shardkit.collate if crop else list_collate,
+        generator=torch.Generator().manual_seed(0))
+    orders = []
+    for _ in range(3):
+        seen = []
+        for batch in loader:
+            if crop:
+                images, labels = batch
+                assert images.shape[1:] == (3, crop, crop) and images.dtype == torch.uint8
+                pairs = zip(images, labels.tolist())
+            else:
+                pairs = batch
+            for img, label in pairs:
+                index = ident[digest(img)]
+                assert label == targets[index]
+                seen.append(index)
+        assert sorted(seen) == list(range(len(ds)))
+        orders.append(seen)
+    assert orders[0] != list(range(len(ds))) and orders[0] != orders[1]
+    assert same_sample(ds[0], ShardDataset(pack_photos(fmt), crop=crop)[0])  # parent still fine
+    ds.close()
+
+
+def test_fork_after_parent_use_reopens_in_child(pack_photos):
+    """The parent's LMDB environment, inherited over fork, is not used by the child (lmdb 3 would
+    refuse to reopen the file); the child opens its own and the parent keeps working."""
+    ds = ShardDataset(pack_photos("lmdb"), output="bytes")
+    expected = [ds[i] for i in range(len(ds))]
+    for init in (None, shardkit.worker_init_fn):
+        loader = DataLoader(ds, batch_size=5, num_workers=2, multiprocessing_context="fork",
+                            worker_init_fn=init, collate_fn=list_collate)
+        assert [s for batch in loader for s in batch] == expected
+        assert ds[3] == expected[3]
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+@pytest.mark.parametrize("init", [None, shardkit.worker_init_fn], ids=["lazy", "init_fn"])
+def test_forked_child_never_uses_parents_handle(pack_photos, tmp_path, fmt, init):
+    """Black-box pid check: after the parent opened the store, the file is replaced by a copy
+    with one record changed. A forked worker that reopens (as it must) reads the new record; one
+    that used the inherited handle would still read the old file's."""
+    path = str(tmp_path / f"s{'.lmdb' if fmt == 'lmdb' else '.h5'}")
+    shutil.copyfile(pack_photos(fmt), path)
+    ds = ShardDataset(path, output="bytes")
+    old = [ds[i] for i in range(len(ds))]  # the parent now holds an open handle
+    shutil.copyfile(path, path + ".new")
+    flip_byte_in_file(path + ".new", old[5][0], len(old[5][0]) // 2)
+    os.replace(path + ".new", path)
+    assert ds[5] == old[5]  # this process keeps reading through its own (old) handle
+    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork",
+                        worker_init_fn=init, collate_fn=list_collate)
+    got = [s for batch in loader for s in batch]
+    assert got[5] != old[5] and got[5][1] == old[5][1]
+    assert got[:5] + got[6:] == old[:5] + old[6:]
+    ds.close()
+
+
+def test_num_workers_zero(photo_store):
+    ds = ShardDataset(photo_store, crop=24)
+    loader = DataLoader(ds, batch_size=10, num_workers=0, collate_fn=shardkit.collate)
+    images, labels = next(iter(loader))
+    assert images.shape == (10, 3, 24, 24)
+    assert labels.tolist() == ds.targets[:10].tolist()
+
+
+def test_distributed_sampler_covers_every_index_once(photo_store):
+    """Two ranks (simulated in one process): together, every index exactly once per epoch."""
+    ds = ShardDataset(photo_store, output="bytes")
+    ident = {ds[i][0]: i for i in range(len(ds))}
+    targets = ds.targets.tolist()
+    samplers = [DistributedSampler(ds, num_replicas=2, rank=r, shuffle=True, seed=3)
+                for r in range(2)]
+    loaders = [DataLoader(ds, batch_size=4, sampler=samplers[0], num_workers=0,
+                          collate_fn=list_collate),
+               DataLoader(ds, batch_size=4, sampler=samplers[1], num_workers=2,
+                          multiprocessing_context="fork", worker_init_fn=shardkit.worker_init_fn,
+                          collate_fn=list_collate)]
+    epochs = []
+    for epoch in range(2):
+        per_rank = []
+        for sampler, loader in zip(samplers, loaders):
+            sampler.set_epoch(epoch)
+            got = []
+            for batch in loader:
+                for data, label in batch:
+                    assert label == targets[ident[data]]
+                    got.append(ident[data])
+            assert got == list(sampler)
+            per_rank.append(got)
+        assert len(per_rank[0]) == len(per_rank[1]) == len(ds) // 2
+        assert sorted(per_rank[0] + per_rank[1]) == list(range(len(ds)))
+        epochs.append(per_rank)
+    assert epochs[0] != epochs[1]

@@ -1,0 +1,117 @@
+"""Discovery and labels follow torchvision's ImageFolder rules (restated in helpers, not imported)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from helpers import (imagefolder_reference, jpeg_bytes, noise, relpaths, sources_of,
+                     write_bytes)
+from shardkit import ShardDataset
+from shardkit.discovery import IMG_EXTENSIONS, discover
+from shardkit.errors import PackError
+from shardkit.packer import pack
+
+
+def test_extension_list_is_imagefolders():
+    assert sorted(IMG_EXTENSIONS) == sorted(
+        [".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"])
+
+
+def test_reference_statement_sees_the_quirks(quirky):
+    """The independent rules themselves pick up every quirk (so the comparisons below mean something)."""
+    classes, class_to_idx, samples = imagefolder_reference(quirky.root, allow_empty=True)
+    rel = dict(relpaths(samples, quirky.root))
+    assert classes == quirky.classes
+    assert class_to_idx == {"alpha": 0, "beta": 1, "delta": 2, "gamma": 3}
+    assert set(rel) == set(quirky.expect) | set(quirky.skipped)
+    for name in ("alpha/b_gray.JPG", "alpha/e_rgba.PNG", "beta/upper.TIFF", "beta/lossless.WebP",
+                 "alpha/folder.jpg/x.png", "alpha/nested/deeper/inner.jpg",
+                 "gamma/link/deeper/inner.jpg", "gamma/.hidden.png", "alpha/résumé_图像.jpg"):
+        assert name in rel
+    for name in quirky.ignored:
+        assert name not in rel
+    assert rel["gamma/g1.png"] == 3  # the empty class keeps its index 2
+
+
+def test_discover_matches_imagefolder(quirky):
+    found = discover(quirky.root, allow_empty=True)
+    classes, class_to_idx, samples = imagefolder_reference(quirky.root, allow_empty=True)
+    assert found.classes == classes
+    assert found.class_to_idx == class_to_idx
+    assert found.samples == samples  # same paths, same order, same labels
+
+
+def test_empty_class_is_an_error_by_default(quirky):
+    with pytest.raises(FileNotFoundError):
+        imagefolder_reference(quirky.root)
+    with pytest.raises(PackError, match="delta"):
+        discover(quirky.root)
+
+
+def test_pack_refuses_empty_class_without_allow_empty(quirky, tmp_path):
+    out = tmp_path / "out.lmdb"
+    with pytest.raises(PackError, match="delta"):
+        pack(quirky.root, out, workers=1, progress=False)
+    assert not out.exists()
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_packed_labels_follow_imagefolder(quirky, pack_quirky, fmt):
+    """classes, class_to_idx, and every record's label and source equal ImageFolder's, in order."""
+    store = pack_quirky(fmt)
+    classes, class_to_idx, samples = imagefolder_reference(quirky.root, allow_empty=True)
+    expected = [(p, t) for p, t in relpaths(samples, quirky.root) if p not in quirky.skipped]
+    ds = ShardDataset(store, output="bytes")
+    assert ds.classes == classes
+    assert ds.class_to_idx == class_to_idx
+    assert len(ds) == len(expected)
+    got = [(ds.source_path(i), ds[i][1]) for i in range(len(ds))]
+    assert got == expected
+    assert isinstance(ds.targets, np.ndarray)
+    assert ds.targets.tolist() == [t for _, t in expected]
+    assert sources_of(store) == [p for p, _ in expected]
+    ds.close()
+
+
+def test_allow_empty_keeps_class_without_shifting_indices(quirky, pack_quirky):
+    ds = ShardDataset(pack_quirky("lmdb"))
+    assert ds.classes[2] == "delta"
+    assert 2 not in set(ds.targets.tolist())
+    assert {ds.source_path(i) for i in range(len(ds)) if ds.targets[i] == 3} == {
+        "gamma/g1.png", "gamma/.hidden.png", "gamma/link/z_top.jpeg",
+        "gamma/link/deeper/inner.jpg"}
+
+
+def test_symlink_loop_terminates_and_is_reported(tmp_path):
+    """torchvision would recurse until paths overflow; shardkit stops and reports the loop."""
+    src = tmp_path / "src"
+    write_bytes(str(src / "a" / "one.jpg"), jpeg_bytes(noise(np.random.default_rng(0), 8, 8)))
+    os.symlink("..", src / "a" / "loop")  # a/loop -> a
+    found = discover(str(src))
+    assert [os.path.relpath(p, src) for p, _ in found.samples] == ["a/one.jpg"]
+    assert any("loop" in s["reason"] for s in found.skipped)
+
+
+def test_class_folder_symlink_is_a_class(tmp_path):
+    src, elsewhere = tmp_path / "src", tmp_path / "elsewhere"
+    rng = np.random.default_rng(0)
+    write_bytes(str(elsewhere / "x.jpg"), jpeg_bytes(noise(rng, 8, 8)))
+    write_bytes(str(src / "b" / "y.jpg"), jpeg_bytes(noise(rng, 8, 8)))
+    os.symlink(elsewhere, src / "a")
+    (src / "not_a_class.jpg").write_bytes(b"x")
+    classes, _, samples = imagefolder_reference(str(src))
+    found = discover(str(src))
+    assert found.classes == classes == ["a", "b"]
+    assert found.samples == samples
+
+
+def test_missing_or_classless_source(tmp_path):
+    with pytest.raises(PackError, match="not found"):
+        discover(str(tmp_path / "nope"))
+    (tmp_path / "flat.jpg").write_bytes(b"x")
+    with pytest.raises(PackError, match="no class folders"):
+        discover(str(tmp_path))

@@ -1,0 +1,115 @@
+"""A DataLoader worker's private memory stays flat over a full pass of a 100,000-record store.
+
+``Private_Dirty`` (from /proc/PID/smaps_rollup) counts the pages a worker has written, including
+the copy-on-write copies of the parent's objects it touches; pages of a memory-mapped store read
+from the page cache are clean and do not count. A per-record Python index (ImageFolder's list of
+tuples) grows it by tens of MB over such a pass; shardkit's numpy/mmap index must not.
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import sys
+import time
+
+import pytest
+from torch.utils.data import DataLoader
+
+import shardkit
+from helpers import build_store_fast, private_dirty_kb
+from shardkit import ShardDataset
+
+N = 100_000
+FLAT_KB = 4 * 1024  # allowed growth per worker over the pass
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
+
+
+@pytest.fixture(scope="module")
+def big_store(tmp_path_factory):
+    """``big_store(fmt)``: a real store of N tiny records in that format, built once."""
+    cache: dict[str, str] = {}
+
+    def get(fmt: str) -> str:
+        if fmt not in cache:
+            name = "big.lmdb" if fmt == "lmdb" else "big.h5"
+            cache[fmt] = str(tmp_path_factory.mktemp("big") / name)
+            build_store_fast(cache[fmt], N, fmt, classes=10)
+        return cache[fmt]
+
+    return get
+
+
+class ListIndexDataset(ShardDataset):
+    """A control: the same dataset plus an ImageFolder-style per-record Python list it touches."""
+
+    def __init__(self, path: str, **kw) -> None:
+        super().__init__(path, **kw)
+        self.samples = [(f"/data/train/c{i % 10}/{i:07d}.JPEG", i % 10) for i in range(len(self))]
+
+    def __getitems__(self, indices):
+        for i in indices:
+            path, label = self.samples[i]  # what ImageFolder does per item
+        return super().__getitems__(indices)
+
+
+def freeze_inherited_heap(worker_id: int) -> None:
+    """``shardkit.worker_init_fn``, then ``gc.freeze()``.
+
+    Without the freeze, the first full garbage collection in a worker writes to the GC header of
+    every object inherited from the parent (here pytest's whole heap, ~40 MB) and so copies those
+    pages: a one-off cost proportional to the parent's heap, not to the store, which would drown
+    the per-record growth this test is about. ``gc.freeze()`` is O(1) and touches no object.
+    """
+    shardkit.worker_init_fn(worker_id)
+    gc.freeze()
+
+
+def _pass_growth(ds: ShardDataset) -> tuple[dict[int, int], int, float]:
+    """One full pass with 2 fork workers; Private_Dirty growth (kB) per worker after batch 1."""
+    loader = DataLoader(ds, batch_size=500, num_workers=2, persistent_workers=True,
+                        multiprocessing_context="fork", worker_init_fn=freeze_inherited_heap,
+                        collate_fn=shardkit.collate)
+    t0 = time.perf_counter()
+    it = iter(loader)
+    images, labels = next(it)
+    pids = [w.pid for w in it._workers]
+    base = {pid: private_dirty_kb(pid) for pid in pids}
+    count, label_sum = len(labels), int(labels.sum())
+    for images, labels in it:
+        count += len(labels)
+        label_sum += int(labels.sum())
+    growth = {pid: private_dirty_kb(pid) - base[pid] for pid in pids}
+    seconds = time.perf_counter() - t0
+    del it, loader
+    assert count == len(ds)
+    assert label_sum == int(ds.targets.sum())
+    return growth, count, seconds
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_store_is_real_and_complete(big_store, fmt):
+    ds = ShardDataset(big_store(fmt), output="numpy")
+    assert len(ds) == N
+    assert ds[N - 1][0].shape == (8, 8, 3) and ds[N - 1][1] == (N - 1) % 10
+    assert len(pickle.dumps(ds)) < 16_000  # pickling does not carry the index
+    assert ds.targets.nbytes == 8 * N
+
+
+@pytest.mark.parametrize("fmt,crop", [("lmdb", None), ("hdf5", 8)])
+def test_worker_private_memory_is_flat(big_store, fmt, crop):
+    """Per-item path (crop=None) and batched shared-memory path (crop), one format each."""
+    ds = ShardDataset(big_store(fmt), crop=crop)
+    assert len(ds.targets) == N and ds[0][0].shape == (3, 8, 8)  # used in the parent first
+    growth, count, seconds = _pass_growth(ds)
+    print(f"\n{fmt} crop={crop}: {count} records in {seconds:.1f} s, "
+          f"Private_Dirty growth per worker (kB): {sorted(growth.values())}")
+    assert max(growth.values()) < FLAT_KB, growth
+
+
+def test_control_python_list_index_grows(big_store):
+    """The measurement can fail: a per-record Python list touched by workers shows up."""
+    growth, _, _ = _pass_growth(ListIndexDataset(big_store("lmdb"), crop=8))
+    print(f"\ncontrol (list index): Private_Dirty growth per worker (kB): {sorted(growth.values())}")
+    assert max(growth.values()) > 1.5 * FLAT_KB, growth
