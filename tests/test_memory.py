@@ -8,7 +8,6 @@ tuples) grows it by tens of MB over such a pass; shardkit's numpy/mmap index mus
 
 from __future__ import annotations
 
-import gc
 import pickle
 import sys
 import time
@@ -54,22 +53,10 @@ class ListIndexDataset(ShardDataset):
         return super().__getitems__(indices)
 
 
-def freeze_inherited_heap(worker_id: int) -> None:
-    """``shardkit.worker_init_fn``, then ``gc.freeze()``.
-
-    Without the freeze, the first full garbage collection in a worker writes to the GC header of
-    every object inherited from the parent (here pytest's whole heap, ~40 MB) and so copies those
-    pages: a one-off cost proportional to the parent's heap, not to the store, which would drown
-    the per-record growth this test is about. ``gc.freeze()`` is O(1) and touches no object.
-    """
-    shardkit.worker_init_fn(worker_id)
-    gc.freeze()
-
-
 def _pass_growth(ds: ShardDataset) -> tuple[dict[int, int], int, float]:
     """One full pass with 2 fork workers; Private_Dirty growth (kB) per worker after batch 1."""
     loader = DataLoader(ds, batch_size=500, num_workers=2, persistent_workers=True,
-                        multiprocessing_context="fork", worker_init_fn=freeze_inherited_heap,
+                        multiprocessing_context="fork", worker_init_fn=shardkit.worker_init_fn,
                         collate_fn=shardkit.collate)
     t0 = time.perf_counter()
     it = iter(loader)
