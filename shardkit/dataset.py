@@ -8,9 +8,10 @@ batch buffer (shared memory inside a worker) that ``shardkit.collate`` hands on 
 
 from __future__ import annotations
 
+import gc
 import os
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from . import codec
+from . import batchpool, codec
 from .errors import StoreError
 from .store import OpenShard, Store
 
@@ -34,11 +35,35 @@ class Batch(list):
 
     images: torch.Tensor | np.ndarray
     labels: torch.Tensor
+    slot: batchpool.Slot | None = None  # the reusable buffer ``images`` lives in
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("slot", None)  # process-local (a memory map); the images travel as tensors
+        return state
+
+
+class _TorchIntegers:
+    """The ``integers(low, high)`` that ``codec.random_origin`` needs, from torch's global RNG."""
+
+    @staticmethod
+    def integers(low: int, high: int) -> int:
+        return int(torch.randint(low, high, ()).item())
+
+
+_TORCH_INTEGERS = _TorchIntegers()
 
 
 def collate(batch: Sequence[Any]) -> Any:
-    """``default_collate``, except that a ``Batch`` from ``ShardDataset`` is passed on uncopied."""
+    """``default_collate``, except that a ``Batch`` from ``ShardDataset`` is passed on uncopied.
+
+    In a DataLoader worker the batch then travels to the main process as a reference to its
+    reusable shared-memory buffer (see :mod:`shardkit.batchpool`), not as a new segment.
+    """
     if isinstance(batch, Batch):
+        slot = getattr(batch, "slot", None)
+        if slot is not None and slot.fd is not None:
+            return batchpool.PooledBatch(batch.images, batch.labels, slot)
         return [batch.images, batch.labels]
     return default_collate(batch)
 
@@ -54,10 +79,13 @@ class ShardDataset(Dataset):
             ``"pil"`` (RGB image) or ``"bytes"`` (the stored record, undecoded).
         crop: crop size applied at decode time (square); smaller images are zero-padded as
             torchvision's ``CenterCrop`` does.
-        crop_mode: ``"center"`` or ``"random"`` (seeded from ``torch.initial_seed()``, so each
-            DataLoader worker and epoch differ, and ``torch.manual_seed`` reproduces them).
-        threads: decode a batch with this many threads (0: in the calling thread). Wins when
-            the DataLoader runs with ``num_workers=0`` and the training step leaves CPU idle.
+        crop_mode: ``"center"`` or ``"random"`` (drawn from torch's global RNG, as torchvision's
+            ``RandomCrop``: each DataLoader worker and epoch differ, ``torch.manual_seed``
+            reproduces them).
+        threads: decode a batch with this many threads, the calling thread being one of them (0
+            or 1: in the calling thread only). Wins when the DataLoader runs with
+            ``num_workers=0`` and the training step leaves the CPU idle (a GPU step); worker
+            processes win when the step needs the CPU, and they prefetch while it runs.
         verify: check every record's CRC32 on read.
         fast_decode: libjpeg-turbo's fast DCT and upsampling (a few % faster, slightly less exact).
     """
@@ -85,7 +113,6 @@ class ShardDataset(Dataset):
         self.verify = verify
         self.fast_decode = fast_decode
         self._pool: tuple[int, ThreadPoolExecutor] | None = None
-        self._rng: tuple[int, int, np.random.Generator] | None = None
 
     # -- ImageFolder-compatible attributes ------------------------------------------------------
 
@@ -129,20 +156,20 @@ class ShardDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_pool"] = None
-        state["_rng"] = None
         return state
 
     def _executor(self) -> ThreadPoolExecutor:
+        """``threads - 1`` helper threads (the calling thread decodes a share too)."""
         pid = os.getpid()
         if self._pool is None or self._pool[0] != pid:
-            self._pool = (pid, ThreadPoolExecutor(self.threads, thread_name_prefix="shardkit"))
+            self._pool = (pid, ThreadPoolExecutor(max(1, self.threads - 1),
+                                                  thread_name_prefix="shardkit"))
         return self._pool[1]
 
-    def _generator(self) -> np.random.Generator:
-        pid, seed = os.getpid(), torch.initial_seed()
-        if self._rng is None or self._rng[:2] != (pid, seed):
-            self._rng = (pid, seed, np.random.default_rng(seed))
-        return self._rng[2]
+    def _generator(self) -> "_TorchIntegers":
+        # torch's global RNG, not a cached generator keyed by torch.initial_seed(): re-seeding
+        # with the same seed must reproduce the crops, as it does for torchvision's RandomCrop.
+        return _TORCH_INTEGERS
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -156,17 +183,16 @@ class ShardDataset(Dataset):
         """Decode one record; crop into ``out`` when given. Returns memory the caller owns."""
         self._check(shard, k, local, buf)
         try:
+            if out is not None:
+                codec.decode_crop_into(out, buf, self.store.encoding, int(shard.heights[local]),
+                                       int(shard.widths[local]), origin, self.fast_decode)
+                return out
             img = codec.decode(buf, self.store.encoding, int(shard.heights[local]),
                                int(shard.widths[local]), self.fast_decode)
         except codec.RecordDecodeError as exc:
             raise StoreError(f"{self.root}: shard {k} ({shard.entry.path}), record {local}: "
                              f"{exc}") from None
-        if out is None:
-            return img.copy() if self.store.encoding == "raw" else img
-        if origin is None:
-            origin = codec.center_origin(img.shape[0], img.shape[1], self.crop)
-        codec.crop_into(out, img, *origin)
-        return out
+        return img.copy() if self.store.encoding == "raw" else img
 
     def _origin(self, shard: OpenShard, local: int) -> tuple[int, int] | None:
         if self.crop_mode != "random":
@@ -222,9 +248,27 @@ class ShardDataset(Dataset):
         return by_shard
 
     def _run(self, fn: Callable, jobs: list[tuple]) -> list:
-        if self.threads > 0 and len(jobs) > 1:
-            return list(self._executor().map(lambda job: fn(*job), jobs))
-        return [fn(*job) for job in jobs]
+        """``fn(*job)`` for every job, in order; with ``threads`` > 1 split into one interleaved
+        share per thread (one task per thread per batch, not per image)."""
+        parts = min(self.threads, len(jobs))
+        if parts <= 1:
+            return [fn(*job) for job in jobs]
+
+        def share(part: int) -> list:
+            return [fn(*job) for job in jobs[part::parts]]
+
+        futures = [self._executor().submit(share, part) for part in range(1, parts)]
+        try:
+            shares = [share(0)]
+        finally:
+            # Records are only valid inside the caller's read transaction: wait for every thread
+            # before returning, even when this thread's share failed.
+            wait(futures)
+        shares += [f.result() for f in futures]
+        results: list = [None] * len(jobs)
+        for part, done in enumerate(shares):
+            results[part::parts] = done
+        return results
 
     def _getitems_each(self, indices: Sequence[int]) -> list:
         results: list = [None] * len(indices)
@@ -237,28 +281,58 @@ class ShardDataset(Dataset):
                     results[pos] = sample
         return results
 
+    def _located_arrays(self, indices: Sequence[int]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """[(shard, positions in batch, indices in shard)], vectorized (no per-index Python)."""
+        count = self.store.count
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(idx) and (idx.min() < -count or idx.max() >= count):
+            bad = next(int(i) for i in idx if not -count <= i < count)
+            raise IndexError(f"index {bad} out of range for a store of {count} records")
+        idx = np.where(idx < 0, idx + count, idx)
+        starts = self.store.starts
+        if len(starts) == 2:  # one shard
+            return [(0, np.arange(len(idx)), idx)]
+        shards = np.searchsorted(starts, idx, side="right") - 1
+        found = []
+        for k in np.unique(shards).tolist():
+            positions = np.flatnonzero(shards == k)
+            found.append((k, positions, idx[positions] - starts[k]))
+        return found
+
+    def _decode_into(self, shard: OpenShard, k: int, local: int, buf, out: np.ndarray,
+                     height: int, width: int, origin: tuple[int, int] | None) -> None:
+        """Decode one record straight into its place in the batch (the batched fast path)."""
+        if self.verify:
+            self._check(shard, k, local, buf)
+        try:
+            codec.decode_crop_into(out, buf, self.store.encoding, height, width, origin,
+                                   self.fast_decode)
+        except codec.RecordDecodeError as exc:
+            raise StoreError(f"{self.root}: shard {k} ({shard.entry.path}), record {local}: "
+                             f"{exc}") from None
+
     def _getitems_batched(self, indices: Sequence[int]) -> Batch:
         n, c = len(indices), self.crop
+        slot = None
         if self.output == "tensor":
-            if get_worker_info() is not None:
-                # Allocate in shared memory, so sending the batch to the main process is free.
-                storage = torch.UntypedStorage._new_shared(n * c * c * 3)
-                images = torch.tensor([], dtype=torch.uint8).set_(storage).view(n, c, c, 3)
-            else:
-                images = torch.empty((n, c, c, 3), dtype=torch.uint8)
+            # A reusable buffer (shared memory in a worker, so sending the batch is free).
+            images, slot = batchpool.pool(get_worker_info() is not None).take((n, c, c, 3))
             pixels = images.numpy()
         else:
             pixels = np.empty((n, c, c, 3), dtype=np.uint8)
         labels = np.empty(n, dtype=np.int64)
-        for k, items in self._located(indices).items():
+        random = self.crop_mode == "random"
+        for k, positions, local in self._located_arrays(indices):
             shard = self.store.shard(k)
+            labels[positions] = shard.labels[local]
+            heights = shard.heights[local].tolist()
+            widths = shard.widths[local].tolist()
+            local_list = local.tolist()
             with shard.reader.records() as get:
-                jobs = []
-                for pos, local in items:
-                    labels[pos] = shard.labels[local]
-                    jobs.append((shard, k, local, get(local), pixels[pos],
-                                 self._origin(shard, local)))
-                self._run(self._decode, jobs)
+                jobs = [(shard, k, i, get(i), pixels[pos], h, w,
+                         self._origin(shard, i) if random else None)
+                        for pos, i, h, w in zip(positions.tolist(), local_list, heights, widths)]
+                self._run(self._decode_into, jobs)
         batch = Batch()
         label_list = labels.tolist()
         if self.target_transform is not None:
@@ -267,6 +341,7 @@ class ShardDataset(Dataset):
             views = images.permute(0, 3, 1, 2)
             batch.extend(zip(views.unbind(0), label_list))
             batch.images = views
+            batch.slot = slot
         else:
             batch.extend(zip(pixels, label_list))
             batch.images = pixels
@@ -296,9 +371,15 @@ def _find_shard_datasets(dataset: Any, seen: set[int] | None = None) -> list[Sha
 
 
 def worker_init_fn(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: open every ShardDataset (also inside Subset/ConcatDataset)."""
+    """DataLoader ``worker_init_fn``: open every ShardDataset (also inside Subset/ConcatDataset).
+
+    It also freezes the garbage collector's view of the objects the worker inherited: otherwise
+    the first collection writes to every one of them and copies the parent's whole heap into
+    each forked worker (measured: +42 MB per worker under pytest).
+    """
     info = get_worker_info()
     if info is None:
         return
+    gc.freeze()
     for dataset in _find_shard_datasets(info.dataset):
         dataset.open()

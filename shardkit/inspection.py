@@ -86,6 +86,9 @@ def verify(path: str | os.PathLike, progress: bool = False) -> VerifyReport:
             except OSError as exc:
                 fault(f"{where}: cannot read: {exc.strerror}")
                 continue
+            except StoreError as exc:
+                fault(str(exc))
+                continue
         try:
             shard = store.shard(k)
         except StoreError as exc:

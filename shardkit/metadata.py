@@ -8,6 +8,7 @@ JSON only; nothing in a store is ever unpickled.
 from __future__ import annotations
 
 import json
+import zlib
 from typing import Any
 
 from ._version import __version__
@@ -35,6 +36,33 @@ ALLOWED_DTYPES = frozenset(RECORD_ARRAYS.values())
 def dumps(obj: dict[str, Any]) -> bytes:
     """Canonical JSON (sorted keys) so identical packs give identical bytes."""
     return json.dumps(obj, sort_keys=True, ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+SEAL_KEY = "meta_crc32"
+
+
+def seal(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` plus its own checksum: CRC32 of its canonical JSON (``dumps``) without the seal.
+
+    Shard metadata and manifests are sealed, so a damaged byte that still leaves valid JSON (a
+    class name, a count, a setting) is refused instead of read as different data.
+    """
+    body = {k: v for k, v in obj.items() if k != SEAL_KEY}
+    return body | {SEAL_KEY: zlib.crc32(dumps(body))}
+
+
+def check_seal(obj: dict[str, Any], where: str) -> None:
+    """Refuse metadata whose content does not match the checksum written with it."""
+    stored = obj.get(SEAL_KEY)
+    if not isinstance(stored, int) or isinstance(stored, bool):
+        raise StoreError(f"{where}: metadata checksum {SEAL_KEY!r} is missing "
+                         "(damaged store or not written by shardkit)")
+    try:
+        actual = zlib.crc32(dumps({k: v for k, v in obj.items() if k != SEAL_KEY}))
+    except (TypeError, ValueError):
+        actual = None
+    if actual != stored:
+        raise StoreError(f"{where}: metadata checksum mismatch (damaged store)")
 
 
 def loads(raw: bytes | str, where: str) -> dict[str, Any]:
@@ -119,11 +147,15 @@ def check_shard_fields(obj: dict[str, Any], where: str) -> None:
         if name != "path_blob" and shape[0] != expected:
             raise StoreError(f"{where}: index array {name!r} has {shape[0]} entries, "
                              f"expected {expected}")
+        crc = desc.get("crc32")
+        if not isinstance(crc, int) or isinstance(crc, bool):
+            raise StoreError(f"{where}: index array {name!r} has no checksum (damaged store)")
 
 
 def parse_shard_meta(raw: bytes | str, where: str) -> dict[str, Any]:
     obj = loads(raw, where)
     check_header(obj, where, ("single", "shard"))
+    check_seal(obj, where)
     check_dataset_fields(obj, where)
     check_shard_fields(obj, where)
     return obj
@@ -132,15 +164,14 @@ def parse_shard_meta(raw: bytes | str, where: str) -> dict[str, Any]:
 def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
     obj = loads(raw, where)
     check_header(obj, where, "sharded")
+    check_seal(obj, where)
     check_dataset_fields(obj, where)
     shards = _need(obj, "shards", list, where)
     start = 0
     for k, entry in enumerate(shards):
         if not isinstance(entry, dict):
             raise StoreError(f"{where}: shard entry {k} is not an object")
-        name = _need(entry, "file", str, where)
-        if "/" in name or "\\" in name or name in ("", ".", ".."):
-            raise StoreError(f"{where}: shard file name {name!r} is not a plain file name")
+        _plain_name(_need(entry, "file", str, where), where)
         if entry.get("format") not in ("lmdb", "hdf5"):
             raise StoreError(f"{where}: shard {k} has unknown format {entry.get('format')!r}")
         for key in ("count", "start", "bytes"):
@@ -152,9 +183,33 @@ def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
     if start != obj["count"]:
         raise StoreError(f"{where}: shards hold {start} records, manifest says {obj['count']}")
     labels = _need(obj, "labels", dict, where)
-    _need(labels, "file", str, where)
+    _plain_name(_need(labels, "file", str, where), where)
     _need(labels, "sha256", str, where)
     return obj
+
+
+def describe_arrays(arrays: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Dtype, shape and CRC32 of each index array (numpy arrays in ``RECORD_ARRAYS`` dtypes)."""
+    out = {}
+    for name, dtype in RECORD_ARRAYS.items():
+        arr = arrays[name]
+        if arr.dtype != dtype or arr.ndim != 1:
+            raise ValueError(f"index array {name!r} must be a 1-d {dtype} array")
+        out[name] = {"dtype": dtype, "shape": [int(arr.shape[0])], "crc32": array_crc32(arr)}
+    return out
+
+
+def array_crc32(arr: Any) -> int:
+    """CRC32 of an index array's bytes (C order), as stored in its description."""
+    import numpy as np
+
+    return zlib.crc32(np.ascontiguousarray(arr))
+
+
+def _plain_name(name: str, where: str) -> None:
+    """A file named by a manifest must lie in the store's folder: no paths, no '..'."""
+    if "/" in name or "\\" in name or "\0" in name or name in ("", ".", ".."):
+        raise StoreError(f"{where}: file name {name!r} in the manifest is not a plain file name")
 
 
 def array_descriptions(count: int, path_blob_len: int) -> dict[str, dict[str, Any]]:

@@ -14,11 +14,13 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 import uuid
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -29,6 +31,7 @@ from .discovery import Discovery, discover, read_file_list
 from .errors import Interrupted, PackError, ShardkitError
 from .formats import FORMATS, SUFFIXES, format_for_path, open_writer
 from .imaging import PILLOW_PIXEL_LIMIT, ImageRejected, load_rgb
+from . import swap
 from .store import sha256_file
 
 PLAN_NAME = "plan.json"
@@ -105,9 +108,40 @@ def _encode_task(args: tuple[str, PackSettings]) -> Encoded:
     return encode_file(*args)
 
 
-def _worker_init() -> None:
+def _worker_init(packer_pid: int | None = None) -> None:
     # The parent handles Ctrl-C and terminates the pool; workers must not print tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if packer_pid is not None:
+        _exit_with(packer_pid)
+
+
+def _exit_with(pid: int) -> None:
+    """End this worker as soon as the packing process ``pid`` is gone (e.g. ``kill -9``), instead
+    of finishing its task into a broken pipe. A daemon thread waits on a pidfd (Linux), else polls.
+    """
+    import select
+    import threading
+
+    try:
+        fd = os.pidfd_open(pid)  # opened here, so the thread only waits (no import, no lock)
+    except (AttributeError, OSError):
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while True:
+                time.sleep(0.5)
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                except OSError:
+                    pass
+        os._exit(1)
+
+    threading.Thread(target=watch, name="shardkit-parent-watch", daemon=True).start()
 
 
 # -- the plan -------------------------------------------------------------------------------------
@@ -261,13 +295,55 @@ def _encoded_stream(tasks: list[tuple[str, PackSettings]], workers: int) -> Iter
 
     ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
     chunk = max(1, min(16, len(tasks) // (workers * 8)))
-    pool = ctx.Pool(workers, initializer=_worker_init)
+    with _sigint_deferred() as resume_sigint:
+        pool = ctx.Pool(workers, initializer=_worker_init, initargs=(os.getpid(),))
     try:
+        resume_sigint()  # a Ctrl-C that came while the pool started is raised here
         yield from pool.imap(_encode_task, tasks, chunksize=chunk)
         pool.close()
     finally:
         pool.terminate()
         pool.join()
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[Callable[[], None]]:
+    """Start a pool's helper processes immune to Ctrl-C, without losing a Ctrl-C meanwhile.
+
+    A forkserver interrupted while importing prints a traceback and leaves the pool half made.
+    So SIGINT is blocked in this thread while the pool starts (processes started now inherit
+    that and ignore SIGINT once up) and a Ctrl-C meanwhile is only recorded. The returned function
+    restores both and raises the recorded KeyboardInterrupt: call it where the pool is cleaned up.
+    """
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None or threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    try:  # started now, so that starting it later does not unblock SIGINT (it blocks/unblocks)
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+    except (ImportError, OSError):
+        pass
+    got: list[int] = []
+    old_handler = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    old_mask = mask(signal.SIG_BLOCK, {signal.SIGINT})
+    restored = False
+
+    def restore() -> None:
+        nonlocal restored
+        if not restored:
+            restored = True
+            signal.signal(signal.SIGINT, old_handler)
+            mask(signal.SIG_SETMASK, old_mask)  # a pending Ctrl-C is raised here
+            if got:
+                raise KeyboardInterrupt
+
+    try:
+        yield restore
+    except BaseException:
+        restore()
+        raise
 
 
 def _progress(total: int, enabled: bool, desc: str):
@@ -500,18 +576,27 @@ def finalize_sharded(partial: str, plan: Plan | None = None) -> tuple[dict[str, 
 
 
 def install(partial: str, out: str, overwrite: bool) -> None:
-    """Move a finished store from its partial name to OUT (atomically for a single file)."""
-    if os.path.lexists(out):
-        if not overwrite:
-            raise PackError(f"{out} already exists (use --overwrite to replace it)")
-        if os.path.isdir(out) and not os.path.islink(out) or os.path.isdir(partial):
-            old = out + f".old-{os.getpid()}"
-            os.rename(out, old)
+    """Move a finished store from its partial name to OUT, never disturbing readers of OUT.
+
+    A new OUT, or a file replacing a file: one rename. A folder store replacing a folder store:
+    new shard files under unused names, then ``manifest.json`` replaced by rename, old files
+    deleted once no reader holds them (:mod:`shardkit.swap`). Replacing a file by a folder or the
+    reverse cannot be one rename: OUT is moved aside first (missing for a moment, never mixed).
+    """
+    if os.path.lexists(out) and not overwrite:
+        raise PackError(f"{out} already exists (use --overwrite to replace it)")
+    if not os.path.lexists(out):
+        if os.path.isdir(partial):
             os.rename(partial, out)
-            _remove(old)
-            _fsync_dir(os.path.dirname(os.path.abspath(out)))
-            return
-    os.replace(partial, out)
+            swap.collect_garbage(out)  # side files a killed writer may have left
+        else:
+            os.replace(partial, out)
+    elif os.path.isdir(partial) and swap.is_folder_store(out):
+        swap.install_folder(partial, out)
+    elif os.path.isdir(partial) or (os.path.isdir(out) and not os.path.islink(out)):
+        swap.swap_aside(partial, out)
+    else:
+        os.replace(partial, out)  # atomic; processes that opened the old file keep reading it
     _fsync_dir(os.path.dirname(os.path.abspath(out)))
 
 

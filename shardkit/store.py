@@ -18,6 +18,8 @@ import numpy as np
 from . import metadata
 from .errors import StoreError
 from .formats import ShardReader, open_reader
+from .formats.base import file_size
+from . import swap
 
 
 @dataclass(frozen=True)
@@ -35,14 +37,15 @@ class ShardEntry:
 class OpenShard:
     """A shard opened in this process: its reader plus memory-mapped index arrays."""
 
-    def __init__(self, entry: ShardEntry, index: int, expect: dict[str, Any]) -> None:
+    def __init__(self, entry: ShardEntry, index: int, expect: dict[str, Any],
+                 pin: swap.Pin | None = None) -> None:
         if entry.bytes is not None:
             size = _file_size(entry.path)
             if size != entry.bytes:
                 raise StoreError(f"{entry.path}: shard is {size} bytes, manifest says "
                                  f"{entry.bytes} (truncated, replaced or damaged)")
         self.entry = entry
-        self.reader: ShardReader = open_reader(entry.path, entry.format)
+        self.reader: ShardReader = _open_pinned(entry, pin)
         try:
             where = entry.path
             meta = metadata.parse_shard_meta(self.reader.meta_json(), where)
@@ -55,9 +58,8 @@ class OpenShard:
                 if meta[key] != expect[key]:
                     raise StoreError(f"{where}: shard {key} differ from the store's (mixed stores)")
             self.meta = meta
-            arrays = meta["arrays"]
-            self.arrays = {name: self.reader.array(name, desc["dtype"], tuple(desc["shape"]))
-                           for name, desc in arrays.items()}
+            self.arrays = {name: checked_array(self.reader, name, desc, where)
+                           for name, desc in meta["arrays"].items()}
             offsets = self.arrays["path_offsets"]
             if len(offsets) and (offsets[0] != 0 or offsets[-1] != len(self.arrays["path_blob"])):
                 raise StoreError(f"{where}: source-path index is inconsistent (damaged store)")
@@ -79,6 +81,42 @@ class OpenShard:
         self.reader.close()
 
 
+def _open_pinned(entry: ShardEntry, pin: swap.Pin | None) -> ShardReader:
+    """Open the shard file; with a ``pin``, exactly the file (inode) the Store validated.
+
+    A single-file store replaced by ``pack --overwrite`` after the Store was created is read
+    through the descriptor this process inherited, or refused: never the new file's records
+    under the old file's metadata.
+    """
+    if pin is None:
+        return open_reader(entry.path, entry.format)
+
+    def here() -> tuple[int, int] | None:
+        try:
+            return swap.identity(entry.path)
+        except OSError:
+            return None
+
+    if here() == pin.identity:
+        reader = open_reader(entry.path, entry.format)
+        if here() == pin.identity:
+            return reader
+        reader.close()
+    inherited = pin.proc_path()
+    if inherited is not None:
+        return open_reader(inherited, entry.format)
+    raise StoreError(f"{entry.path} was replaced (e.g. re-packed with --overwrite) after this "
+                     "dataset was opened; create the dataset again to read the new store")
+
+
+def checked_array(reader: ShardReader, name: str, desc: dict[str, Any], where: str) -> np.ndarray:
+    """Index array ``name`` as the metadata describes it, refused unless its CRC32 matches."""
+    arr = reader.array(name, desc["dtype"], tuple(desc["shape"]))
+    if metadata.array_crc32(arr) != desc["crc32"]:
+        raise StoreError(f"{where}: index array {name!r} is damaged (checksum mismatch)")
+    return arr
+
+
 def _file_size(path: str) -> int:
     try:
         return os.stat(path).st_size
@@ -89,6 +127,8 @@ def _file_size(path: str) -> int:
 
 
 def sha256_file(path: str, chunk: int = 8 << 20) -> str:
+    """SHA-256 of a regular file (a FIFO or device is refused: reading it could block)."""
+    file_size(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
@@ -121,10 +161,15 @@ class Store:
         self._open: dict[int, OpenShard] = {}
 
     def _init_single(self) -> None:
-        reader = open_reader(self.path)
+        try:
+            self._pin: swap.Pin | None = swap.open_identity(self.path)
+        except OSError as exc:
+            raise StoreError(f"cannot open {self.path}: {exc.strerror}") from None
+        reader = _open_pinned(ShardEntry(self.path, None, 0, 0), self._pin)
         try:
             meta = metadata.parse_shard_meta(reader.meta_json(), self.path)
-            self._labels = np.array(reader.array("labels", "<i8", (meta["count"],)))
+            self._labels = np.array(checked_array(reader, "labels", meta["arrays"]["labels"],
+                                                  self.path))
         finally:
             reader.close()
         if meta["kind"] != "single":
@@ -137,8 +182,15 @@ class Store:
     def _init_sharded(self) -> None:
         manifest_path = os.path.join(self.path, metadata.MANIFEST_NAME)
         try:
-            with open(manifest_path, "rb") as f:
-                raw = f.read(metadata.MAX_META_BYTES + 1)
+            file_size(manifest_path)
+        except StoreError:
+            if not os.path.lexists(manifest_path):
+                raise StoreError(f"{self.path} is a folder without {metadata.MANIFEST_NAME}: "
+                                 "not a shardkit store, or a pack that did not finish") from None
+            raise
+        try:
+            # Held while this Store lives: `pack --overwrite` keeps the files it names meanwhile.
+            raw, self._pin = swap.read_manifest_pinned(manifest_path, metadata.MAX_META_BYTES)
         except FileNotFoundError:
             raise StoreError(f"{self.path} is a folder without {metadata.MANIFEST_NAME}: not a "
                              "shardkit store, or a pack that did not finish") from None
@@ -164,9 +216,18 @@ class Store:
     def _load_labels(self) -> np.ndarray:
         if self._labels_file is None:
             return np.array(self.shard(0).labels)
+        expected = self.meta["labels"]["sha256"]
         try:
+            # Checked against the manifest first: a damaged label would be silently wrong data.
+            if sha256_file(self._labels_file) != expected:
+                raise StoreError(f"{self._labels_file}: labels file is damaged or replaced "
+                                 "(checksum differs from the manifest)")
             labels = np.load(self._labels_file, mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError) as exc:
+        except StoreError:
+            raise
+        except FileNotFoundError:
+            raise StoreError(f"{self._labels_file}: labels file is missing") from None
+        except Exception as exc:  # noqa: BLE001 - numpy reports a bad header as many types
             raise StoreError(f"{self._labels_file}: cannot load labels: {exc}") from None
         if labels.dtype != np.int64 or labels.shape != (self.count,):
             raise StoreError(f"{self._labels_file}: labels are {labels.dtype}{list(labels.shape)}, "
@@ -196,7 +257,8 @@ class Store:
         self._claim()
         shard = self._open.get(k)
         if shard is None:
-            shard = OpenShard(self.shards[k], k, self.meta)
+            shard = OpenShard(self.shards[k], k, self.meta,
+                              self._pin if self._labels_file is None else None)
             self._open[k] = shard
         return shard
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 from ..errors import StoreError
 from . import hdf5_format, lmdb_format
-from .base import RecordGetter, ShardReader, ShardWriter
+from .base import RecordGetter, ShardReader, ShardWriter, file_size
 
 WRITERS: dict[str, type[ShardWriter]] = {
     "lmdb": lmdb_format.LmdbShardWriter,
@@ -25,6 +27,9 @@ def format_for_path(path: str) -> str:
 
 def detect_format(path: str) -> str:
     """Which backend wrote the shard file at ``path``, from its first bytes."""
+    if os.path.isdir(path):
+        raise StoreError(f"{path} is a folder without a manifest.json")
+    file_size(path)  # refuses FIFOs and devices before open() could block on them
     try:
         with open(path, "rb") as f:
             head = f.read(64)

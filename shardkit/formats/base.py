@@ -8,6 +8,7 @@ object, written last. A writer produces a shard; a reader opens one read-only, i
 from __future__ import annotations
 
 import os
+import stat
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from typing import Callable, ClassVar
@@ -71,12 +72,20 @@ class ShardReader(ABC):
 
 
 def file_size(path: str) -> int:
+    """Size of the regular file at ``path``; anything else (a FIFO, a device, a folder) is refused.
+
+    Opening a FIFO blocks forever and a device has no size, so neither may reach a reader.
+    """
     try:
-        return os.stat(path).st_size
+        st = os.stat(path)
     except FileNotFoundError:
         raise StoreError(f"store file not found: {path}") from None
     except OSError as exc:
         raise StoreError(f"cannot stat {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise StoreError(f"{path} is {kind}, not a store file")
+    return st.st_size
 
 
 def check_array(path: str, name: str, arr: np.ndarray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -7,6 +7,7 @@ dtype and shape live in the metadata JSON under ``__meta__``. No pickle anywhere
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from contextlib import contextmanager
@@ -56,6 +57,19 @@ def expected_size(path: str) -> int:
     return (last_pg + 1) * psize
 
 
+def _write_error(path: str, exc: lmdb.Error, pending: int) -> OSError:
+    """The OSError behind a failed LMDB write. LMDB reports a short write on a full disk as
+    EIO; when the filesystem is (nearly) out of space, say so."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+        full = st.f_bavail * st.f_frsize < pending + (4 << 20)
+    except OSError:
+        full = False
+    if full or "No space left" in str(exc):
+        return OSError(errno.ENOSPC, f"No space left on device (writing {path})")
+    return OSError(errno.EIO, f"LMDB write to {path} failed: {exc}")
+
+
 class LmdbShardWriter(ShardWriter):
     format_name = "lmdb"
 
@@ -87,7 +101,7 @@ class LmdbShardWriter(ShardWriter):
                 self._map_size *= 2
                 self._env.set_mapsize(self._map_size)
             except lmdb.Error as exc:  # e.g. ENOSPC: surface as the OSError it is
-                raise OSError(f"LMDB write to {self.path} failed: {exc}") from None
+                raise _write_error(self.path, exc, self._pending_bytes) from None
         self._pending.clear()
         self._pending_bytes = 0
 
@@ -101,7 +115,7 @@ class LmdbShardWriter(ShardWriter):
         try:
             self._env.sync(True)
         except lmdb.Error as exc:
-            raise OSError(f"LMDB sync of {self.path} failed: {exc}") from None
+            raise _write_error(self.path, exc, 0) from None
         self._env.close()
 
     def abort(self) -> None:
@@ -109,12 +123,18 @@ class LmdbShardWriter(ShardWriter):
 
 
 # lmdb refuses to open one file twice in a process (a forked child inherits the parent's handle
-# too), so each process keeps one environment per file and shares it between readers.
-_ENVS: dict[str, tuple[int, lmdb.Environment, int]] = {}
+# too), so each process keeps one environment per file and shares it between readers. Files are
+# told apart by inode, not name: a store replaced under the same name is a different file.
+_ENVS: dict[tuple[int, int], tuple[int, lmdb.Environment, int]] = {}
+
+
+def _env_key(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
 
 
 def _acquire_env(path: str) -> lmdb.Environment:
-    key = os.path.realpath(path)
+    key = _env_key(path)
     pid = os.getpid()
     entry = _ENVS.get(key)
     if entry is not None:
@@ -129,10 +149,10 @@ def _acquire_env(path: str) -> lmdb.Environment:
     return env
 
 
-def _release_env(path: str, env: lmdb.Environment) -> None:
-    key = os.path.realpath(path)
-    entry = _ENVS.get(key)
-    if entry is None or entry[1] is not env:
+def _release_env(env: lmdb.Environment) -> None:
+    key = next((k for k, v in _ENVS.items() if v[1] is env), None)
+    entry = _ENVS.get(key) if key is not None else None
+    if entry is None:
         return
     owner, _, refs = entry
     if refs > 1:
@@ -211,4 +231,4 @@ class LmdbShardReader(ShardReader):
         env, self._env = getattr(self, "_env", None), None
         if env is not None:
             self._array_txn.abort()
-            _release_env(self.path, env)
+            _release_env(env)

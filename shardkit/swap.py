@@ -1,0 +1,318 @@
+"""Replacing a store that readers have open: atomic swaps for writers, pins for readers.
+
+Single-file store: the new file is renamed over OUT (atomic). A process that opened the old file
+keeps reading its inode; a ``Store`` remembers which inode it validated and never reads another
+(see :func:`open_identity`, :func:`same_file`).
+
+Folder store: shard files are immutable once installed. An overwrite moves the new shard files
+into OUT under names no live file uses (``shard-00000-<sha256 prefix>.lmdb`` when the plain name
+is taken by different bytes; identical files are kept as they are), then replaces
+``manifest.json`` by rename: the switch is one atomic step, so a new reader sees either the old
+or the new store, never a mix. Readers hold a shared ``flock`` on the manifest inode they read
+(:func:`read_manifest_pinned`); the replaced manifest stays as a hidden ``.retired-*.json`` hard
+link, and its files are deleted only once no reader holds that lock any more (checked at every
+install into OUT, :func:`collect_garbage`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import uuid
+from typing import Any
+
+from . import metadata
+from .errors import PackError, StoreError
+
+try:  # POSIX advisory locks; without them (Windows) old files are kept until the next install
+    import fcntl
+except ImportError:  # pragma: no cover - not on Linux
+    fcntl = None  # type: ignore[assignment]
+
+RETIRED_PREFIX = ".retired-"
+_OURS = re.compile(r"^(shard-\d+(-[0-9a-f]{16})?\.[A-Za-z0-9]+|labels(-[0-9a-f]{16})?\.npy"
+                   r"|\.retired-[0-9a-f]+\.json|\.manifest\.[0-9a-f]+\.tmp"
+                   r"|shard-\d+[^/]*\.(spool|tmp))$")
+
+
+# -- readers ----------------------------------------------------------------------------------
+
+class Pin:
+    """An open descriptor of a file a reader depends on (with a shared lock for manifests).
+
+    Closed when the owning ``Store`` is garbage-collected; processes forked meanwhile share it.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pid = os.getpid()
+        st = os.fstat(fd)
+        self.identity = (st.st_dev, st.st_ino)
+
+    def valid_here(self) -> bool:
+        """True when this process has the descriptor (it created it, or inherited it by fork)."""
+        try:
+            st = os.fstat(self.fd)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.identity
+
+    def proc_path(self) -> str | None:
+        """A path that opens exactly the pinned inode in this process (Linux), if any."""
+        path = f"/proc/self/fd/{self.fd}"
+        return path if self.valid_here() and os.path.exists(path) else None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A descriptor means nothing in another process; the identity still guards opens there.
+        return {"fd": -1, "pid": -1, "identity": self.identity}
+
+    def close(self) -> None:
+        if self.fd >= 0 and self.pid == os.getpid():
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+        self.fd = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def identity(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def open_identity(path: str) -> Pin:
+    """Pin the regular file at ``path`` (for a single-file store)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StoreError(f"{path} is not a regular file")
+        return Pin(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_manifest_pinned(path: str, limit: int) -> tuple[bytes, Pin]:
+    """The manifest's bytes, read under a shared lock that is kept (see module docstring).
+
+    Retries when the manifest was replaced between opening and locking it.
+    """
+    for _ in range(20):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StoreError(f"{path} is not a regular file")
+            if fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH)
+                except OSError:
+                    pass  # a filesystem without flock: no protection from garbage collection
+            pin = Pin(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            if identity(path) != pin.identity:
+                pin.close()
+                continue  # replaced meanwhile: read the new one
+        except FileNotFoundError:
+            pin.close()
+            continue
+        chunks, size = [], 0
+        while size <= limit:
+            block = os.read(pin.fd, 1 << 20)
+            if not block:
+                break
+            chunks.append(block)
+            size += len(block)
+        return b"".join(chunks), pin
+    raise StoreError(f"{path} keeps being replaced; try again")
+
+
+# -- writers ----------------------------------------------------------------------------------
+
+def _load_manifest(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            return metadata.parse_manifest(f.read(), path)
+    except (OSError, StoreError):
+        return None
+
+
+def _files_of(manifest: dict[str, Any]) -> dict[str, tuple[int | None, str]]:
+    """File name -> (bytes or None, sha256) for every file a manifest refers to."""
+    files = {e["file"]: (e["bytes"], e["sha256"]) for e in manifest["shards"]}
+    files[manifest["labels"]["file"]] = (None, manifest["labels"]["sha256"])
+    return files
+
+
+def is_folder_store(out: str) -> bool:
+    return os.path.isdir(out) and not os.path.islink(out) and \
+        _load_manifest(os.path.join(out, metadata.MANIFEST_NAME)) is not None
+
+
+def install_folder(partial: str, out: str) -> None:
+    """Overwrite the folder store ``out`` with the finished folder store ``partial``, atomically.
+
+    See the module docstring. ``partial`` is emptied and removed.
+    """
+    manifest_path = os.path.join(out, metadata.MANIFEST_NAME)
+    new = _load_manifest(os.path.join(partial, metadata.MANIFEST_NAME))
+    if new is None:
+        raise PackError(f"{partial}: finished store has no valid manifest")
+    old = _load_manifest(manifest_path)
+    if old is None:
+        raise PackError(f"{out} is not a folder store")
+    live = _live_files(out, old)
+    entries = list(new["shards"]) + [new["labels"]]
+    for entry in entries:
+        name, sha = entry["file"], entry["sha256"]
+        src = os.path.join(partial, name)
+        size = os.path.getsize(src)
+        for candidate in (name, _unique_name(name, sha)):
+            dst = os.path.join(out, candidate)
+            if candidate in live:
+                if live[candidate][1] == sha and live[candidate][0] in (None, size) \
+                        and _has_size(dst, size):
+                    os.unlink(src)  # identical bytes are installed already: keep those
+                    break
+                continue  # a file some reader may use: never touched
+            os.replace(src, dst)
+            break
+        else:  # pragma: no cover - needs a SHA-256 prefix collision
+            raise PackError(f"cannot find a free name for {name} in {out}")
+        entry["file"] = candidate
+    new = metadata.seal(new)
+    tmp = os.path.join(out, f".manifest.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(metadata.dumps(new))
+        f.flush()
+        os.fsync(f.fileno())
+    retired = os.path.join(out, f"{RETIRED_PREFIX}{uuid.uuid4().hex}.json")
+    os.link(manifest_path, retired)
+    os.replace(tmp, manifest_path)  # the switch
+    _fsync(out)
+    _remove_tree(partial)
+    collect_garbage(out)
+
+
+def _has_size(path: str, size: int) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == size
+
+
+def _unique_name(name: str, sha: str) -> str:
+    stem, ext = os.path.splitext(name)
+    stem = re.sub(r"-[0-9a-f]{16}$", "", stem)
+    return f"{stem}-{sha[:16]}{ext}"
+
+
+def _live_files(out: str, current: dict[str, Any] | None) -> dict[str, tuple[int | None, str]]:
+    """Files of the current manifest and of retired ones that readers still hold."""
+    live = _files_of(current) if current is not None else {}
+    for retired in _retired(out):
+        if _in_use(retired):
+            manifest = _load_manifest(retired)
+            if manifest is not None:
+                live.update({k: v for k, v in _files_of(manifest).items() if k not in live})
+    return live
+
+
+def _retired(out: str) -> list[str]:
+    try:
+        names = os.listdir(out)
+    except OSError:
+        return []
+    return [os.path.join(out, n) for n in sorted(names) if n.startswith(RETIRED_PREFIX)]
+
+
+def _in_use(path: str) -> bool:
+    """Does any reader hold the shared lock on this (retired) manifest?"""
+    if fcntl is None:
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def collect_garbage(out: str) -> None:
+    """Delete files of ``out`` that neither the manifest nor a still-read old one refers to.
+
+    Only names shardkit itself writes are ever deleted.
+    """
+    current = _load_manifest(os.path.join(out, metadata.MANIFEST_NAME))
+    if current is None:
+        return
+    live = _live_files(out, current)
+    for path in _retired(out):
+        if not _in_use(path):
+            _unlink(path)
+    try:
+        names = os.listdir(out)
+    except OSError:
+        return
+    for name in names:
+        if name not in live and not name.startswith(RETIRED_PREFIX) and _OURS.match(name):
+            _unlink(os.path.join(out, name))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _fsync(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def swap_aside(partial: str, out: str) -> None:
+    """Replace ``out`` by ``partial`` when an atomic rename cannot (a file by a folder, or back).
+
+    ``out`` is renamed to a hidden name first, so it is missing for a moment, never mixed.
+    """
+    head, tail = os.path.split(os.path.abspath(out))
+    old = os.path.join(head, f".{tail}.old-{uuid.uuid4().hex[:12]}")
+    os.rename(out, old)
+    try:
+        os.rename(partial, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    _fsync(head)
+    if os.path.isdir(old) and not os.path.islink(old):
+        _remove_tree(old)
+    else:
+        _unlink(old)
+
