@@ -16,7 +16,7 @@ uses them any more:
   which the worker reads before reusing the buffer.
 
 When every buffer is in use (a consumer that keeps many batches), a fresh one is allocated, up to
-``MAX_SLOTS``; past that, batches fall back to one-off memory, as before. A buffer is never
+``MAX_SLOTS``; past that, batches fall back to one-off memory. A buffer is never
 reused while anything can still read it.
 """
 
@@ -26,6 +26,7 @@ import mmap
 import os
 import sys
 import tempfile
+import threading
 import weakref
 from typing import Any
 
@@ -35,7 +36,10 @@ import torch
 HEADER = 64     # bytes before the pixels in a shared buffer:
 HELD = 0        # header byte: 1 while the main process uses the batch
 BY_PATH = 1     # header byte: 1 once the main process has opened it through /proc/PID/fd
-MAX_SLOTS = 16  # buffers per process; beyond this, batches use one-off memory
+# Buffers kept per process (beyond these, batches use one-off memory): enough for the batches a
+# worker has in flight (prefetch_factor + 2) or a loop holding the previous batch, few enough
+# that a consumer who once held many batches does not leave them all allocated.
+MAX_SLOTS = {True: 8, False: 4}  # shared (DataLoader worker), private
 
 
 def _shared_fd(size: int) -> int:
@@ -63,6 +67,7 @@ class Slot:
         self.flag: np.ndarray | None = None
         if shared:
             self.fd = _shared_fd(HEADER + nbytes)
+            self.inode = os.fstat(self.fd).st_ino
             self._map = mmap.mmap(self.fd, HEADER + nbytes)
             self.flag = np.frombuffer(self._map, np.uint8, HEADER, 0)
             # Its own object (not a slice of another array), so its reference count is exact.
@@ -94,17 +99,19 @@ class BatchPool:
         self.shared = shared
         self.pid = os.getpid()
         self.slots: list[Slot] = []
+        self._lock = threading.Lock()  # a free slot is handed to one caller only
 
     def take(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, Slot | None]:
         """A uint8 tensor of ``shape`` and the slot it lives in (None: one-off memory)."""
         nbytes = int(np.prod(shape))
-        for slot in self.slots:
-            if slot.nbytes >= nbytes and not slot.in_use():
+        with self._lock:
+            for slot in self.slots:
+                if slot.nbytes >= nbytes and not slot.in_use():
+                    return slot.tensor(shape), slot
+            if len(self.slots) < MAX_SLOTS[self.shared]:
+                slot = Slot(nbytes, self.shared)
+                self.slots.append(slot)
                 return slot.tensor(shape), slot
-        if len(self.slots) < MAX_SLOTS:
-            slot = Slot(nbytes, self.shared)
-            self.slots.append(slot)
-            return slot.tensor(shape), slot
         if self.shared:
             storage = torch.UntypedStorage._new_shared(nbytes)
             return torch.tensor([], dtype=torch.uint8).set_(storage).view(shape), None
@@ -138,25 +145,30 @@ class PooledBatch(list):
 
             handle = DupFd(slot.fd)
         slot.flag[HELD] = 1  # the main process holds it until it is done with the batch
-        return (_rebuild, (os.getpid(), slot.fd, handle, HEADER + slot.nbytes, tuple(base.shape),
-                           labels.numpy().tobytes()))
+        return (_rebuild, (os.getpid(), slot.fd, slot.inode, handle, HEADER + slot.nbytes,
+                           tuple(base.shape), labels.numpy().tobytes()))
 
 
 def _release(flag: np.ndarray) -> None:
     flag[HELD] = 0
 
 
-def _open_by_path(pid: int, fd: int) -> int | None:
+def _open_by_path(pid: int, fd: int, inode: int) -> int | None:
+    """The worker's buffer file through /proc, or None (no /proc, no access, not that file)."""
     try:
-        return os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        opened = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
+    if os.fstat(opened).st_ino != inode:
+        os.close(opened)
+        return None
+    return opened
 
 
-def _rebuild(pid: int, fd_number: int, handle: Any, size: int, shape: tuple[int, ...],
-             labels: bytes) -> list:
+def _rebuild(pid: int, fd_number: int, inode: int, handle: Any, size: int,
+             shape: tuple[int, ...], labels: bytes) -> list:
     """In the main process: map the worker's buffer and wrap it; free it when unused."""
-    by_path = _open_by_path(pid, fd_number) if os.getpid() != pid else None
+    by_path = _open_by_path(pid, fd_number, inode) if os.getpid() != pid else None
     if handle is not None:
         fd = handle.detach()  # always take it, or the worker's resource sharer keeps it
         if by_path is not None:

@@ -191,7 +191,19 @@ COMMANDS = {"pack": _cmd_pack, "info": _cmd_info, "verify": _cmd_verify, "merge"
             "bench": _cmd_bench}
 
 
+def _one_line(exc: BaseException) -> str:
+    """An error message on one line, whatever odd file names it quotes (newlines escaped)."""
+    return str(exc).replace("\r", "\\r").replace("\n", "\\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    # File and class names may be any bytes (non-UTF-8 names arrive as surrogates): print them
+    # escaped instead of failing with UnicodeEncodeError.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError):
+            pass
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         # Passed through untouched: argparse's REMAINDER rejects a leading option (bench --help).
@@ -201,10 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except Interrupted as exc:
-        print(f"shardkit {args.command}: {exc}", file=sys.stderr)
+        print(f"shardkit {args.command}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except ShardkitError as exc:
-        print(f"shardkit {args.command}: error: {exc}", file=sys.stderr)
+        print(f"shardkit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_FAIL
     except KeyboardInterrupt:
         print(f"shardkit {args.command}: interrupted", file=sys.stderr)

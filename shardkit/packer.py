@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import sys
 import threading
 import time
@@ -90,10 +91,23 @@ Encoded = tuple[bytes | None, int, int, str | None]
 def encode_file(path: str, settings: PackSettings) -> Encoded:
     """(record bytes, height, width, None) or (None, 0, 0, reason) for one source file."""
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; only regular files are read
+        # (a FIFO blocks, a device such as /dev/zero never ends).
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None, 0, 0, "not a regular file (FIFO, device or socket)"
+            # No image within --max-pixels needs more than 8 bytes a pixel (16-bit RGBA).
+            limit = settings.max_pixels * 8 + (64 << 20) if settings.max_pixels else None
+            if limit is not None and st.st_size > limit:
+                return None, 0, 0, (f"file of {st.st_size} bytes is larger than any image "
+                                    f"within --max-pixels {settings.max_pixels} can be")
             data = f.read()
     except OSError as exc:
         return None, 0, 0, f"cannot read file: {exc.strerror or exc}"
+    except MemoryError:
+        return None, 0, 0, "out of memory while reading the file"
     try:
         pixels = load_rgb(data, settings.size, settings.max_pixels)
     except ImageRejected as exc:

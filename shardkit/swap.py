@@ -1,8 +1,8 @@
 """Replacing a store that readers have open: atomic swaps for writers, pins for readers.
 
 Single-file store: the new file is renamed over OUT (atomic). A process that opened the old file
-keeps reading its inode; a ``Store`` remembers which inode it validated and never reads another
-(see :func:`open_identity`, :func:`same_file`).
+keeps reading its inode; a ``Store`` pins the inode it validated and never reads another
+(:func:`open_identity`, ``store._open_pinned``).
 
 Folder store: shard files are immutable once installed. An overwrite moves the new shard files
 into OUT under names no live file uses (``shard-00000-<sha256 prefix>.lmdb`` when the plain name
@@ -25,7 +25,7 @@ from typing import Any
 from . import metadata
 from .errors import PackError, StoreError
 
-try:  # POSIX advisory locks; without them (Windows) old files are kept until the next install
+try:  # POSIX advisory locks; without them (Windows) replaced files are never deleted for you
     import fcntl
 except ImportError:  # pragma: no cover - not on Linux
     fcntl = None  # type: ignore[assignment]
@@ -193,7 +193,12 @@ def install_folder(partial: str, out: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     retired = os.path.join(out, f"{RETIRED_PREFIX}{uuid.uuid4().hex}.json")
-    os.link(manifest_path, retired)
+    try:
+        os.link(manifest_path, retired)  # same inode: the lock its readers hold stays testable
+    except OSError:  # no hard links here: a copy still lists the files (readers unprotected)
+        import shutil
+
+        shutil.copyfile(manifest_path, retired)
     os.replace(tmp, manifest_path)  # the switch
     _fsync(out)
     _remove_tree(partial)

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from shardkit import ShardDataset, benchmark, collate, worker_init_fn
+from shardkit import ShardDataset, batchpool, benchmark, collate, worker_init_fn
 from shardkit.packer import pack
 from shardkit.sample import make_sample
 
@@ -43,7 +43,8 @@ def bench_run(sample, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("bench-out"))
     work = str(tmp_path_factory.mktemp("bench-work"))
     argv = [sample, "--systems", ",".join(SYSTEMS), "--workers-list", "0,2",
-            "--threads-list", "2", "--epochs", "1", "--pack-workers", "0", "--pack-sample", "4",
+            "--threads-list", "2", "--epochs", "1", "--min-seconds", "0", "--pack-workers", "0",
+            "--pack-sample", "4",
             "--out-dir", out, "--work-dir", work, "--recommend"]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -165,9 +166,11 @@ def test_pooled_batches_are_never_overwritten_while_in_use(bench_run, context):
     views, bare storages, numpy arrays) must keep its pixels while the workers go on."""
     _, _, work, _ = bench_run
     path = os.path.join(work, "lmdb-jpeg.lmdb")
+    # 20 batches of 2: each worker makes 10, more than it keeps buffers for.
     ref = [(x.clone(), y.clone()) for x, y in
-           DataLoader(ShardDataset(path, crop=224), batch_size=8, collate_fn=collate)]
-    loader = DataLoader(ShardDataset(path, crop=224), batch_size=8, num_workers=2,
+           DataLoader(ShardDataset(path, crop=224), batch_size=2, collate_fn=collate)]
+    assert len(ref) > 2 * batchpool.MAX_SLOTS[True]
+    loader = DataLoader(ShardDataset(path, crop=224), batch_size=2, num_workers=2,
                         collate_fn=collate, worker_init_fn=worker_init_fn,
                         persistent_workers=True, multiprocessing_context=context)
     for _ in range(2):
@@ -222,7 +225,8 @@ def test_cli_and_script_entry_points(sample, tmp_path):
                 [sys.executable, os.path.join(REPO, "benchmarks", "throughput.py")]):
         out = str(tmp_path / os.path.basename(cmd[-1]))
         proc = subprocess.run(cmd + [sample, "--systems", "lmdb-raw", "--workers-list", "0",
-                                     "--epochs", "1", "--pack-workers", "0", "--pack-sample", "0",
+                                     "--epochs", "1", "--min-seconds", "0", "--pack-workers", "0",
+                                     "--pack-sample", "0",
                                      "--out-dir", out],
                               capture_output=True, text=True, env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr
@@ -261,10 +265,14 @@ def test_pack_then_bench_on_an_existing_store_folder(sample, tmp_path):
     pack(sample, str(work / "lmdb-jpeg.lmdb"), workers=0, progress=False)
     out = str(tmp_path / "out")
     rc = benchmark.main([sample, "--systems", "lmdb-jpeg", "--workers-list", "0", "--epochs", "1",
-                         "--pack-sample", "0", "--work-dir", str(work), "--reuse",
-                         "--out-dir", out])
+                         "--min-seconds", "0.5", "--pack-sample", "0", "--work-dir", str(work),
+                         "--reuse", "--out-dir", out])
     assert rc == 0
     with open(os.path.join(out, "throughput.json")) as f:
         report = json.load(f)
     assert report["pack"]["stores"] == []
-    assert report["runs"][0]["images"] == 40
+    (run,) = report["runs"]
+    assert run["images"] == 40
+    # --min-seconds: more timed epochs than --epochs until they add up to half a second
+    assert len(run["epochs_s"]) > 1 or run["epochs_s"][0] >= 0.5
+    assert sum(run["epochs_s"]) >= 0.5 or len(run["epochs_s"]) == 50

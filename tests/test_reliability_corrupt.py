@@ -454,13 +454,18 @@ def _set_meta_raw(path: str, raw: bytes) -> None:
     env.close()
 
 
-def _read_in_child(path: str) -> subprocess.CompletedProcess:
-    code = ("import sys\nfrom shardkit import ShardDataset, ShardkitError\n"
-            "try:\n    ds = ShardDataset(sys.argv[1], verify=True)\n"
-            "    [ds[i] for i in range(len(ds))]; ds.targets\n"
-            "except ShardkitError as e:\n    print('refused:', e); sys.exit(3)\n")
-    return subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
-                          timeout=120)
+def _read_in_children(paths: list[str]) -> dict[str, str]:
+    """Open and read each store in one child process: {path: "ok" or "refused: <message>"}."""
+    code = ("import json, sys\nfrom shardkit import ShardDataset, ShardkitError\nout = {}\n"
+            "for path in sys.argv[1:]:\n"
+            "    try:\n        ds = ShardDataset(path, verify=True)\n"
+            "        [ds[i] for i in range(len(ds))]; ds.targets\n        out[path] = 'ok'\n"
+            "    except ShardkitError as e:\n        out[path] = f'refused: {e}'\n"
+            "print(json.dumps(out))\n")
+    res = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.splitlines()[-1])
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
@@ -477,14 +482,6 @@ def test_pickle_in_metadata_is_refused_and_never_executed(pristine, tmp_path, fm
     store = str(tmp_path / f"single.{fmt}")
     shutil.copyfile(pristine[f"{fmt}-single"], store)
     _set_meta_raw(store, payload)
-    res = _read_in_child(store)
-    assert res.returncode == 3, res
-    assert "metadata is not valid JSON" in res.stdout
-    cli = subprocess.run([sys.executable, "-m", "shardkit.cli", "verify", store],
-                         capture_output=True, text=True, timeout=120)
-    assert cli.returncode == 1 and "Traceback" not in cli.stderr
-    assert not os.path.exists(marker)
-
     # labels.npy of a folder store replaced by a pickled object array whose checksum the
     # manifest even agrees with: numpy must refuse to unpickle it.
     folder = str(tmp_path / f"folder-{fmt}")
@@ -497,14 +494,19 @@ def test_pickle_in_metadata_is_refused_and_never_executed(pristine, tmp_path, fm
     manifest["labels"]["sha256"] = sha256_file(labels)
     with open(manifest_path, "w") as f:
         json.dump(seal(manifest), f)
-    res = _read_in_child(folder)
-    assert res.returncode == 3, res
-    assert "labels" in res.stdout
     # manifest.json itself replaced by a pickle
-    with open(manifest_path, "wb") as f:
+    folder2 = str(tmp_path / f"folder2-{fmt}")
+    shutil.copytree(pristine[f"{fmt}-sharded"], folder2)
+    with open(os.path.join(folder2, "manifest.json"), "wb") as f:
         f.write(payload)
-    res = _read_in_child(folder)
-    assert res.returncode == 3 and "not valid JSON" in res.stdout, res
+
+    got = _read_in_children([store, folder, folder2])
+    assert got[store].startswith("refused") and "metadata is not valid JSON" in got[store], got
+    assert got[folder].startswith("refused") and "labels" in got[folder], got
+    assert got[folder2].startswith("refused") and "not valid JSON" in got[folder2], got
+    cli = subprocess.run([sys.executable, "-m", "shardkit.cli", "verify", store],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 1 and "Traceback" not in cli.stderr
     assert not os.path.exists(marker)
 
 
@@ -531,3 +533,88 @@ def test_future_format_version_is_refused_with_both_versions_named(pristine, tmp
         json.dump(seal(dict(manifest, format_version=2)), f)
     with pytest.raises(StoreError, match=r"version 2 .*supports version 1"):
         shardkit.ShardDataset(folder)
+
+
+# -- targeted attacks on LMDB's page structure ----------------------------------------------------
+
+def _lmdb_attacks(path: str, work: str, tag: str) -> list[str]:
+    """Copies of an LMDB shard with the fields LMDB trusts blindly set to extreme values: a node
+    offset, the key count, a key size, a record's size (inline or on overflow pages), a child
+    page number. Unguarded, several of these make LMDB or the reader touch memory past the end of
+    the file (SIGBUS) -- found by a byte-by-byte sweep during development."""
+    with open(path, "rb") as f:
+        data = f.read()
+    psize = struct.unpack_from("<I", data, 40)[0]
+    last_pg = max(struct.unpack_from("<Q", data, off + 136)[0] for off in (0, psize))
+    made = []
+
+    def variant(name: str, edits: list[tuple[int, bytes]]) -> None:
+        b = bytearray(data)
+        for pos, raw in edits:
+            b[pos:pos + len(raw)] = raw
+        p = os.path.join(work, f"lmdb-attack-{tag}-{name}")
+        with open(p, "wb") as f:
+            f.write(b)
+        made.append(p)
+
+    pages = [(pg, struct.unpack_from("<H", data, pg * psize + 10)[0]) for pg in range(2, last_pg + 1)]
+    leaves = [pg for pg, flags in pages if flags & 0x02]
+    branches = [pg for pg, flags in pages if flags & 0x01]
+    assert leaves, "no leaf page found"
+    for pg in (leaves[0], leaves[-1]):
+        start = pg * psize
+        lower = struct.unpack_from("<H", data, start + 12)[0]
+        ptrs = struct.unpack_from(f"<{(lower - 16) // 2}H", data, start + 16)
+        variant(f"p{pg}-offset-high", [(start + 17, bytes([data[start + 17] | 0x80]))])
+        variant(f"p{pg}-offset-max", [(start + 16, b"\xff\xff")])
+        variant(f"p{pg}-keycount-max", [(start + 12, b"\xff\xff")])
+        variant(f"p{pg}-keycount-zero", [(start + 12, b"\x00\x00")])
+        for j, off in enumerate(ptrs[:3]):
+            node = start + off
+            variant(f"p{pg}-n{j}-ksize-max", [(node + 6, b"\xff\xff")])
+            variant(f"p{pg}-n{j}-size-huge", [(node + 2, b"\xff\x7f")])
+            variant(f"p{pg}-n{j}-size-past-end", [(node + 2, b"\x10\x00")])
+            variant(f"p{pg}-n{j}-bigdata-flag", [(node + 4, b"\x01\x00")])
+    for pg in branches[:2]:
+        start = pg * psize
+        lower = struct.unpack_from("<H", data, start + 12)[0]
+        off = struct.unpack_from("<H", data, start + 16)[0]
+        variant(f"b{pg}-child-past-end", [(start + off, struct.pack("<HH", 0xFFFF, 0x00FF))])
+        variant(f"b{pg}-child-meta", [(start + off, b"\x00\x00\x00\x00")])
+        variant(f"b{pg}-keycount-max", [(start + 12, b"\xff\xff")])
+    # The meta pages: page size, last page, root.
+    for meta in (0, psize):
+        variant(f"m{meta}-last-page-huge", [(meta + 136, struct.pack("<Q", 1 << 50))])
+        variant(f"m{meta}-root-past-end", [(meta + 128, struct.pack("<Q", last_pg + 5))])
+        variant(f"m{meta}-psize-odd", [(meta + 40, struct.pack("<I", 4097))])
+    return made
+
+
+def test_lmdb_page_structure_attacks_fail_cleanly(pristine, tmp_path):
+    work = str(tmp_path / "work")
+    os.makedirs(work)
+    folder = pristine["lmdb-sharded"]  # raw records: stored on overflow pages
+    shard = next(os.path.join(folder, n) for n in sorted(os.listdir(folder)) if n.endswith(".lmdb"))
+    paths = _lmdb_attacks(pristine["lmdb-single"], work, "single")
+    # The shard file is read as a folder store: copy the folder around each damaged shard.
+    for p in _lmdb_attacks(shard, work, "shard"):
+        dst = p + "-store"
+        shutil.copytree(folder, dst)
+        shutil.copyfile(p, os.path.join(dst, os.path.basename(shard)))
+        paths.append(dst)
+    reference, _ = run_batch(list(pristine.values()), str(tmp_path))
+    expected = {path: reference[path]["digest"] for path in pristine.values()}
+    results, fatal = run_batch(paths, str(tmp_path))
+    failures = [f"{os.path.basename(p)}: {why}" for p, why in fatal.items()]
+    for path, res in results.items():
+        original = pristine["lmdb-single"] if "-single-" in path else folder
+        if "bad" in res:
+            failures.append(f"{os.path.basename(path)}: {res['bad']}")
+        elif "digest" in res and res["digest"] != expected[original]:
+            failures.append(f"{os.path.basename(path)}: silently different data")
+        elif res.get("verify_rc") == 0 and res.get("digest") != expected[original]:
+            failures.append(f"{os.path.basename(path)}: verify passed a damaged store")
+    print(f"LMDB structure attacks: {len(paths)}, refused "
+          f"{sum('error' in r for r in results.values())}, failures {len(failures)}")
+    assert len(paths) >= 30
+    assert not failures, "\n".join(failures)
