@@ -34,6 +34,7 @@ import json
 import multiprocessing
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import sys
@@ -657,7 +658,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; returns the exit status (non-zero if systems disagree on pixels)."""
     parser = build_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    args = parser.parse_args(argv)
+    args.argv = argv
     if args.memory_records is not None:
         from .errors import ShardkitError
 
@@ -691,8 +694,8 @@ def _bench(args: argparse.Namespace, work: str) -> int:
     threads_list = args.threads_list or list(range(1, 2 * n_cores + 1))
     fast = not args.exact_decode
     report: dict[str, Any] = {
-        "command": "shardkit bench " + " ".join(sys.argv[1:]) if sys.argv else None,
-        "argv": sys.argv, "machine": machine_info(),
+        "command": "shardkit bench " + shlex.join(args.argv), "argv": args.argv,
+        "machine": machine_info(),
         "settings": {"batch_size": BATCH, "resize": SIZE, "crop": CROP, "epochs": args.epochs,
                      "min_seconds": args.min_seconds,
                      "workers_list": workers_list, "threads_list": threads_list,
@@ -713,8 +716,8 @@ def _bench(args: argparse.Namespace, work: str) -> int:
     if not os.path.isdir(src):
         print(f"shardkit bench: error: not a folder: {src}", file=sys.stderr)
         return 1
-    report["input"] = _describe_source(src)
     try:
+        report["input"] = _describe_source(src)
         packs = pack_stores(src, work, args.systems,
                             n_cores if args.pack_workers is None else args.pack_workers,
                             args.reuse)
@@ -879,6 +882,18 @@ def summarize(runs: list[Run], ceilings: dict[str, dict], pack: dict[str, Any],
         parallel = ceilings["jpeg"].get("parallel_images_per_s")
         if parallel:
             out["lmdb_jpeg_vs_parallel_ceiling"] = {"ratio": lmdb_jpeg.images_per_s / parallel}
+        # Load-independent: CPU per image of the settings that can keep every core busy, against
+        # the tight loop's. On idle cores, throughput / (cores x ceiling) would read about this.
+        n = ceilings["jpeg"]["cores"]
+        busy = [r for r in runs if r.system in ("lmdb-jpeg", "lmdb-jpeg/threads")
+                and r.cpu_us_per_image and max(r.num_workers, r.threads) >= n]
+        if busy and ceilings["jpeg"].get("cpu_us_per_image"):
+            cheapest = min(busy, key=lambda r: r.cpu_us_per_image)
+            out["lmdb_jpeg_cpu_efficiency"] = {
+                "ratio": ceilings["jpeg"]["cpu_us_per_image"] / cheapest.cpu_us_per_image,
+                "cpu_us_per_image": cheapest.cpu_us_per_image,
+                "ceiling_cpu_us_per_image": ceilings["jpeg"]["cpu_us_per_image"],
+                "best": best_entry(cheapest)}
         proc = _best(runs, "lmdb-jpeg")
         if proc:
             out["lmdb_jpeg_workers_vs_ceiling"] = {"ratio": proc.images_per_s / ceiling,
@@ -921,12 +936,14 @@ def format_table(runs: list[Run], ceilings: dict[str, dict], report: dict[str, A
     n = m["cores"]
     pil = m["versions"]["pil"]
     inp = report["input"]
-    lines = [f"machine: {m['cpu_model']}, {n} cores; python {m['versions']['python']}, torch "
+    lines = [f"command: {report['command']}",
+             f"machine: {m['cpu_model']}, {n} cores; python {m['versions']['python']}, torch "
              f"{m['versions']['torch']}, {pil['name']} {pil['version']}, simplejpeg "
              f"{m['versions']['simplejpeg']}; load average at start "
              f"{', '.join(f'{x:.1f}' for x in m['load_average'] or [])}",
              f"input: {inp['images']} images, {inp['classes']} classes, mean "
-             f"{inp['mean_bytes'] / 1e3:.0f} KB; batch {BATCH}, uint8 3x{CROP}x{CROP} centre "
+             f"{inp['mean_bytes'] / 1e3:.0f} KB, {inp['mean_width']:.0f}x{inp['mean_height']:.0f}"
+             f" px; batch {BATCH}, uint8 3x{CROP}x{CROP} centre "
              f"crops; median of >= {report['settings']['epochs']} epochs (more until "
              f"{report['settings']['min_seconds']:g} s) after a warm-up"
              + (f"; step {report['settings']['step_ms']:g} ms "
@@ -999,6 +1016,12 @@ def _target_lines(summary: dict[str, Any]) -> list[str]:
         if p:
             lines.append(f"        best against the tight loop run in every core at once (what "
                          f"the cores gave at the time): {p['ratio']:.2f}")
+        e = summary.get("lmdb_jpeg_cpu_efficiency")
+        if e:
+            lines.append(f"        CPU per image ({e['best']['system']} {e['best']['setting']}): "
+                         f"{e['cpu_us_per_image']:.0f} us against the tight loop's "
+                         f"{e['ceiling_cpu_us_per_image']:.0f} us = {e['ratio']:.2f} "
+                         "(less sensitive than images/s to other load)")
     s = summary.get("lmdb_jpeg_vs_baseline")
     if s:
         lines.append(f"target: lmdb-jpeg best = {s['ratio']:.1f} x the ImageFolder baseline's "
@@ -1142,8 +1165,8 @@ def memory_main(args: argparse.Namespace) -> int:
                 results.append(_memory_pass(path, fmt, count, w, args.seed))
         os.makedirs(args.out_dir, exist_ok=True)
         with open(os.path.join(args.out_dir, "memory.json"), "w") as f:
-            json.dump({"machine": machine_info(), "argv": sys.argv, "results": results}, f,
-                      indent=1)
+            json.dump({"command": "shardkit bench " + shlex.join(args.argv),
+                       "machine": machine_info(), "results": results}, f, indent=1)
         worst = max((r["max_private_dirty_growth_mb"] for r in results
                      if r["max_private_dirty_growth_mb"] is not None), default=None)
         if worst is not None:

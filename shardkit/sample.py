@@ -84,11 +84,12 @@ def photo_like(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
 
 
 def image_size(rng: np.random.Generator) -> tuple[int, int]:
-    """(width, height): long side ~N(500, 90) in 300..800, 1 in 100 large (1200-2600 px)."""
+    """(width, height): long side ~N(480, 70) in 300..800, 1 in 100 large (1200-2600 px);
+    the mean area is about 500 x 375 (the large ones included), as in ImageNet."""
     if rng.random() < 0.01:
         long = int(rng.integers(1200, 2600))
     else:
-        long = int(np.clip(rng.normal(500, 90), 300, 800))
+        long = int(np.clip(rng.normal(480, 70), 300, 800))
     short = int(long * rng.choice([0.75, 0.75, 0.75, 0.667, 0.8, 1.0, 0.5625]))
     return (long, max(short, 200)) if rng.random() < 0.8 else (max(short, 200), long)
 

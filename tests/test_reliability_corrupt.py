@@ -12,6 +12,10 @@ anything but a shardkit error (or ValueError/IndexError), or returns data that d
 undamaged store's (pixels, labels, classes, source paths): with ``verify=True`` no change to the
 bytes a read returns may go unnoticed, and ``shardkit verify`` may pass only intact data.
 
+A second test aims at LMDB's page structure directly (node offsets, key counts, key and record
+sizes, child page numbers, meta pages of the live B-tree): the fields LMDB trusts blindly, which
+without shardkit's checks crash the reader (SIGBUS/SIGSEGV).
+
 Set SHARDKIT_FUZZ_SEED / SHARDKIT_FUZZ_N to explore further (the defaults are what CI runs).
 """
 
@@ -557,11 +561,22 @@ def _lmdb_attacks(path: str, work: str, tag: str) -> list[str]:
             f.write(b)
         made.append(p)
 
-    pages = [(pg, struct.unpack_from("<H", data, pg * psize + 10)[0]) for pg in range(2, last_pg + 1)]
-    leaves = [pg for pg, flags in pages if flags & 0x02]
-    branches = [pg for pg, flags in pages if flags & 0x01]
+    # The live B-tree: from the root of the newest meta page down through branch pages (older
+    # copies of pages, left by copy-on-write, are never read and not worth attacking).
+    newest = max((0, psize), key=lambda off: struct.unpack_from("<Q", data, off + 144)[0])
+    todo, leaves, branches = [struct.unpack_from("<Q", data, newest + 128)[0]], [], []
+    while todo:
+        pg = todo.pop(0)
+        start = pg * psize
+        flags, lower = struct.unpack_from("<HH", data, start + 10)
+        ptrs = struct.unpack_from(f"<{(lower - 16) // 2}H", data, start + 16)
+        if flags & 0x01:
+            branches.append(pg)
+            todo += [int.from_bytes(data[start + off:start + off + 6], "little") for off in ptrs]
+        elif flags & 0x02:
+            leaves.append(pg)
     assert leaves, "no leaf page found"
-    for pg in (leaves[0], leaves[-1]):
+    for pg in sorted({leaves[0], leaves[len(leaves) // 2], leaves[-1]}):
         start = pg * psize
         lower = struct.unpack_from("<H", data, start + 12)[0]
         ptrs = struct.unpack_from(f"<{(lower - 16) // 2}H", data, start + 16)
@@ -569,12 +584,14 @@ def _lmdb_attacks(path: str, work: str, tag: str) -> list[str]:
         variant(f"p{pg}-offset-max", [(start + 16, b"\xff\xff")])
         variant(f"p{pg}-keycount-max", [(start + 12, b"\xff\xff")])
         variant(f"p{pg}-keycount-zero", [(start + 12, b"\x00\x00")])
+        variant(f"p{pg}-leaf2-flag", [(start + 10, b"\x22\x00")])
         for j, off in enumerate(ptrs[:3]):
             node = start + off
             variant(f"p{pg}-n{j}-ksize-max", [(node + 6, b"\xff\xff")])
             variant(f"p{pg}-n{j}-size-huge", [(node + 2, b"\xff\x7f")])
             variant(f"p{pg}-n{j}-size-past-end", [(node + 2, b"\x10\x00")])
             variant(f"p{pg}-n{j}-bigdata-flag", [(node + 4, b"\x01\x00")])
+            variant(f"p{pg}-n{j}-dupdata-flag", [(node + 4, b"\x04\x00")])
     for pg in branches[:2]:
         start = pg * psize
         lower = struct.unpack_from("<H", data, start + 12)[0]

@@ -25,11 +25,8 @@ LMDB_MAGIC = 0xBEEFC0DE
 INITIAL_MAP_SIZE = 64 << 20
 TXN_BYTES = 64 << 20  # commit a write transaction every ~64 MiB
 MAX_READERS = 2048
-# LMDB trusts the 16-bit node offsets, key sizes and key counts inside a page: a damaged page can
-# make it read up to this far past the page's start. Past the end of the file that is SIGBUS, so
-# readers check the pages that close to the end before LMDB sees them (``check_tail_pages``).
-PAGE_REACH = 16 + 2 * 0xFFFF + 8 + 0xFFFF
-P_BRANCH, P_LEAF, P_LEAF2 = 0x01, 0x02, 0x20
+# Page and node flags of LMDB's on-disk format (mdb.c), for ``check_pages``.
+P_BRANCH, P_LEAF, P_LEAF2, F_BIGDATA = 0x01, 0x02, 0x20, 0x01
 
 
 def record_key(i: int) -> bytes:
@@ -69,58 +66,110 @@ def layout(path: str) -> tuple[int, int]:
     return psize, (last_pg + 1) * psize
 
 
-def check_tail_pages(path: str, psize: int, used: int, file_size: int) -> None:
-    """Refuse a file whose B-tree pages near its end point LMDB past the end (SIGBUS otherwise).
+def check_pages(path: str, psize: int, used: int, file_size: int) -> None:
+    """Refuse a file whose live B-tree could lead LMDB (or py-lmdb) outside a page or the file.
 
-    Only pages within ``PAGE_REACH`` of the end can do that. Which pages are B-tree pages (and
-    not the middle of a large record) is learnt by walking the tree's branch pages from the root
-    (few: a branch page indexes hundreds of pages); leaf pages are read only near the end.
+    LMDB trusts what a page says: 16-bit node offsets, key counts and key sizes, 32-bit record
+    sizes, node flags. A damaged value makes it read past the end of the file (SIGBUS) or follow
+    a NULL pointer (a duplicate-data flag on a plain database), and py-lmdb touches every page of
+    a record it returns. So every page reachable from the root is checked first: each node and
+    key inside its page, each record inside its page or, on overflow pages, inside the file.
+    Cost: the branch and leaf pages only, about 30 bytes per record for records stored on
+    overflow pages (the usual case), the whole file when records are tiny (inline).
     """
     last = used // psize  # pages LMDB may visit: 0 .. last - 1
-    with open(path, "rb") as f:
-        head = f.read(2 * psize)
+    with open(path, "rb", buffering=0) as f:
+
+        def read(size: int, offset: int) -> bytes:
+            f.seek(offset)
+            return f.read(size)
+
+        head = read(2 * psize, 0)
         metas = [head[:psize], head[psize:]]
         newest = max(metas, key=lambda m: struct.unpack_from("<Q", m, 144)[0])
-        roots = [struct.unpack_from("<Q", newest, 128)[0]]
-        seen: set[int] = set()
-        while roots:
-            pgno = roots.pop()
-            if pgno < 2 or pgno >= last or pgno in seen:
-                continue  # LMDB refuses those pages itself
-            seen.add(pgno)
-            start = pgno * psize
-            f.seek(start)
-            flags = struct.unpack_from("<H", f.read(16), 10)[0]
-            if not flags & (P_BRANCH | P_LEAF) or flags & P_LEAF2:
-                continue
-            near_end = start + PAGE_REACH > file_size
-            if flags & P_LEAF and not near_end:
-                continue  # cannot reach past the end; nothing below it
-            f.seek(start)  # near the end: the page and the rest of the file after it
-            window = np.frombuffer(f.read(PAGE_REACH if near_end else psize), dtype=np.uint8)
-            offs = _node_offsets(window)
-            if offs is None:
-                raise StoreError(f"{path}: LMDB page {pgno} is damaged (its nodes lie outside "
-                                 f"{'the file' if near_end else 'the page'})")
-            if flags & P_BRANCH and not flags & P_LEAF:
-                w = window.astype(np.int64)
-                roots += (w[offs] | w[offs + 1] << 8 | w[offs + 2] << 16 | w[offs + 3] << 24
-                          | w[offs + 4] << 32 | w[offs + 5] << 40).tolist()
+        depth = struct.unpack_from("<H", newest, 94)[0]  # levels; the last holds the leaves
+        level, seen, leaves = [struct.unpack_from("<Q", newest, 128)[0]], set(), []
+        for _ in range(max(depth - 1, 0)):  # branch levels, page by page (few pages)
+            below = []
+            for pgno in level:
+                if pgno < 2 or pgno >= last or pgno in seen:
+                    continue  # LMDB refuses those pages itself
+                seen.add(pgno)
+                page = np.frombuffer(read(psize, pgno * psize), dtype=np.uint8)
+                flags = int(page[10]) | int(page[11]) << 8
+                if flags & P_LEAF2:
+                    raise StoreError(f"{path}: LMDB page {pgno} is damaged (bad page flags)")
+                if flags & P_BRANCH:
+                    nodes = _check_nodes(page[None, :], psize, last, file_size, leaf=False)
+                    if nodes is None:
+                        raise StoreError(f"{path}: LMDB page {pgno} is damaged")
+                    below += nodes.tolist()
+                elif flags & P_LEAF:
+                    leaves.append(pgno)
+            level = below
+        leaves += [pg for pg in level if 2 <= pg < last and pg not in seen]
+        leaves = sorted(set(leaves))
+        span = 1024  # pages per step: bounded memory
+        for i in range(0, len(leaves), span):
+            chunk = np.array(leaves[i:i + span], dtype=np.int64)
+            lo, hi = int(chunk[0]), int(chunk[-1]) + 1
+            if hi - lo <= 4 * len(chunk):  # dense (tiny records): one read, pick the leaves
+                whole = np.frombuffer(read((hi - lo) * psize, lo * psize), dtype=np.uint8)
+                pages = whole.reshape(hi - lo, psize)[chunk - lo]
+            else:  # sparse (records on overflow pages): page by page
+                pages = np.frombuffer(b"".join(read(psize, int(pg) * psize) for pg in chunk),
+                                      dtype=np.uint8).reshape(len(chunk), psize)
+            flags = pages[:, 10].astype(np.int64) | pages[:, 11].astype(np.int64) << 8
+            if ((flags & (P_BRANCH | P_LEAF | P_LEAF2)) != P_LEAF).any() or \
+                    _check_nodes(pages, psize, last, file_size, leaf=True) is None:
+                raise StoreError(f"{path}: an LMDB leaf page among {lo}..{hi - 1} is damaged "
+                                 "(a key or record lies outside its page or the file)")
 
 
-def _node_offsets(window: np.ndarray) -> np.ndarray | None:
-    """Node offsets of the page at the start of ``window`` (the page and the rest of the file
-    after it, up to ``PAGE_REACH``), or None when a key count, node or key lies past its end."""
-    lower = int(window[12]) | int(window[13]) << 8
-    if lower < 16 or lower > len(window):
+def _check_nodes(pages: np.ndarray, psize: int, last: int, file_size: int,
+                 leaf: bool) -> np.ndarray | None:
+    """Check every node of these branch or leaf pages (a k x psize array); None when damaged.
+
+    Returns the child page numbers (branch pages) or an empty array (leaf pages).
+    """
+    lower = pages[:, 12].astype(np.int64) | pages[:, 13].astype(np.int64) << 8
+    if (lower < 16).any() or (lower > psize).any():
         return None
-    offs = window[16:lower - (lower & 1)].view("<u2").astype(np.int64)
-    if (offs + 8 > len(window)).any():
+    slots = pages[:, 16:].view("<u2")
+    count = (lower - 16) // 2  # nodes per page
+    rows = np.repeat(np.arange(len(pages)), count)
+    cols = np.arange(len(rows)) - np.repeat(np.cumsum(count) - count, count)
+    offs = slots[rows, cols].astype(np.int64)
+    if (offs + 8 > psize).any():
         return None
-    ksize = window[offs + 6].astype(np.int64) | window[offs + 7].astype(np.int64) << 8
-    if (offs + 8 + ksize > len(window)).any():
+    flat = pages.reshape(-1)
+    base = rows * psize + offs
+
+    def u16(at: np.ndarray) -> np.ndarray:
+        return flat[at].astype(np.int64) | flat[at + 1].astype(np.int64) << 8
+
+    ksize = u16(base + 6)
+    end_key = offs + 8 + ksize
+    if (end_key > psize).any():
         return None
-    return offs
+    if not leaf:
+        return u16(base) | u16(base + 2) << 16 | u16(base + 4) << 32  # child page numbers
+    nflags, dsize = u16(base + 4), u16(base) | u16(base + 2) << 16
+    if ((nflags != 0) & (nflags != F_BIGDATA)).any():
+        return None  # anything else (duplicate data, sub-databases) is never written here
+    inline = nflags == 0
+    if (end_key[inline] + dsize[inline] > psize).any():
+        return None
+    big = ~inline
+    if big.any():
+        if (end_key[big] + 8 > psize).any():
+            return None
+        at = base[big] + 8 + ksize[big]
+        pgno = u16(at) | u16(at + 2) << 16 | u16(at + 4) << 32 | u16(at + 6) << 48
+        if (pgno < 2).any() or (pgno >= last).any() or \
+                (pgno * psize + 16 + dsize[big] > file_size).any():
+            return None
+    return np.zeros(0, dtype=np.int64)
 
 
 def _write_error(path: str, exc: lmdb.Error, pending: int) -> OSError:
@@ -216,29 +265,6 @@ def _acquire_env(path: str) -> lmdb.Environment:
     return env
 
 
-def _map_range(path: str, size: int) -> tuple[int, int] | None:
-    """Address range of this process's LMDB map of ``path`` (Linux ``/proc/self/maps``)."""
-    st = os.stat(path)
-    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
-    try:
-        with open("/proc/self/maps") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split(None, 5)
-        if len(fields) >= 5 and fields[4] == str(st.st_ino) and fields[3] == dev \
-                and int(fields[2], 16) == 0:
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            if hi - lo >= size:
-                return lo, lo + size
-    return None
-
-
-def _address(buf: memoryview) -> int:
-    return np.frombuffer(buf, dtype=np.uint8).ctypes.data if len(buf) else 0
-
-
 def _release_env(env: lmdb.Environment) -> None:
     key = next((k for k, v in _ENVS.items() if v[1] is env), None)
     entry = _ENVS.get(key) if key is not None else None
@@ -261,33 +287,18 @@ class LmdbShardReader(ShardReader):
         if self.file_size < need:
             raise StoreError(
                 f"{path}: LMDB file is truncated ({self.file_size} bytes, header needs {need})")
-        check_tail_pages(path, psize, need, self.file_size)
+        check_pages(path, psize, need, self.file_size)
         try:
             self._env = _acquire_env(path)
             # Index arrays are views into this long-lived read transaction's map: no copies.
             self._array_txn = self._env.begin(buffers=True)
         except lmdb.Error as exc:
             raise StoreError(f"{path}: cannot open LMDB store: {exc}") from None
-        self._range = _map_range(path, self.file_size)
-
-    def _inside(self, value: memoryview, what: str) -> memoryview:
-        """Refuse a value that LMDB (misled by a damaged page) places outside the file: touching
-        it would crash the process."""
-        n, lo_hi = len(value), self._range
-        if n > self.file_size:
-            raise StoreError(f"{self.path}: {what} is larger than the file (damaged store)")
-        if lo_hi is not None and n:
-            start = _address(value)
-            if not lo_hi[0] <= start <= lo_hi[1] - n:
-                raise StoreError(f"{self.path}: {what} lies outside the file (damaged store)")
-        return value
 
     def _get(self, key: bytes, what: str) -> bytes:
         try:
-            with self._env.begin(buffers=True) as txn:
+            with self._env.begin() as txn:
                 value = txn.get(key)
-                if value is not None:
-                    value = bytes(self._inside(value, what))
         except lmdb.Error as exc:
             raise StoreError(f"{self.path}: LMDB read failed for {what}: {exc}") from None
         if value is None:
@@ -305,7 +316,6 @@ class LmdbShardReader(ShardReader):
         if raw is None:
             raise StoreError(f"{self.path}: index array {name!r} is missing (damaged store)")
         itemsize = np.dtype(dtype).itemsize
-        self._inside(raw, f"index array {name!r}")
         if len(raw) != itemsize * int(np.prod(shape, dtype=np.int64)):
             raise StoreError(f"{self.path}: index array {name!r} has {len(raw)} bytes, "
                              f"metadata promises {dtype}{list(shape)} (damaged store)")
@@ -318,7 +328,7 @@ class LmdbShardReader(ShardReader):
             txn = self._env.begin(buffers=True)
         except lmdb.Error as exc:
             raise StoreError(f"{self.path}: LMDB read failed: {exc}") from None
-        path, inside = self.path, self._inside
+        path = self.path
 
         def get(i: int):
             try:
@@ -327,7 +337,7 @@ class LmdbShardReader(ShardReader):
                 raise StoreError(f"{path}: LMDB read of record {i} failed: {exc}") from None
             if value is None:
                 raise StoreError(f"{path}: record {i} is missing (damaged store)")
-            return inside(value, f"record {i}")
+            return value
 
         try:
             yield get
