@@ -329,22 +329,35 @@ def test_fork_after_parent_use_reopens_in_child(pack_photos):
 @pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
 @pytest.mark.parametrize("init", [None, shardkit.worker_init_fn], ids=["lazy", "init_fn"])
 def test_forked_child_never_uses_parents_handle(pack_photos, tmp_path, fmt, init):
-    """Black-box pid check: after the parent opened the store, the file is replaced by a copy
-    with one record changed. A forked worker that reopens (as it must) reads the new record; one
-    that used the inherited handle would still read the old file's."""
+    """The parent opens the store, then the file is replaced by a copy with one record changed.
+    Forked workers must not use the inherited handle: each opens its own, of the file the store
+    pinned when it was first opened, so they read the old contents (never a mix of the two)."""
     path = str(tmp_path / f"s{'.lmdb' if fmt == 'lmdb' else '.h5'}")
     shutil.copyfile(pack_photos(fmt), path)
     ds = ShardDataset(path, output="bytes")
     old = [ds[i] for i in range(len(ds))]  # the parent now holds an open handle
+    inherited = ds.store.shard(0)
     shutil.copyfile(path, path + ".new")
     flip_byte_in_file(path + ".new", old[5][0], len(old[5][0]) // 2)
     os.replace(path + ".new", path)
     assert ds[5] == old[5]  # this process keeps reading through its own (old) handle
-    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork",
+
+    class Probe(torch.utils.data.Dataset):
+        dataset = ds  # where shardkit.worker_init_fn finds it
+
+        def __len__(self):
+            return len(ds)
+
+        def __getitem__(self, i):
+            sample = ds[i]
+            return sample, ds.store.shard(0) is inherited, ds.store._pid == os.getpid()
+
+    loader = DataLoader(Probe(), batch_size=4, num_workers=2, multiprocessing_context="fork",
                         worker_init_fn=init, collate_fn=list_collate)
     got = [s for batch in loader for s in batch]
-    assert got[5] != old[5] and got[5][1] == old[5][1]
-    assert got[:5] + got[6:] == old[:5] + old[6:]
+    assert [sample for sample, _, _ in got] == old
+    assert not any(reused for _, reused, _ in got)
+    assert all(owned for _, _, owned in got)
     ds.close()
 
 

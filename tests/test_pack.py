@@ -169,14 +169,21 @@ def test_overwrite_replaces_a_folder(photo_src, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["out.h5"]
 
 
-def _fifo_source(tmp_path) -> str:
-    """A source whose second image is a FIFO: reading it blocks until killed (a frozen pack)."""
+BLOCKING_PACK = [sys.executable, os.path.join(os.path.dirname(__file__), "_blocking_pack.py"),
+                 "pack"]
+
+
+def _frozen_source(tmp_path) -> str:
+    """Three images; under BLOCKING_PACK the second never finishes encoding (a frozen pack)."""
     src = tmp_path / "src"
     rng = np.random.default_rng(0)
-    write_bytes(str(src / "a" / "0.jpg"), jpeg_bytes(noise(rng, 16, 16)))
-    os.mkfifo(src / "a" / "1.jpg")
-    write_bytes(str(src / "a" / "2.jpg"), jpeg_bytes(noise(rng, 16, 16)))
+    for name in ("0.jpg", "1.jpg", "2.jpg"):
+        write_bytes(str(src / "a" / name), jpeg_bytes(noise(rng, 16, 16)))
     return str(src)
+
+
+def _frozen_env() -> dict[str, str]:
+    return dict(os.environ, SHARDKIT_TEST_BLOCK=os.path.join("a", "1.jpg"))
 
 
 def _wait_for(partial: str, proc: subprocess.Popen, timeout: float = 30) -> None:
@@ -192,9 +199,9 @@ def _wait_for(partial: str, proc: subprocess.Popen, timeout: float = 30) -> None
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_ctrl_c_leaves_no_output(tmp_path, workers):
-    src, out = _fifo_source(tmp_path), str(tmp_path / "out.lmdb")
-    proc = subprocess.Popen([sys.executable, "-m", "shardkit.cli", "pack", src, out, "--workers",
-                             str(workers), "-q"], stderr=subprocess.PIPE, text=True)
+    src, out = _frozen_source(tmp_path), str(tmp_path / "out.lmdb")
+    proc = subprocess.Popen([*BLOCKING_PACK, src, out, "--workers", str(workers), "-q"],
+                            stderr=subprocess.PIPE, text=True, env=_frozen_env())
     try:
         _wait_for(partial_path(out), proc)
         proc.send_signal(signal.SIGINT)
@@ -207,9 +214,9 @@ def test_ctrl_c_leaves_no_output(tmp_path, workers):
 
 
 def test_crash_leaves_no_out_and_rerun_succeeds(tmp_path):
-    src, out = _fifo_source(tmp_path), str(tmp_path / "out.h5")
-    proc = subprocess.Popen([sys.executable, "-m", "shardkit.cli", "pack", src, out,
-                             "--workers", "1", "-q"], stderr=subprocess.DEVNULL)
+    src, out = _frozen_source(tmp_path), str(tmp_path / "out.h5")
+    proc = subprocess.Popen([*BLOCKING_PACK, src, out, "--workers", "1", "-q"],
+                            stderr=subprocess.DEVNULL, env=_frozen_env())
     try:
         _wait_for(partial_path(out), proc)
         proc.kill()  # SIGKILL: no cleanup at all
@@ -218,9 +225,8 @@ def test_crash_leaves_no_out_and_rerun_succeeds(tmp_path):
         proc.kill()
     assert not os.path.exists(out)
     assert len(os.listdir(tmp_path)) > 1  # the killed run's partial output (hidden name)
-    os.unlink(os.path.join(src, "a", "1.jpg"))
     result = pack(src, out, workers=1, progress=False)  # no --overwrite needed: OUT never existed
-    assert result.count == 2
+    assert result.count == 3
     assert sorted(os.listdir(tmp_path)) == ["out.h5", "src"]  # leftovers of the crash removed
 
 

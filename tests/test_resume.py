@@ -1,8 +1,8 @@
 """Interrupted sharded packs: SIGKILL / Ctrl-C after some shards finished, then --resume (or not).
 
-The pack is stopped at a known point without timing races: one source "image" is a named pipe,
-so the pack blocks there (inside shard 2) after shards 0 and 1 are done. The test then kills it,
-replaces the pipe with a real image (same name, so the plan is unchanged) and resumes.
+The pack is stopped at a known point without timing races: it runs under tests/_blocking_pack.py,
+where encoding one source (inside shard 2) never finishes, so shards 0 and 1 are done and the
+rest are not when the test kills it. The resumed run is the plain CLI.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 import shardkit
@@ -23,29 +22,24 @@ from shardkit.errors import StoreError
 from shardkit.inspection import verify
 
 try:
-    from ._scaleout import make_tree, manifest, partial_of, store_files, write_image
+    from ._scaleout import make_tree, manifest, partial_of, store_files
 except ImportError:
-    from _scaleout import make_tree, manifest, partial_of, store_files, write_image
+    from _scaleout import make_tree, manifest, partial_of, store_files
 
 BLOCKER = "c1/img005.jpg"  # source 16 + 5 = 21 of 48: inside shard 2 of 6 (8 sources each)
 PACK_ARGS = ["--num-shards", "6", "--size", "32", "-q"]
 
 
 def _tree(root: str) -> None:
-    make_tree(root, classes=3, per_class=16, seed=5, fifo=BLOCKER)
-
-
-def _unblock(src: str) -> None:
-    path = os.path.join(src, BLOCKER)
-    os.unlink(path)
-    write_image(path, np.random.default_rng(99))
+    make_tree(root, classes=3, per_class=16, seed=5)
 
 
 def _start(src: str, out: str, *extra: str) -> subprocess.Popen:
     # Own session, so the whole process group (pack + pool workers) can be signalled.
-    return subprocess.Popen([sys.executable, "-m", "shardkit.cli", "pack", src, out, *PACK_ARGS,
-                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    blocking_pack = os.path.join(os.path.dirname(__file__), "_blocking_pack.py")
+    return subprocess.Popen([sys.executable, blocking_pack, "pack", src, out, *PACK_ARGS, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=dict(os.environ, SHARDKIT_TEST_BLOCK=BLOCKER))
 
 
 def _wait_for(path: str, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -97,7 +91,6 @@ def test_sigkill_then_resume_keeps_finished_shards(tmp_path, fmt, workers):
     assert "manifest.json" not in names and "labels.npy" not in names
     _assert_nothing_complete(out)
 
-    _unblock(src)
     kept = {k: _stat(os.path.join(partial, f"shard-{k:05d}{ext}")) for k in (0, 1)}
     # A shard whose bytes changed after it was recorded as done is redone, not trusted.
     shard1 = os.path.join(partial, f"shard-00001{ext}")
@@ -131,7 +124,6 @@ def test_ctrl_c_then_plain_rerun_starts_over(tmp_path):
     assert proc.returncode == 130, err
     assert "--resume" in err and "Traceback" not in err
     _assert_nothing_complete(out)
-    _unblock(src)
     first = _stat(os.path.join(partial, "shard-00000.lmdb"))
 
     # Resuming with other settings is refused: the finished shards belong to another plan.
