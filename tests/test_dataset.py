@@ -397,3 +397,21 @@ def test_distributed_sampler_covers_every_index_once(photo_store):
         assert sorted(per_rank[0] + per_rank[1]) == list(range(len(ds)))
         epochs.append(per_rank)
     assert epochs[0] != epochs[1]
+
+
+def test_dropped_dataset_gives_its_lmdb_environment_back(pack_photos, tmp_path):
+    """lmdb refuses a second open of a file in one process: a dataset garbage-collected without
+    close() must not leave its environment registered."""
+    import gc
+
+    import lmdb
+
+    path = str(tmp_path / "copy.lmdb")
+    shutil.copyfile(pack_photos("lmdb"), path)
+    ds = ShardDataset(path)
+    ds[0]
+    del ds
+    gc.collect()
+    env = lmdb.open(path, subdir=False, readonly=True, lock=False)
+    assert env.stat()["entries"] > 0
+    env.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import weakref
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -290,10 +291,17 @@ class LmdbShardReader(ShardReader):
         check_pages(path, psize, need, self.file_size)
         try:
             self._env = _acquire_env(path)
+        except lmdb.Error as exc:
+            raise StoreError(f"{path}: cannot open LMDB store: {exc}") from None
+        try:
             # Index arrays are views into this long-lived read transaction's map: no copies.
             self._array_txn = self._env.begin(buffers=True)
         except lmdb.Error as exc:
+            _release_env(self._env)
             raise StoreError(f"{path}: cannot open LMDB store: {exc}") from None
+        # A reader dropped without close() must still give its environment back, or a later open
+        # of the same file in this process would be refused as "already open".
+        self._release = weakref.finalize(self, _release_reader, self._env, self._array_txn)
 
     def _get(self, key: bytes, what: str) -> bytes:
         try:
@@ -345,7 +353,12 @@ class LmdbShardReader(ShardReader):
             txn.abort()
 
     def close(self) -> None:
-        env, self._env = getattr(self, "_env", None), None
-        if env is not None:
-            self._array_txn.abort()
-            _release_env(env)
+        self._env = None
+        release = getattr(self, "_release", None)
+        if release is not None:
+            release()
+
+
+def _release_reader(env: lmdb.Environment, txn: lmdb.Transaction) -> None:
+    txn.abort()
+    _release_env(env)
