@@ -18,6 +18,8 @@ except ImportError:  # run from a source checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     from shardkit.sample import image_size, make_sample, photo_like  # noqa: F401
 
+__all__ = ["image_size", "main", "make_sample", "photo_like"]
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -22,6 +22,7 @@ reused while anything can still read it.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import sys
@@ -83,7 +84,7 @@ class Slot:
 
     def tensor(self, shape: tuple[int, ...]) -> torch.Tensor:
         """A uint8 tensor of ``shape`` over the start of this buffer (keeps the buffer busy)."""
-        count = int(np.prod(shape))
+        count = math.prod(shape)
         return torch.from_numpy(self.array)[:count].view(shape)
 
     def close(self) -> None:
@@ -103,7 +104,7 @@ class BatchPool:
 
     def take(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, Slot | None]:
         """A uint8 tensor of ``shape`` and the slot it lives in (None: one-off memory)."""
-        nbytes = int(np.prod(shape))
+        nbytes = math.prod(shape)
         with self._lock:
             for slot in self.slots:
                 if slot.nbytes >= nbytes and not slot.in_use():
@@ -185,7 +186,7 @@ def _rebuild(pid: int, fd_number: int, inode: int, handle: Any, size: int,
     header = np.frombuffer(buf, np.uint8, HEADER, 0)
     if handle is not None and by_path is not None:
         header[BY_PATH] = 1  # from now on the worker sends only its pid and descriptor number
-    count = int(np.prod(shape))
+    count = math.prod(shape)
     array = np.frombuffer(buf, np.uint8, count, HEADER)
     weakref.finalize(array, _release, header)
     images = torch.from_numpy(array).view(shape).permute(0, 3, 1, 2)

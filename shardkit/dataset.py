@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable, Sequence
@@ -248,26 +249,33 @@ class ShardDataset(Dataset):
         return by_shard
 
     def _run(self, fn: Callable, jobs: list[tuple]) -> list:
-        """``fn(*job)`` for every job, in order; with ``threads`` > 1 split into one interleaved
-        share per thread (one task per thread per batch, not per image)."""
+        """``fn(*job)`` for every job, results in order. With ``threads`` > 1 the calling thread
+        and ``threads - 1`` helpers each take the next job until none is left (images differ in
+        cost: a fixed split would leave one thread waiting for the other)."""
         parts = min(self.threads, len(jobs))
         if parts <= 1:
             return [fn(*job) for job in jobs]
+        results: list = [None] * len(jobs)
+        queue = iter(range(len(jobs)))
+        lock = threading.Lock()
 
-        def share(part: int) -> list:
-            return [fn(*job) for job in jobs[part::parts]]
+        def work() -> None:
+            while True:
+                with lock:
+                    i = next(queue, None)
+                if i is None:
+                    return
+                results[i] = fn(*jobs[i])
 
-        futures = [self._executor().submit(share, part) for part in range(1, parts)]
+        futures = [self._executor().submit(work) for _ in range(parts - 1)]
         try:
-            shares = [share(0)]
+            work()
         finally:
             # Records are only valid inside the caller's read transaction: wait for every thread
             # before returning, even when this thread's share failed.
             wait(futures)
-        shares += [f.result() for f in futures]
-        results: list = [None] * len(jobs)
-        for part, done in enumerate(shares):
-            results[part::parts] = done
+        for future in futures:
+            future.result()  # a helper's error
         return results
 
     def _getitems_each(self, indices: Sequence[int]) -> list:

@@ -276,3 +276,25 @@ def test_pack_then_bench_on_an_existing_store_folder(sample, tmp_path):
     # --min-seconds: more timed epochs than --epochs until they add up to half a second
     assert len(run["epochs_s"]) > 1 or run["epochs_s"][0] >= 0.5
     assert sum(run["epochs_s"]) >= 0.5 or len(run["epochs_s"]) == 50
+
+
+def test_step_reports_data_wait_and_skips_throughput_targets(sample, tmp_path):
+    """--step-ms: every run reports its share of time waiting for data; the throughput targets,
+    capped by the step, are not judged."""
+    out = str(tmp_path / "out")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        rc = benchmark.main([sample, "--systems", "lmdb-raw,lmdb-raw/threads", "--workers-list",
+                             "0,2", "--threads-list", "2", "--epochs", "1", "--min-seconds", "0",
+                             "--pack-workers", "0", "--pack-sample", "0", "--step-ms", "5",
+                             "--out-dir", out])
+    assert rc == 0
+    with open(os.path.join(out, "throughput.json")) as f:
+        report = json.load(f)
+    for r in report["runs"]:
+        assert 0.0 <= r["data_wait_share"] < 1.0
+        # 40 images in batches of 64: one batch and one 5 ms step per epoch at least
+        assert r["epochs_s"][0] >= 0.005
+    assert set(report["summary"]["data_wait"]) == {"lmdb-raw", "lmdb-raw/threads"}
+    table = printed.getvalue()
+    assert "throughput targets not checked" in table and "data wait at each" in table
