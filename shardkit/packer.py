@@ -299,6 +299,15 @@ class ShardBuilder:
 
 # -- engines --------------------------------------------------------------------------------------
 
+def _start_method() -> str:
+    """forkserver on Linux (no inherited threads or locks), spawn elsewhere; but fork when the
+    main script cannot be re-imported (``python -`` from stdin), where both would fail forever."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file is not None and not os.path.exists(main_file) and hasattr(os, "fork"):
+        return "fork"
+    return "forkserver" if sys.platform.startswith("linux") else "spawn"
+
+
 def _encoded_stream(tasks: list[tuple[str, PackSettings]], workers: int) -> Iterator[Encoded]:
     """Results in task order, from this process (workers <= 1) or a process pool."""
     if workers <= 1 or len(tasks) < 2:
@@ -307,7 +316,7 @@ def _encoded_stream(tasks: list[tuple[str, PackSettings]], workers: int) -> Iter
         return
     import multiprocessing as mp
 
-    ctx = mp.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+    ctx = mp.get_context(_start_method())
     chunk = max(1, min(16, len(tasks) // (workers * 8)))
     with _sigint_deferred() as resume_sigint:
         pool = ctx.Pool(workers, initializer=_worker_init, initargs=(os.getpid(),))

@@ -352,3 +352,15 @@ def test_hdf5_layout_read_with_plain_h5py(quirky, pack_quirky):
         heights = f["index/heights"][()]
     _check_meta(meta, count, quirky.classes)
     assert simplejpeg.decode_jpeg(first).shape[0] == heights[0]
+
+
+def test_pack_from_a_script_on_stdin_uses_worker_processes(photo_src, tmp_path):
+    """`python - <<EOF ... pack(workers=2)`: forkserver/spawn cannot re-import a '<stdin>' main
+    module (their workers die and are restarted forever); the packer must still finish."""
+    out = str(tmp_path / "o.lmdb")
+    script = (f"import shardkit\nr = shardkit.pack({photo_src[0]!r}, {out!r}, workers=2, "
+              "progress=False)\nprint(r.count)\n")
+    proc = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.strip()) == len(photo_src[1])
