@@ -443,19 +443,6 @@ def _write_json_atomic(path: str, obj: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _entry_path(partial: str, k: int) -> str:
     return os.path.join(partial, f"shard-{k:05d}.done.json")
 
@@ -594,7 +581,7 @@ def finalize_sharded(partial: str, plan: Plan | None = None) -> tuple[dict[str, 
         if name.endswith((".spool", ".tmp")):
             _remove(os.path.join(partial, name))
     _remove(os.path.join(partial, PLAN_NAME))
-    _fsync_dir(partial)
+    swap.fsync_dir(partial)
     return manifest, start
 
 
@@ -620,7 +607,7 @@ def install(partial: str, out: str, overwrite: bool) -> None:
         swap.swap_aside(partial, out)
     else:
         os.replace(partial, out)  # atomic; processes that opened the old file keep reading it
-    _fsync_dir(os.path.dirname(os.path.abspath(out)))
+    swap.fsync_dir(os.path.dirname(os.path.abspath(out)))
 
 
 # -- the public entry point -----------------------------------------------------------------------

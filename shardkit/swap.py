@@ -200,7 +200,7 @@ def install_folder(partial: str, out: str) -> None:
 
         shutil.copyfile(manifest_path, retired)
     os.replace(tmp, manifest_path)  # the switch
-    _fsync(out)
+    fsync_dir(out)
     _remove_tree(partial)
     collect_garbage(out)
 
@@ -289,7 +289,8 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _fsync(folder: str) -> None:
+def fsync_dir(folder: str) -> None:
+    """Make a folder's entries (renames, new files) durable; best effort where unsupported."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -315,7 +316,7 @@ def swap_aside(partial: str, out: str) -> None:
     except BaseException:
         os.rename(old, out)
         raise
-    _fsync(head)
+    fsync_dir(head)
     if os.path.isdir(old) and not os.path.islink(old):
         _remove_tree(old)
     else:
