@@ -275,6 +275,7 @@ def test_sigkill_at_random_moments_then_rerun(src, tmp_path):
 @pytest.mark.parametrize("fmt,shards", [("lmdb", None), ("hdf5", 3)])
 def test_ctrl_c_stops_workers_promptly(src, tmp_path, fmt, shards):
     """Ctrl-C at several moments: as the pool starts, and while it packs."""
+    interrupted = 0
     for delay in (0.0, 0.03, 0.1, 0.4):
         folder = tmp_path / f"delay{delay}"
         folder.mkdir()
@@ -298,6 +299,11 @@ def test_ctrl_c_stops_workers_promptly(src, tmp_path, fmt, shards):
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         _, stderr = proc.communicate(timeout=30)
         elapsed = time.monotonic() - t0
+        if proc.returncode != 130 and stderr.startswith("packed ") and os.path.exists(out):
+            # The pack finished between the last poll and the signal: OUT must be complete.
+            Store(out)
+            continue
+        interrupted += 1
         assert proc.returncode == 130, (delay, stderr)
         assert elapsed < 5, f"took {elapsed:.1f} s to stop"
         lines = [line for line in stderr.splitlines() if line.strip()]
@@ -314,6 +320,7 @@ def test_ctrl_c_stops_workers_promptly(src, tmp_path, fmt, shards):
         else:
             assert not os.path.lexists(partial)
             assert os.listdir(folder) == []
+    assert interrupted >= 3, f"only {interrupted} of 4 packs were still running at the signal"
 
 
 # -- full disk ------------------------------------------------------------------------------------
