@@ -320,13 +320,35 @@ def _encoded_stream(tasks: list[tuple[str, PackSettings]], workers: int) -> Iter
     chunk = max(1, min(16, len(tasks) // (workers * 8)))
     with _sigint_deferred() as resume_sigint:
         pool = ctx.Pool(workers, initializer=_worker_init, initargs=(os.getpid(),))
+    finished = False
     try:
         resume_sigint()  # a Ctrl-C that came while the pool started is raised here
         yield from pool.imap(_encode_task, tasks, chunksize=chunk)
-        pool.close()
+        finished = True
     finally:
-        pool.terminate()
-        pool.join()
+        if finished:
+            pool.close()
+            pool.join()
+        else:
+            _stop_pool(pool)
+
+
+def _stop_pool(pool, timeout: float = 5.0) -> None:
+    """Terminate a pool without hanging.
+
+    ``Pool.terminate`` joins its result-handler thread, which never returns if a worker was killed
+    half-way through sending a result (the handler waits for the rest of the message). So it runs
+    in a daemon thread; past the timeout the workers are killed and the thread is abandoned.
+    """
+    import threading
+
+    stopper = threading.Thread(target=pool.terminate, daemon=True, name="shardkit-pool-stop")
+    stopper.start()
+    stopper.join(timeout)
+    if stopper.is_alive():
+        for proc in list(getattr(pool, "_pool", [])):
+            if proc.exitcode is None:
+                proc.kill()
 
 
 @contextmanager
