@@ -15,4 +15,8 @@ shardkit pack "$DATA/images" "$DATA/train.lmdb" --overwrite
 shardkit pack "$DATA/images" "$DATA/train.h5" --overwrite
 shardkit info "$DATA/train.lmdb"
 shardkit verify "$DATA/train.h5" --quiet
-python benchmarks/throughput.py "$DATA/images" --out-dir "$DATA/bench" --recommend
+SIMD=()
+if [ -x .venv-simd/bin/python ]; then  # made by scripts/pillow_simd_venv.sh: pack figures there too
+  SIMD=(--simd-python .venv-simd/bin/python)
+fi
+python benchmarks/throughput.py "$DATA/images" --out-dir "$DATA/bench" --recommend "${SIMD[@]}"

@@ -1,6 +1,7 @@
 """shardkit: pack an image folder once into LMDB/HDF5 shards, then feed GPUs from them fast.
 
-Names are imported on first use, so that packing and the CLI do not pay for importing torch.
+Names are imported on first use, so that the CLI does not pay for importing torch where it
+needs none (info, verify, --help).
 """
 
 from __future__ import annotations

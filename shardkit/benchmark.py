@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import io
 import json
 import multiprocessing
 import os
@@ -37,6 +36,7 @@ import platform
 import shlex
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
+
+from . import packbench
 
 BATCH = 64
 SIZE = 256
@@ -75,25 +77,6 @@ def _version(module: str) -> str | None:
     return str(getattr(mod, "__version__", "?"))
 
 
-def pil_description() -> dict[str, Any]:
-    """Which PIL is imported: Pillow or pillow-simd, and its JPEG library."""
-    from importlib import metadata
-
-    import PIL
-    from PIL import features
-
-    simd = False
-    try:
-        metadata.distribution("pillow-simd")
-        simd = True
-    except metadata.PackageNotFoundError:
-        simd = ".post" in PIL.__version__  # pillow-simd versions look like 9.0.0.post1
-    return {"version": PIL.__version__, "simd": simd,
-            "name": "pillow-simd" if simd else "Pillow",
-            "libjpeg_turbo": bool(features.check_feature("libjpeg_turbo")),
-            "jpeg_version": features.version("jpg")}
-
-
 def machine_info() -> dict[str, Any]:
     """CPU, cores, memory, load and the versions of everything that matters for speed."""
     model = platform.processor() or "?"
@@ -120,7 +103,7 @@ def machine_info() -> dict[str, Any]:
         "versions": {
             "python": platform.python_version(), "shardkit": shardkit.__version__,
             "torch": _version("torch"), "torchvision": _version("torchvision"),
-            "numpy": _version("numpy"), "pil": pil_description(),
+            "numpy": _version("numpy"), "pil": packbench.pil_description(),
             "simplejpeg": _version("simplejpeg"), "lmdb": _version("lmdb"),
             "h5py": _version("h5py"), "psutil": _version("psutil"),
             "matplotlib": _version("matplotlib"),
@@ -318,50 +301,34 @@ def pack_stores(src: str, work: str, systems: Iterable[str], workers: int,
     return figures
 
 
+def pack_speed(src: str, work: str, packs: list[PackFigure], args: argparse.Namespace,
+               n_cores: int) -> list[dict[str, Any]]:
+    """Pack-speed figures with this interpreter's PIL (reusing the timed lmdb-jpeg pack when there
+    is one) and, with ``--simd-python``, with that interpreter's."""
+    workers = n_cores if args.pack_workers is None else args.pack_workers
+    timed = next((p for p in packs if p.system == "lmdb-jpeg"), None)
+    if timed is not None:
+        _log("timing one-process pack paths (shardkit and naive PIL)")
+        figures = [{"pil": packbench.pil_description(), "workers": workers,
+                    "pack": {"images": timed.images, "seconds": timed.seconds,
+                             "images_per_s": timed.images_per_s},
+                    "one_process": packbench.one_process_rates(src, args.pack_sample)}]
+    else:
+        figures = [packbench.pack_figures(src, work, args.pack_sample, workers)]
+    if args.simd_python:
+        _log(f"pack figures under {args.simd_python}")
+        try:
+            figures.append(packbench.pack_figures_in(args.simd_python, src, args.pack_sample,
+                                                     workers))
+        except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as exc:
+            _log(f"no pack figures from {args.simd_python}: {exc}")
+    return figures
+
+
 def _disk_bytes(path: str) -> int:
     if os.path.isdir(path):
         return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
     return os.path.getsize(path)
-
-
-def pack_ceilings(src: str, count: int) -> dict[str, Any]:
-    """One-process images/s over ``count`` sources: shardkit's per-image path and a naive PIL loop.
-
-    The naive loop is what a hand-written converter does: PIL open, full decode, RGB, resize the
-    shorter side to 256 (bicubic), PIL JPEG encode at quality 90. shardkit's path decodes JPEGs at
-    reduced DCT scale (``draft``) and encodes with libjpeg-turbo through simplejpeg.
-    """
-    from PIL import Image
-
-    from .discovery import discover
-    from .imaging import target_size
-    from .packer import PackSettings, encode_file
-
-    paths = [p for p, _ in discover(src).samples]
-    step = max(1, len(paths) // max(1, count))
-    paths = paths[::step][:count]
-    settings = PackSettings(size=SIZE)
-
-    def naive(path: str) -> bytes:
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-            size = target_size(im.width, im.height, SIZE)
-            if size != im.size:
-                im = im.resize(size, Image.Resampling.BICUBIC)
-            buf = io.BytesIO()
-            im.save(buf, "JPEG", quality=90)
-            return buf.getvalue()
-
-    figures = {}
-    for name, fn in (("shardkit_path", lambda p: encode_file(p, settings)), ("naive_pil", naive)):
-        fn(paths[0])
-        t0 = time.perf_counter()
-        for path in paths:
-            fn(path)
-        seconds = time.perf_counter() - t0
-        figures[name] = {"images": len(paths), "seconds": seconds,
-                         "images_per_s": len(paths) / seconds}
-    return figures
 
 
 # -- the timed loop ------------------------------------------------------------------------------
@@ -649,8 +616,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "fast_decode=True setting, in ShardDataset and the ceiling alike)")
     p.add_argument("--pack-workers", type=int, default=None,
                    help="processes for packing the stores (default: all cores)")
-    p.add_argument("--pack-sample", type=int, default=200,
-                   help="sources timed for the one-process pack figures [200]")
+    p.add_argument("--pack-sample", type=int, default=0,
+                   help="sources timed for the one-process pack figures (0: all) [0]")
+    p.add_argument("--no-pack-figures", action="store_true",
+                   help="skip the pack-speed figures (one-process and naive-loop timing)")
+    p.add_argument("--simd-python", metavar="PYTHON",
+                   help="also measure pack speed under this interpreter (a pillow-simd "
+                        "environment, e.g. .venv-simd/bin/python from scripts/pillow_simd_venv.sh)")
     p.add_argument("--no-check", action="store_true",
                    help="skip fingerprinting the warm-up epoch (same-pixels check)")
     p.add_argument("--recommend", action="store_true",
@@ -739,9 +711,8 @@ def _bench(args: argparse.Namespace, work: str) -> int:
         return 1
     report["pack"] = {"stores": [asdict(p) for p in packs],
                       "workers": n_cores if args.pack_workers is None else args.pack_workers}
-    if args.pack_sample > 0:
-        report["pack"]["one_process"] = pack_ceilings(src, args.pack_sample)
-        report["pack"]["cores"] = n_cores
+    if not args.no_pack_figures:
+        report["pack"]["figures"] = pack_speed(src, work, packs, args, n_cores)
     ceilings: dict[str, dict] = {}
     for enc in ENCODINGS:
         store = next((store_path(work, s) for s in args.systems
@@ -935,15 +906,8 @@ def summarize(runs: list[Run], ceilings: dict[str, dict], pack: dict[str, Any],
                 r = min(mine, key=lambda r: r.data_wait_share)
                 least[system] = {"setting": r.setting, "share": r.data_wait_share}
         out["least_wait"] = least
-    one = pack.get("one_process", {})
-    lmdb_pack = next((p for p in pack.get("stores", []) if p["system"] == "lmdb-jpeg"), None)
-    if one and lmdb_pack:
-        ceiling_pack = one["shardkit_path"]["images_per_s"] * pack.get("cores", cores())
-        out["pack_vs_ceiling"] = {"ratio": lmdb_pack["images_per_s"] / ceiling_pack,
-                                  "target": 0.8,
-                                  "pack_images_per_s": lmdb_pack["images_per_s"],
-                                  "one_process_images_per_s": one["shardkit_path"]["images_per_s"],
-                                  "naive_pil_images_per_s": one["naive_pil"]["images_per_s"]}
+    out["pack"] = [packbench.summarize(f, pack.get("cores", cores()))
+                   for f in pack.get("figures", [])]
     return out
 
 
@@ -1003,12 +967,6 @@ def format_table(runs: list[Run], ceilings: dict[str, dict], report: dict[str, A
     for p in pack.get("stores", []):
         lines.append(f"shardkit pack {p['system']:10s}: {p['images_per_s']:.0f} images/s "
                      f"({p['images']} images, {p['bytes'] / 1e6:.1f} MB)")
-    one = pack.get("one_process")
-    if one:
-        lines.append(f"one process per image ({pil['name']} {pil['version']}): shardkit path "
-                     f"{one['shardkit_path']['images_per_s']:.0f} images/s (x{n} cores = "
-                     f"{one['shardkit_path']['images_per_s'] * n:.0f}); naive PIL loop "
-                     f"{one['naive_pil']['images_per_s']:.0f} images/s")
     lines.append("")
     lines += _target_lines(report["summary"])
     checks = report["checks"]
@@ -1030,7 +988,7 @@ def _target_lines(summary: dict[str, Any]) -> list[str]:
         lines.append("(throughput targets not checked: --step-ms caps every system at "
                      "batch size / step time)")
         summary = {k: v for k, v in summary.items()
-                   if k in ("data_wait", "least_wait", "pack_vs_ceiling")}
+                   if k in ("data_wait", "least_wait", "pack")}
     s = summary.get("lmdb_jpeg_vs_ceiling")
     if s:
         b = s["best"]
@@ -1073,10 +1031,7 @@ def _target_lines(summary: dict[str, Any]) -> list[str]:
                  summary.get("least_wait", {}).items()]
         if least:
             lines.append("least data wait per system: " + ", ".join(least))
-    s = summary.get("pack_vs_ceiling")
-    if s:
-        lines.append(f"target: shardkit pack = {s['ratio']:.2f} x cores x one-process "
-                     f"per-image rate (>= 0.8: {mark(s['ratio'] >= 0.8)})")
+    lines += packbench.lines(summary.get("pack", []))
     return lines
 
 

@@ -3,15 +3,19 @@
 Rules, applied in this order:
 1. The format is detected from the content, never the extension.
 2. Images declaring more than ``max_pixels`` pixels are refused before any pixel is decoded.
-3. JPEGs are decoded at a reduced DCT scale (Pillow ``draft``) that still leaves the shorter side at
-   least twice the target, so a 12000x12000 photo costs about as much as a 1500x1500 one.
+3. JPEGs in YCbCr or grey (nearly all) are decoded by libjpeg-turbo through simplejpeg, at the
+   smallest DCT scale that still leaves the shorter side at least twice the target, so a
+   12000x12000 photo costs about as much as a 1500x1500 one. Other JPEGs (CMYK) and other formats
+   are decoded by Pillow (JPEGs with ``draft`` to the same rule), and so is any JPEG on which
+   libjpeg-turbo reports even a recoverable warning: Pillow then accepts or refuses it exactly as
+   ``ImageFolder`` would (extraneous bytes pass, a truncated file is refused).
 4. EXIF orientation is applied.
 5. Colour: every mode becomes 8-bit RGB. Alpha (RGBA, LA, PA, palette transparency) is composited
    onto a white background. 16/32-bit grey (I;16, I) is scaled from 0..65535 to 0..255; float grey
    (F) is clipped to 0..255. CMYK, YCbCr, LAB, HSV, 1, L and P use Pillow's conversion.
-6. The shorter side is resized to ``size`` with an anti-aliased bicubic filter (torchvision's
-   ``Resize`` size rule: the longer side becomes ``int(size * long / short)``); smaller images are
-   never upscaled. ``size=0`` keeps the original size.
+6. The shorter side is resized to ``size`` with an anti-aliased bicubic filter
+   (:mod:`shardkit.resize`; torchvision's ``Resize`` size rule); smaller images are never
+   upscaled. ``size=0`` keeps the original size.
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ import io
 import warnings
 
 import numpy as np
+import simplejpeg
+
+from .resize import resize_rgb, target_size
 
 try:
-    from PIL import Image, ImageOps
+    from PIL import Image
 except ImportError as exc:  # Pillow is an extra so that an installed pillow-simd is never replaced
     raise ImportError("shardkit needs a Pillow-API library: pip install 'shardkit[pillow]', "
                       "or install pillow-simd (see README)") from exc
@@ -36,15 +43,6 @@ WHITE = (255, 255, 255)
 
 class ImageRejected(Exception):
     """The file cannot be used; the message is the reason recorded in the store's metadata."""
-
-
-def target_size(width: int, height: int, size: int) -> tuple[int, int]:
-    """(width, height) after resizing the shorter side to ``size``; never upscales."""
-    short, long = min(width, height), max(width, height)
-    if size <= 0 or short <= size:
-        return width, height
-    new_long = int(size * long / short)
-    return (size, new_long) if width <= height else (new_long, size)
 
 
 def to_rgb(im: Image.Image) -> Image.Image:
@@ -72,12 +70,44 @@ def to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB")
 
 
-def _apply_orientation(im: Image.Image) -> Image.Image:
-    """Apply EXIF orientation; an unreadable or absurd EXIF block leaves the image as decoded."""
+# EXIF orientation -> numpy view, as ImageOps.exif_transpose maps it (2: FLIP_LEFT_RIGHT,
+# 3: ROTATE_180, 4: FLIP_TOP_BOTTOM, 5: TRANSPOSE, 6: ROTATE_270, 7: TRANSVERSE, 8: ROTATE_90).
+_ORIENT = {
+    2: lambda a: a[:, ::-1],
+    3: lambda a: a[::-1, ::-1],
+    4: lambda a: a[::-1],
+    5: lambda a: a.transpose(1, 0, 2),
+    6: lambda a: a.transpose(1, 0, 2)[:, ::-1],
+    7: lambda a: a[::-1, ::-1].transpose(1, 0, 2),
+    8: lambda a: a.transpose(1, 0, 2)[::-1],
+}
+
+
+def exif_orientation(im: Image.Image) -> int:
+    """The EXIF orientation tag (1-8); 1 when absent, unreadable or absurd (pixels are still good)."""
     try:
-        return ImageOps.exif_transpose(im) or im
-    except Exception:  # noqa: BLE001 - EXIF is untrusted metadata; pixels are still good
-        return im
+        value = im.getexif().get(0x0112, 1)
+    except Exception:  # noqa: BLE001 - EXIF is untrusted metadata
+        return 1
+    return value if isinstance(value, int) and value in _ORIENT else 1
+
+
+def _decode_jpeg(data: bytes, width: int, height: int, size: int) -> np.ndarray:
+    """libjpeg-turbo decode to RGB, DCT-scaled down to no less than twice ``size`` (rule 3)."""
+    min_w = min_h = 0
+    if size > 0 and min(width, height) > 2 * size:
+        if width <= height:
+            min_w = 2 * size
+        else:
+            min_h = 2 * size
+    return simplejpeg.decode_jpeg(data, "RGB", min_width=min_w, min_height=min_h)
+
+
+def _decode_pillow(im: Image.Image, size: int) -> np.ndarray:
+    if im.format == "JPEG" and size > 0:
+        im.draft("RGB", (2 * size, 2 * size))
+    im.load()
+    return np.asarray(to_rgb(im), dtype=np.uint8)
 
 
 def load_rgb(data: bytes, size: int, max_pixels: int = PILLOW_PIXEL_LIMIT) -> np.ndarray:
@@ -87,7 +117,7 @@ def load_rgb(data: bytes, size: int, max_pixels: int = PILLOW_PIXEL_LIMIT) -> np
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            im = Image.open(io.BytesIO(data))
+            im = Image.open(io.BytesIO(data))  # reads the header only
         except Image.UnidentifiedImageError:
             raise ImageRejected("not a recognised image format") from None
         except Exception as exc:  # noqa: BLE001 - any parser failure means the file is unusable
@@ -99,18 +129,23 @@ def load_rgb(data: bytes, size: int, max_pixels: int = PILLOW_PIXEL_LIMIT) -> np
             raise ImageRejected(
                 f"{width}x{height} = {width * height} pixels exceeds --max-pixels {max_pixels}")
         try:
-            if im.format == "JPEG" and size > 0:
-                im.draft("RGB", (2 * size, 2 * size))
-            im.load()
-            im = _apply_orientation(im)
-            im = to_rgb(im)
-            new_w, new_h = target_size(im.width, im.height, size)
-            if (new_w, new_h) != im.size:
-                im = im.resize((new_w, new_h), Image.Resampling.BICUBIC)
-            arr = np.asarray(im, dtype=np.uint8)
+            orientation = exif_orientation(im)
+            pixels = None
+            if im.format == "JPEG" and im.mode in ("RGB", "L"):
+                try:
+                    pixels = _decode_jpeg(data, width, height, size)
+                except ValueError:  # any libjpeg warning: Pillow decides, as ImageFolder would
+                    pass
+            if pixels is None:
+                pixels = _decode_pillow(im, size)
+            if orientation != 1:
+                pixels = _ORIENT[orientation](pixels)
+            new_w, new_h = target_size(pixels.shape[1], pixels.shape[0], size)
+            if (new_w, new_h) != (pixels.shape[1], pixels.shape[0]):
+                return resize_rgb(pixels, new_w, new_h)
         except ImageRejected:
             raise
         except Exception as exc:  # noqa: BLE001 - truncated/corrupt data surfaces as many types
             reason = str(exc) or type(exc).__name__
             raise ImageRejected(f"cannot decode image: {reason}") from None
-    return np.ascontiguousarray(arr)
+    return np.ascontiguousarray(pixels)

@@ -32,7 +32,7 @@ from .discovery import Discovery, discover, read_file_list
 from .errors import Interrupted, PackError, ShardkitError
 from .formats import FORMATS, SUFFIXES, format_for_path, open_writer
 from .imaging import PILLOW_PIXEL_LIMIT, ImageRejected, load_rgb
-from . import swap
+from . import resize, swap
 from .store import sha256_file
 
 PLAN_NAME = "plan.json"
@@ -118,13 +118,43 @@ def encode_file(path: str, settings: PackSettings) -> Encoded:
     return encode(pixels, settings.encoding, settings.quality), height, width, None
 
 
-def _encode_task(args: tuple[str, PackSettings]) -> Encoded:
-    return encode_file(*args)
+_worker_settings: PackSettings | None = None  # set in each pool worker by _worker_init
 
 
-def _worker_init(packer_pid: int | None = None) -> None:
+def _encode_chunk(paths: list[str]) -> list[tuple[Encoded, int]]:
+    """A pool worker's task: each record with its CRC32 (so the writing process need not)."""
+    out = []
+    for path in paths:
+        result = encode_file(path, _worker_settings)
+        out.append((result, zlib.crc32(result[0]) if result[0] is not None else 0))
+    return out
+
+
+def _chunk_bounds(n: int, workers: int, largest: int) -> list[int]:
+    """Guided scheduling: chunks of up to ``largest`` sources first (each result message costs the
+    writing process about half a millisecond, whatever its size), shrinking to one at the end
+    (so no worker idles long while another finishes a big chunk)."""
+    bounds = [0]
+    while bounds[-1] < n:
+        left = n - bounds[-1]
+        bounds.append(bounds[-1] + max(1, min(largest, left // (4 * workers))))
+    return bounds
+
+
+def _largest_chunk(settings: PackSettings) -> int:
+    """Sources per result message, for messages of about 16 MB at most."""
+    if settings.size <= 0:
+        return 4  # original sizes: a record can be any size
+    record = settings.size * settings.size * 2 * (3 if settings.encoding == "raw" else 1)
+    return max(1, min(128, (16 << 20) // record))
+
+
+def _worker_init(packer_pid: int | None = None, settings: PackSettings | None = None) -> None:
+    global _worker_settings
+    _worker_settings = settings
     # The parent handles Ctrl-C and terminates the pool; workers must not print tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    resize.single_thread()
     if packer_pid is not None:
         _exit_with(packer_pid)
 
@@ -187,6 +217,13 @@ class Plan:
         return h.hexdigest()
 
     def relpath(self, path: str) -> str:
+        """``path`` relative to the root; a plain prefix cut when that is what relpath gives
+        (``os.path.relpath`` costs tens of microseconds, per image, in the writing process)."""
+        prefix = self.root.rstrip(os.sep) + os.sep
+        if path.startswith(prefix):
+            rest = path[len(prefix):]
+            if rest and os.path.normpath(rest) == rest:
+                return rest
         return os.path.relpath(path, self.root)
 
     def shard_file(self, k: int) -> str:
@@ -253,7 +290,8 @@ class ShardBuilder:
         self.paths: list[bytes] = []
         self.skipped: list[dict[str, str]] = []
 
-    def add(self, source: int, result: Encoded) -> None:
+    def add(self, source: int, result: Encoded, crc: int | None = None) -> None:
+        """Append one source's record (or record why it was skipped); ``crc`` if already known."""
         data, height, width, reason = result
         path = self.plan.paths[source]
         if data is None:
@@ -265,7 +303,7 @@ class ShardBuilder:
         self.labels.append(self.plan.labels[source])
         self.heights.append(height)
         self.widths.append(width)
-        self.crcs.append(zlib.crc32(data))
+        self.crcs.append(zlib.crc32(data) if crc is None else crc)
         self.paths.append(self.plan.relpath(path).encode("utf-8", "surrogateescape"))
 
     def finish(self, kind: str, extra_skipped: Iterable[dict[str, str]] = ()) -> dict[str, Any]:
@@ -289,9 +327,11 @@ class ShardBuilder:
             "arrays": metadata.describe_arrays(arrays),
         }
         self.writer.finish(arrays, metadata.dumps(metadata.seal(meta)))
-        return {"file": os.path.basename(self.path), "format": self.plan.settings.format,
-                "count": n, "bytes": os.path.getsize(self.path), "sha256": sha256_file(self.path),
-                "skipped": skipped}
+        entry = {"file": os.path.basename(self.path), "format": self.plan.settings.format,
+                 "count": n, "bytes": os.path.getsize(self.path), "skipped": skipped}
+        if kind == "shard":  # the manifest's checksum (a single-file store has no manifest)
+            entry["sha256"] = sha256_file(self.path)
+        return entry
 
     def abort(self) -> None:
         self.writer.abort()
@@ -300,37 +340,75 @@ class ShardBuilder:
 # -- engines --------------------------------------------------------------------------------------
 
 def _start_method() -> str:
-    """forkserver on Linux (no inherited threads or locks), spawn elsewhere; but fork when the
-    main script cannot be re-imported (``python -`` from stdin), where both would fail forever."""
+    """How pool workers start.
+
+    fork on Linux when this process runs no other Python thread: workers then inherit the imported
+    decoder and resize kernel (torch takes about 2 s to import) at no cost. forkserver when other
+    threads run (a fork could copy a lock one of them holds), spawn elsewhere. But always fork when
+    the main script cannot be re-imported (``python -`` from stdin), where the others fail forever.
+    """
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     if main_file is not None and not os.path.exists(main_file) and hasattr(os, "fork"):
         return "fork"
-    return "forkserver" if sys.platform.startswith("linux") else "spawn"
+    if sys.platform.startswith("linux"):
+        return "fork" if threading.active_count() == 1 else "forkserver"
+    return "spawn"
 
 
-def _encoded_stream(tasks: list[tuple[str, PackSettings]], workers: int) -> Iterator[Encoded]:
-    """Results in task order, from this process (workers <= 1) or a process pool."""
-    if workers <= 1 or len(tasks) < 2:
-        for task in tasks:
-            yield _encode_task(task)
-        return
-    import multiprocessing as mp
+class _PoolStream:
+    """Encoded results in task order from a process pool, started at construction (before any
+    output file is opened, so forked workers inherit no store handle)."""
 
-    ctx = mp.get_context(_start_method())
-    chunk = max(1, min(16, len(tasks) // (workers * 8)))
-    with _sigint_deferred() as resume_sigint:
-        pool = ctx.Pool(workers, initializer=_worker_init, initargs=(os.getpid(),))
-    finished = False
-    try:
-        resume_sigint()  # a Ctrl-C that came while the pool started is raised here
-        yield from pool.imap(_encode_task, tasks, chunksize=chunk)
-        finished = True
-    finally:
-        if finished:
+    def __init__(self, paths: list[str], settings: PackSettings, workers: int) -> None:
+        import multiprocessing as mp
+
+        method = _start_method()
+        ctx = mp.get_context(method)
+        if method == "fork":
+            resize.prepare()
+        elif method == "forkserver":
+            ctx.set_forkserver_preload(["__main__", "torch", __name__])  # once, not per worker
+        with _sigint_deferred() as resume_sigint:
+            self._pool = ctx.Pool(workers, initializer=_worker_init,
+                                  initargs=(os.getpid(), settings))
+        self._left = len(paths)
+        try:
+            resume_sigint()  # a Ctrl-C that came while the pool started is raised here
+        except BaseException:
+            _stop_pool(self._pool)
+            raise
+        bounds = _chunk_bounds(len(paths), workers, _largest_chunk(settings))
+        chunks = (paths[a:b] for a, b in zip(bounds, bounds[1:]))
+        self._chunks = self._pool.imap(_encode_chunk, chunks)
+        self._current: Iterator[tuple[Encoded, int]] = iter(())
+
+    def __iter__(self) -> "_PoolStream":
+        return self
+
+    def __next__(self) -> tuple[Encoded, int]:
+        for result in self._current:
+            self._left -= 1
+            return result
+        self._current = iter(next(self._chunks))
+        return next(self)
+
+    def close(self) -> None:
+        if self._pool is None:
+            return
+        pool, self._pool = self._pool, None
+        if self._left == 0:  # every result is in: let the workers exit on their own
             pool.close()
             pool.join()
         else:
             _stop_pool(pool)
+
+
+def _encoded_stream(paths: list[str], settings: PackSettings, workers: int):
+    """(record, crc32) in source order, from this process (workers <= 1) or a process pool;
+    has close()."""
+    if workers <= 1 or len(paths) < 2:
+        return ((r, None) for r in (encode_file(p, settings) for p in paths))
+    return _PoolStream(paths, settings, workers)
 
 
 def _stop_pool(pool, timeout: float = 5.0) -> None:
@@ -391,26 +469,35 @@ def _sigint_deferred() -> Iterator[Callable[[], None]]:
         raise
 
 
+class _NoProgress:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _progress(total: int, enabled: bool, desc: str):
+    if not enabled:  # even a disabled tqdm starts its monitor thread, which would rule out fork
+        return _NoProgress()
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="img", desc=desc, disable=not enabled, file=sys.stderr,
+    return tqdm(total=total, unit="img", desc=desc, file=sys.stderr,
                 dynamic_ncols=True, smoothing=0.1)
 
 
 def run_local(plan: Plan, shards: list[int], dest: dict[int, str], *, workers: int,
               strict: bool, progress: bool, on_shard_done) -> None:
     """Encode the given shards with a local process pool, writing each through a builder."""
-    tasks = [(plan.paths[i], plan.settings)
-             for k in shards for i in range(plan.bounds[k], plan.bounds[k + 1])]
-    stream = _encoded_stream(tasks, workers)
-    bar = _progress(len(tasks), progress, "pack")
+    paths = [plan.paths[i] for k in shards for i in range(plan.bounds[k], plan.bounds[k + 1])]
+    stream = _encoded_stream(paths, plan.settings, workers)
+    bar = _progress(len(paths), progress, "pack")
     try:
         for k in shards:
             builder = ShardBuilder(plan, k, dest[k], strict)
             try:
                 for i in range(plan.bounds[k], plan.bounds[k + 1]):
-                    builder.add(i, next(stream))
+                    builder.add(i, *next(stream))
                     bar.update(1)
                 extra = plan.discovery_skipped if not plan.sharded else ()
                 entry = builder.finish("shard" if plan.sharded else "single", extra)

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from shardkit import ShardDataset, batchpool, benchmark, collate, worker_init_fn
+from shardkit import ShardDataset, batchpool, benchmark, collate, packbench, worker_init_fn
 from shardkit.packer import pack
 from shardkit.sample import make_sample
 
@@ -44,7 +44,7 @@ def bench_run(sample, tmp_path_factory):
     work = str(tmp_path_factory.mktemp("bench-work"))
     argv = [sample, "--systems", ",".join(SYSTEMS), "--workers-list", "0,2",
             "--threads-list", "2", "--epochs", "1", "--min-seconds", "0", "--pack-workers", "0",
-            "--pack-sample", "4",
+            "--pack-sample", "4", "--simd-python", sys.executable,
             "--out-dir", out, "--work-dir", work, "--recommend"]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -68,7 +68,16 @@ def test_bench_writes_table_json_and_plot(bench_run):
     assert report["input"]["images"] == 40
     assert sorted(p["system"] for p in report["pack"]["stores"]) == \
         ["hdf5-jpeg", "hdf5-raw", "lmdb-jpeg", "lmdb-raw"]
-    assert set(report["pack"]["one_process"]) == {"shardkit_path", "naive_pil"}
+    # Pack-speed figures: this interpreter (reusing the timed lmdb-jpeg pack) and the one given
+    # as --simd-python (here the same interpreter again, run as a child process).
+    figures = report["pack"]["figures"]
+    assert len(figures) == 2
+    for f in figures:
+        assert f["pil"]["name"] in ("Pillow", "pillow-simd")
+        assert f["pack"]["images"] == 40 and f["pack"]["images_per_s"] > 0
+        assert set(f["one_process"]) == {"shardkit_path", "naive_pil"}
+        for rate in f["one_process"].values():
+            assert rate["images"] == 4 and rate["images_per_s"] > 0
     assert set(report["ceilings"]) == {"jpeg", "raw"}
     for c in report["ceilings"].values():
         assert c["images"] == 40 and c["single_core_images_per_s"] > 0
@@ -90,14 +99,20 @@ def test_bench_writes_table_json_and_plot(bench_run):
         assert r["data_wait_share"] is None  # no --step-ms
     summary = report["summary"]
     for key in ("lmdb_jpeg_vs_ceiling", "lmdb_jpeg_vs_baseline", "hdf5_vs_lmdb_jpeg",
-                "hdf5_vs_lmdb_raw", "raw_vs_jpeg", "pack_vs_ceiling"):
+                "hdf5_vs_lmdb_raw", "raw_vs_jpeg"):
         assert summary[key]["ratio"] > 0, key
+    assert len(summary["pack"]) == 2
+    for s in summary["pack"]:
+        assert s["pack_vs_ceiling"] > 0 and s["path_vs_naive"] > 0
+        assert s["pack_vs_ceiling"] == pytest.approx(
+            s["pack_images_per_s"] / (s["one_process_images_per_s"] * s["cores"]))
 
     with open(os.path.join(out, "throughput.txt")) as f:
         table = f.read()
     for system in SYSTEMS:
         assert system in table
     assert "decode ceiling jpeg" in table and "same output: yes" in table
+    assert table.count("target: shardkit pack = ") == 2 and "x the naive PIL loop" in table
     with open(os.path.join(out, "throughput.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert "loader = DataLoader(dataset, batch_size=64" in printed
@@ -237,7 +252,7 @@ def test_cli_and_script_entry_points(sample, tmp_path):
 
 
 def test_pack_one_process_figures_use_real_sources(sample):
-    figures = benchmark.pack_ceilings(sample, 3)
+    figures = packbench.one_process_rates(sample, 3)
     for name in ("shardkit_path", "naive_pil"):
         assert figures[name]["images"] == 3 and figures[name]["images_per_s"] > 0
 
@@ -265,7 +280,7 @@ def test_pack_then_bench_on_an_existing_store_folder(sample, tmp_path):
     pack(sample, str(work / "lmdb-jpeg.lmdb"), workers=0, progress=False)
     out = str(tmp_path / "out")
     rc = benchmark.main([sample, "--systems", "lmdb-jpeg", "--workers-list", "0", "--epochs", "1",
-                         "--min-seconds", "0.5", "--pack-sample", "0", "--work-dir", str(work),
+                         "--min-seconds", "0.5", "--no-pack-figures", "--work-dir", str(work),
                          "--reuse", "--out-dir", out])
     assert rc == 0
     with open(os.path.join(out, "throughput.json")) as f:

@@ -1,0 +1,65 @@
+"""Shorter-side resizing of RGB pixels with an anti-aliased bicubic filter (the pack-side resize).
+
+The kernel is torch's uint8 antialiased bicubic resize (vectorised with AVX2 where the CPU has it).
+It gives Pillow's ``BICUBIC`` pixels within +-2 (mean difference about 0.003) at about five times
+the speed of stock Pillow's plain C resize, and it is the same whichever Pillow (or pillow-simd) is
+installed, so a pack's pixels do not depend on that choice. torch is imported on first use: the
+CLI's other commands must not pay for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+_torch: Any = None
+_kernel: Any = None
+
+
+def prepare() -> None:
+    """Import the kernel now (a packer does this once before forking its workers)."""
+    global _torch, _kernel
+    if _torch is not None:
+        return
+    import torch
+
+    _torch = torch
+    try:  # writes straight into a channels-last (H, W, 3) buffer: no layout copy afterwards
+        _kernel = torch.ops.aten._upsample_bicubic2d_aa.out
+    except (AttributeError, RuntimeError):  # not in this torch: use the public function
+        _kernel = None
+
+
+def single_thread() -> None:
+    """One kernel thread per process (a packer runs one process per core)."""
+    prepare()
+    _torch.set_num_threads(1)
+
+
+def target_size(width: int, height: int, size: int) -> tuple[int, int]:
+    """(width, height) after resizing the shorter side to ``size``; never upscales.
+
+    torchvision's ``Resize(size)`` rule: the longer side becomes ``int(size * long / short)``.
+    """
+    short, long = min(width, height), max(width, height)
+    if size <= 0 or short <= size:
+        return width, height
+    new_long = int(size * long / short)
+    return (size, new_long) if width <= height else (new_long, size)
+
+
+def resize_rgb(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
+    """HxWx3 uint8 resized to ``height`` x ``width`` (anti-aliased bicubic); C-contiguous."""
+    prepare()
+    torch = _torch
+    if not pixels.flags.c_contiguous or not pixels.flags.writeable:
+        pixels = np.array(pixels, order="C")  # torch cannot wrap negative strides or read-only data
+    src = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)
+    if _kernel is not None:
+        out = torch.empty((1, height, width, 3), dtype=torch.uint8)
+        _kernel(src, [height, width], False, None, None, out=out.permute(0, 3, 1, 2))
+        return out[0].numpy()
+    resized = torch.nn.functional.interpolate(src, size=(height, width), mode="bicubic",
+                                              align_corners=False, antialias=True)
+    return resized[0].permute(1, 2, 0).contiguous().numpy()
