@@ -301,22 +301,14 @@ def pack_stores(src: str, work: str, systems: Iterable[str], workers: int,
     return figures
 
 
-def pack_speed(src: str, work: str, packs: list[PackFigure], args: argparse.Namespace,
-               n_cores: int) -> list[dict[str, Any]]:
-    """Pack-speed figures with this interpreter's PIL (reusing the timed lmdb-jpeg pack when there
-    is one) and, with ``--simd-python``, with that interpreter's."""
+def pack_speed(src: str, work: str, args: argparse.Namespace, n_cores: int) -> list[dict[str, Any]]:
+    """Pack-speed figures with this interpreter's PIL and, with ``--simd-python``, with that
+    interpreter's."""
     workers = n_cores if args.pack_workers is None else args.pack_workers
-    timed = next((p for p in packs if p.system == "lmdb-jpeg"), None)
-    if timed is not None:
-        _log("timing one-process pack paths (shardkit and naive PIL)")
-        figures = [{"pil": packbench.pil_description(), "workers": workers,
-                    "pack": {"images": timed.images, "seconds": timed.seconds,
-                             "images_per_s": timed.images_per_s},
-                    "one_process": packbench.one_process_rates(src, args.pack_sample)}]
-    else:
-        figures = [packbench.pack_figures(src, work, args.pack_sample, workers)]
+    _log("pack speed: one-process paths (shardkit, naive PIL), pack, shardkit path again")
+    figures = [packbench.pack_figures(src, work, args.pack_sample, workers)]
     if args.simd_python:
-        _log(f"pack figures under {args.simd_python}")
+        _log(f"pack speed under {args.simd_python}")
         try:
             figures.append(packbench.pack_figures_in(args.simd_python, src, args.pack_sample,
                                                      workers))
@@ -712,7 +704,7 @@ def _bench(args: argparse.Namespace, work: str) -> int:
     report["pack"] = {"stores": [asdict(p) for p in packs],
                       "workers": n_cores if args.pack_workers is None else args.pack_workers}
     if not args.no_pack_figures:
-        report["pack"]["figures"] = pack_speed(src, work, packs, args, n_cores)
+        report["pack"]["figures"] = pack_speed(src, work, args, n_cores)
     ceilings: dict[str, dict] = {}
     for enc in ENCODINGS:
         store = next((store_path(work, s) for s in args.systems

@@ -59,8 +59,9 @@ def naive_pil(path: str) -> bytes:
         return buf.getvalue()
 
 
-def one_process_rates(src: str, count: int = 0) -> dict[str, Any]:
-    """images/s of shardkit's per-image path and of the naive loop, one process, one thread.
+def one_process_rates(src: str, count: int = 0, naive: bool = True) -> dict[str, Any]:
+    """images/s and CPU per image of shardkit's per-image path (and, if ``naive``, of the naive
+    loop) in this process with one thread.
 
     ``count`` > 0 times that many sources spread evenly over the folder; 0 times all of them.
     """
@@ -73,34 +74,91 @@ def one_process_rates(src: str, count: int = 0) -> dict[str, Any]:
     if count > 0 and count < len(paths):
         paths = [paths[i * len(paths) // count] for i in range(count)]
     settings = PackSettings(size=SIZE, quality=QUALITY)
+    paths_to_time = [("shardkit_path", lambda p: encode_file(p, settings))]
+    if naive:
+        paths_to_time.append(("naive_pil", naive_pil))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a pack worker's setting: one core each
     try:
         figures = {}
-        for name, fn in (("shardkit_path", lambda p: encode_file(p, settings)),
-                         ("naive_pil", naive_pil)):
+        for name, fn in paths_to_time:
             fn(paths[0])
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for path in paths:
                 fn(path)
             seconds = time.perf_counter() - t0
             figures[name] = {"images": len(paths), "seconds": seconds,
-                             "images_per_s": len(paths) / seconds}
+                             "images_per_s": len(paths) / seconds,
+                             "cpu_us_per_image": (time.process_time() - c0) / len(paths) * 1e6}
     finally:
         torch.set_num_threads(threads)
     return figures
 
 
+def _timed_path_into(src: str, count: int, queue: Any) -> None:
+    start = time.monotonic()  # system-wide clock: comparable between processes
+    images = one_process_rates(src, count, naive=False)["shardkit_path"]["images"]
+    queue.put((start, time.monotonic(), images))
+
+
+def parallel_rate(src: str, count: int, processes: int) -> float:
+    """images/s of shardkit's per-image path run in ``processes`` processes at once, from the
+    first start to the last finish: what the cores give together, which on shared or SMT cores
+    is less than cores x one process alone."""
+    import multiprocessing as mp
+
+    from .packer import _start_method
+
+    ctx = mp.get_context(_start_method())
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_timed_path_into, args=(src, count, queue))
+             for _ in range(processes)]
+    for proc in procs:
+        proc.start()
+    try:
+        runs = [queue.get(timeout=3600) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(60)
+            if proc.exitcode is None:
+                proc.kill()
+    return sum(r[2] for r in runs) / (max(r[1] for r in runs) - min(r[0] for r in runs))
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and its finished (waited-for) children."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def pack_figures(src: str, work: str, count: int, workers: int) -> dict[str, Any]:
-    """Pack ``src`` to LMDB/jpeg with ``workers`` processes, then the one-process rates."""
+    """Pack ``src`` to LMDB/jpeg with ``workers`` processes, between two timings of the
+    one-process rate (the machine's speed drifts: the ratio uses their mean), then the
+    per-image path in ``workers`` processes at once."""
     from .packer import pack
 
-    result = pack(src, os.path.join(work, "pack-figure.lmdb"), size=SIZE, quality=QUALITY,
-                  workers=workers, overwrite=True, progress=False)
+    before = one_process_rates(src, count)
+    cpu0 = _cpu_seconds()
+    out = os.path.join(work, "pack-figure.lmdb")
+    result = pack(src, out, size=SIZE, quality=QUALITY, workers=workers, overwrite=True,
+                  progress=False)
+    cpu = _cpu_seconds() - cpu0
+    os.remove(out)
+    together = parallel_rate(src, count, workers) if workers > 1 else None
+    after = one_process_rates(src, count, naive=False)
+    runs = [before["shardkit_path"], after["shardkit_path"]]
+    path = {"images": before["shardkit_path"]["images"],
+            "images_per_s": sum(r["images_per_s"] for r in runs) / 2,
+            "images_per_s_runs": [r["images_per_s"] for r in runs],
+            "cpu_us_per_image": sum(r["cpu_us_per_image"] for r in runs) / 2}
     return {"pil": pil_description(), "workers": workers,
             "pack": {"images": result.count, "seconds": result.seconds,
-                     "images_per_s": result.images_per_second},
-            "one_process": one_process_rates(src, count)}
+                     "images_per_s": result.images_per_second,
+                     "cpu_us_per_image": cpu / max(1, result.count) * 1e6},
+            "one_process": {"shardkit_path": path, "naive_pil": before["naive_pil"]},
+            "processes_at_once": {"processes": workers, "images_per_s": together}}
 
 
 _CHILD = ("import json, sys; from shardkit.packbench import pack_figures; "
@@ -128,7 +186,12 @@ def summarize(figures: dict[str, Any], cores: int) -> dict[str, Any]:
             "pack_images_per_s": pack, "one_process_images_per_s": path,
             "naive_pil_images_per_s": naive, "cores": cores,
             "pack_vs_ceiling": pack / (path * cores), "path_vs_naive": path / naive,
-            "pack_vs_naive_cores": pack / (naive * cores)}
+            "pack_vs_naive_cores": pack / (naive * cores),
+            "cpu_efficiency": (one["shardkit_path"]["cpu_us_per_image"]
+                               / figures["pack"]["cpu_us_per_image"]),
+            "pack_vs_processes_at_once": (pack / figures["processes_at_once"]["images_per_s"]
+                                          if figures.get("processes_at_once", {}).get(
+                                              "images_per_s") else None)}
 
 
 def lines(summaries: list[dict[str, Any]]) -> list[str]:
@@ -143,7 +206,11 @@ def lines(summaries: list[dict[str, Any]]) -> list[str]:
                    f"shardkit path {s['one_process_images_per_s']:.0f}, naive PIL loop "
                    f"{s['naive_pil_images_per_s']:.0f} images/s")
         out.append(f"target: shardkit pack = {s['pack_vs_ceiling']:.2f} x cores x one-process "
-                   f"per-image rate (>= {PACK_TARGET}: {mark(s['pack_vs_ceiling'] >= PACK_TARGET)})")
+                   f"per-image rate (>= {PACK_TARGET}: {mark(s['pack_vs_ceiling'] >= PACK_TARGET)}); "
+                   f"CPU per image: one process / pack = {s['cpu_efficiency']:.2f}")
+        if s["pack_vs_processes_at_once"]:
+            out.append(f"        against the per-image path run in every core at once (what the "
+                       f"cores gave together): {s['pack_vs_processes_at_once']:.2f}")
         out.append(f"target: per core, shardkit path = {s['path_vs_naive']:.2f} x the naive PIL "
                    f"loop (>= {NAIVE_TARGET:g}: {mark(s['path_vs_naive'] >= NAIVE_TARGET)}); "
                    f"shardkit pack = {s['pack_vs_naive_cores']:.2f} x naive loop x cores")

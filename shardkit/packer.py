@@ -355,9 +355,36 @@ def _start_method() -> str:
     return "spawn"
 
 
-class _PoolStream:
-    """Encoded results in task order from a process pool, started at construction (before any
-    output file is opened, so forked workers inherit no store handle)."""
+def _worker_main(conn, packer_pid: int, settings: PackSettings) -> None:
+    """An encoding process: (chunk index, paths) in, ("ok", index, results) out, until None."""
+    _worker_init(packer_pid, settings)
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        k, paths = task
+        try:
+            reply = ("ok", k, _encode_chunk(paths))
+        except Exception as exc:  # noqa: BLE001 - reported by the packer, which stops
+            reply = ("error", k, f"{type(exc).__name__}: {exc}")
+        try:
+            conn.send(reply)
+        except OSError:
+            return
+
+
+class _WorkerStream:
+    """(record, crc32) in source order from a set of encoding processes, started at construction
+    (before any output file is opened, so forked workers inherit no store handle).
+
+    Not ``multiprocessing.Pool``: its worker-handler thread also waits on the result pipe and
+    spins for as long as a result message is being read (big messages: most of the time), and a
+    worker killed mid-task (the OOM killer) makes it wait forever. Here the packing thread reads
+    each worker's pipe itself, and a dead worker fails the pack with a clear error.
+    """
 
     def __init__(self, paths: list[str], settings: PackSettings, workers: int) -> None:
         import multiprocessing as mp
@@ -368,65 +395,113 @@ class _PoolStream:
             resize.prepare()
         elif method == "forkserver":
             ctx.set_forkserver_preload(["__main__", "torch", __name__])  # once, not per worker
-        with _sigint_deferred() as resume_sigint:
-            self._pool = ctx.Pool(workers, initializer=_worker_init,
-                                  initargs=(os.getpid(), settings))
-        self._left = len(paths)
-        try:
-            resume_sigint()  # a Ctrl-C that came while the pool started is raised here
-        except BaseException:
-            _stop_pool(self._pool)
-            raise
         bounds = _chunk_bounds(len(paths), workers, _largest_chunk(settings))
-        chunks = (paths[a:b] for a, b in zip(bounds, bounds[1:]))
-        self._chunks = self._pool.imap(_encode_chunk, chunks)
-        self._current: Iterator[tuple[Encoded, int]] = iter(())
+        self._chunks = [paths[a:b] for a, b in zip(bounds, bounds[1:])]
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []
+        self._held: list[list[int]] = []   # per worker: chunk indices it holds, oldest first
+        self._done: dict[int, list[tuple[Encoded, int]]] = {}
+        self._next_chunk = 0   # next chunk to hand out
+        self._want = 0         # next chunk to yield
+        self._current: list[tuple[Encoded, int]] = []
+        self._pos = 0
+        self._left = len(paths)
+        with _sigint_deferred() as resume_sigint:
+            try:
+                for _ in range(workers):
+                    mine, theirs = ctx.Pipe()
+                    proc = ctx.Process(target=_worker_main, args=(theirs, os.getpid(), settings),
+                                       daemon=True, name="shardkit-pack-worker")
+                    proc.start()
+                    theirs.close()
+                    self._procs.append(proc)
+                    self._conns.append(mine)
+                    self._held.append([])
+            except BaseException:
+                self._kill()
+                raise
+        try:
+            resume_sigint()  # a Ctrl-C that came while the workers started is raised here
+            for w in range(workers):
+                for _ in range(2):  # one to work on, one queued behind it: no idle round trip
+                    self._hand_out(w)
+        except BaseException:
+            self._kill()
+            raise
 
-    def __iter__(self) -> "_PoolStream":
+    def _hand_out(self, w: int) -> None:
+        if self._next_chunk < len(self._chunks):
+            self._conns[w].send((self._next_chunk, self._chunks[self._next_chunk]))
+            self._held[w].append(self._next_chunk)
+            self._next_chunk += 1
+
+    def _receive(self, block: bool) -> None:
+        """Take in every result message that is ready (waiting for one if ``block``)."""
+        from multiprocessing.connection import wait
+
+        busy = [conn for conn, held in zip(self._conns, self._held) if held]
+        for conn in wait(busy, None if block else 0):
+            w = self._conns.index(conn)
+            try:
+                kind, k, payload = conn.recv()
+            except (EOFError, OSError):
+                proc = self._procs[w]
+                proc.join(1)
+                raise PackError(f"an encoding worker died (exit code {proc.exitcode}) while "
+                                f"encoding sources from {self._chunks[self._held[w][0]][0]} on; "
+                                "no output written") from None
+            if kind != "ok":
+                raise PackError(f"an encoding worker failed: {payload}; no output written")
+            self._held[w].remove(k)
+            self._done[k] = payload
+            self._hand_out(w)
+
+    def __iter__(self) -> "_WorkerStream":
         return self
 
     def __next__(self) -> tuple[Encoded, int]:
-        for result in self._current:
-            self._left -= 1
-            return result
-        self._current = iter(next(self._chunks))
-        return next(self)
+        if self._pos == len(self._current):
+            if self._want == len(self._chunks):
+                raise StopIteration
+            self._receive(block=False)  # take what is ready: a worker may be waiting to send
+            while self._want not in self._done:
+                self._receive(block=True)
+            self._current, self._pos = self._done.pop(self._want), 0
+            self._want += 1
+        item = self._current[self._pos]
+        self._pos += 1
+        self._left -= 1
+        return item
 
     def close(self) -> None:
-        if self._pool is None:
-            return
-        pool, self._pool = self._pool, None
-        if self._left == 0:  # every result is in: let the workers exit on their own
-            pool.close()
-            pool.join()
-        else:
-            _stop_pool(pool)
+        """Stop the workers: let them exit when every result is in, kill them otherwise."""
+        if self._left == 0:
+            for conn in self._conns:
+                try:
+                    conn.send(None)
+                except OSError:
+                    pass
+            for proc in self._procs:
+                proc.join(5)
+        self._kill()
+
+    def _kill(self) -> None:
+        for proc in self._procs:
+            if proc.exitcode is None:
+                proc.kill()
+        for proc in self._procs:
+            proc.join(5)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns, self._held = [], [], []
 
 
 def _encoded_stream(paths: list[str], settings: PackSettings, workers: int):
-    """(record, crc32) in source order, from this process (workers <= 1) or a process pool;
+    """(record, crc32) in source order, from this process (workers <= 1) or worker processes;
     has close()."""
     if workers <= 1 or len(paths) < 2:
         return ((r, None) for r in (encode_file(p, settings) for p in paths))
-    return _PoolStream(paths, settings, workers)
-
-
-def _stop_pool(pool, timeout: float = 5.0) -> None:
-    """Terminate a pool without hanging.
-
-    ``Pool.terminate`` joins its result-handler thread, which never returns if a worker was killed
-    half-way through sending a result (the handler waits for the rest of the message). So it runs
-    in a daemon thread; past the timeout the workers are killed and the thread is abandoned.
-    """
-    import threading
-
-    stopper = threading.Thread(target=pool.terminate, daemon=True, name="shardkit-pool-stop")
-    stopper.start()
-    stopper.join(timeout)
-    if stopper.is_alive():
-        for proc in list(getattr(pool, "_pool", [])):
-            if proc.exitcode is None:
-                proc.kill()
+    return _WorkerStream(paths, settings, workers)
 
 
 @contextmanager
