@@ -391,9 +391,7 @@ class _WorkerStream:
 
         method = _start_method()
         ctx = mp.get_context(method)
-        if method == "fork":
-            resize.prepare()
-        elif method == "forkserver":
+        if method == "forkserver":
             ctx.set_forkserver_preload(["__main__", "torch", __name__])  # once, not per worker
         bounds = _chunk_bounds(len(paths), workers, _largest_chunk(settings))
         self._chunks = [paths[a:b] for a, b in zip(bounds, bounds[1:])]
@@ -408,6 +406,8 @@ class _WorkerStream:
         self._left = len(paths)
         with _sigint_deferred() as resume_sigint:
             try:
+                if method == "fork":
+                    resize.prepare()  # imported once here, inherited by every worker
                 for _ in range(workers):
                     mine, theirs = ctx.Pipe()
                     proc = ctx.Process(target=_worker_main, args=(theirs, os.getpid(), settings),
@@ -500,18 +500,23 @@ def _encoded_stream(paths: list[str], settings: PackSettings, workers: int):
     """(record, crc32) in source order, from this process (workers <= 1) or worker processes;
     has close()."""
     if workers <= 1 or len(paths) < 2:
+        with _sigint_deferred() as resume_sigint:
+            resize.prepare()
+        resume_sigint()
         return ((r, None) for r in (encode_file(p, settings) for p in paths))
     return _WorkerStream(paths, settings, workers)
 
 
 @contextmanager
 def _sigint_deferred() -> Iterator[Callable[[], None]]:
-    """Start a pool's helper processes immune to Ctrl-C, without losing a Ctrl-C meanwhile.
+    """Run a step that Ctrl-C must not cut in half, without losing the Ctrl-C.
 
-    A forkserver interrupted while importing prints a traceback and leaves the pool half made.
-    So SIGINT is blocked in this thread while the pool starts (processes started now inherit
-    that and ignore SIGINT once up) and a Ctrl-C meanwhile is only recorded. The returned function
-    restores both and raises the recorded KeyboardInterrupt: call it where the pool is cleaned up.
+    Two such steps: starting worker processes (a forkserver interrupted while importing prints a
+    traceback and leaves workers half made) and importing torch (a KeyboardInterrupt inside its
+    C++ code aborts the whole process). So SIGINT is blocked in this thread meanwhile (processes
+    started now inherit that and ignore SIGINT once up) and a Ctrl-C is only recorded. The
+    returned function restores both and raises the recorded KeyboardInterrupt: call it where the
+    workers are cleaned up.
     """
     mask = getattr(signal, "pthread_sigmask", None)
     if mask is None or threading.current_thread() is not threading.main_thread():
