@@ -40,6 +40,8 @@ print(json.dumps({
     "labels": [int(label) for _, label in items],
     "shapes": [list(img.shape) for img, _ in items],
     "means": [float(img.mean()) for img, _ in items],
+    "sources": [ds.source_path(i) for i in range(len(ds))],
+    "digests": [__import__("hashlib").sha256(img.tobytes()).hexdigest() for img, _ in items],
 }))
 """
 
@@ -81,5 +83,11 @@ def test_shardkit_runs_on_pillow_simd_like_on_pillow(tmp_path: Path) -> None:
     assert simd["skipped"] == plain["skipped"] == 1
     assert simd["labels"] == plain["labels"] == [0, 0, 1, 1, 1]
     assert simd["shapes"] == plain["shapes"]
-    # Resize kernels differ slightly between the two libraries; the pictures must not.
+    # Pillow-decoded sources (PNG, CMYK) go through each library's conversions: close.
     assert np.allclose(simd["means"], plain["means"], atol=2.0)
+    # YCbCr JPEGs are decoded by libjpeg-turbo and resized by torch in both: identical pixels
+    assert simd["sources"] == plain["sources"]
+    jpegs = [i for i, p in enumerate(plain["sources"]) if p.endswith(("photo.jpg", "rot.jpg"))]
+    assert len(jpegs) == 2
+    for i in jpegs:
+        assert simd["digests"][i] == plain["digests"][i], plain["sources"][i]
