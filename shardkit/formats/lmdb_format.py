@@ -24,7 +24,7 @@ META_KEY = b"__meta__"
 ARRAY_PREFIX = b"__array__/"
 LMDB_MAGIC = 0xBEEFC0DE
 INITIAL_MAP_SIZE = 64 << 20
-TXN_BYTES = 64 << 20  # commit a write transaction every ~64 MiB
+TXN_BYTES = 8 << 20  # commit every ~8 MiB: written while encoders work, not all at the end
 MAX_READERS = 2048
 # Page and node flags of LMDB's on-disk format (mdb.c), for ``check_pages``.
 P_BRANCH, P_LEAF, P_LEAF2, F_BIGDATA = 0x01, 0x02, 0x20, 0x01
