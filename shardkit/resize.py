@@ -27,7 +27,7 @@ def prepare() -> None:
     _torch = torch
     try:  # writes straight into a channels-last (H, W, 3) buffer: no layout copy afterwards
         _kernel = torch.ops.aten._upsample_bicubic2d_aa.out
-    except (AttributeError, RuntimeError):  # not in this torch: use the public function
+    except (AttributeError, RuntimeError):  # not in this torch: the float path
         _kernel = None
 
 
@@ -51,6 +51,7 @@ def target_size(width: int, height: int, size: int) -> tuple[int, int]:
 
 def resize_rgb(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
     """HxWx3 uint8 resized to ``height`` x ``width`` (anti-aliased bicubic); C-contiguous."""
+    global _kernel
     prepare()
     torch = _torch
     if not pixels.flags.c_contiguous or not pixels.flags.writeable:
@@ -58,8 +59,17 @@ def resize_rgb(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
     src = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)
     if _kernel is not None:
         out = torch.empty((1, height, width, 3), dtype=torch.uint8)
-        _kernel(src, [height, width], False, None, None, out=out.permute(0, 3, 1, 2))
-        return out[0].numpy()
-    resized = torch.nn.functional.interpolate(src, size=(height, width), mode="bicubic",
-                                              align_corners=False, antialias=True)
-    return resized[0].permute(1, 2, 0).contiguous().numpy()
+        try:
+            _kernel(src, [height, width], False, None, None, out=out.permute(0, 3, 1, 2))
+            return out[0].numpy()
+        except RuntimeError:  # an older torch without the uint8 kernel
+            _kernel = None
+    return _resize_float(src, width, height)
+
+
+def _resize_float(src: Any, width: int, height: int) -> np.ndarray:
+    """The same filter computed in float32 (any torch with ``antialias``): slower."""
+    resized = _torch.nn.functional.interpolate(src.float(), size=(height, width), mode="bicubic",
+                                               align_corners=False, antialias=True)
+    rgb = resized.round_().clamp_(0, 255).to(_torch.uint8)
+    return rgb[0].permute(1, 2, 0).contiguous().numpy()

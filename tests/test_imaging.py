@@ -166,3 +166,16 @@ def test_pack_with_another_thread_running_uses_forkserver_and_same_records(tmp_p
     for (x, lx), (y, ly) in zip(a, b):
         assert lx == ly and np.array_equal(x, y)
     assert os.path.getsize(plain) > 0
+
+
+def test_float_fallback_resize_agrees_with_the_uint8_kernel():
+    """Older torch builds lack the uint8 kernel; the float path must give the same picture."""
+    import torch
+
+    from shardkit import resize
+
+    arr = noise(np.random.default_rng(7), 375, 500)
+    fast = resize.resize_rgb(arr, 341, 256)
+    slow = resize._resize_float(torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0), 341, 256)
+    assert slow.shape == fast.shape and slow.flags.c_contiguous
+    assert np.abs(slow.astype(int) - fast.astype(int)).max() <= 2
