@@ -174,7 +174,7 @@ def test_float_fallback_resize_agrees_with_the_uint8_kernel():
 
     from shardkit import resize
 
-    arr = noise(np.random.default_rng(7), 375, 500)
+    arr = noise(np.random.default_rng(7), 375, 500).copy()  # writable, as torch wants
     fast = resize.resize_rgb(arr, 341, 256)
     slow = resize._resize_float(torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0), 341, 256)
     assert slow.shape == fast.shape and slow.flags.c_contiguous
