@@ -118,11 +118,11 @@ def encode_file(path: str, settings: PackSettings) -> Encoded:
     return encode(pixels, settings.encoding, settings.quality), height, width, None
 
 
-_worker_settings: PackSettings | None = None  # set in each pool worker by _worker_init
+_worker_settings: PackSettings | None = None  # set in each encoding worker by _worker_init
 
 
 def _encode_chunk(paths: list[str]) -> list[tuple[Encoded, int]]:
-    """A pool worker's task: each record with its CRC32 (so the writing process need not)."""
+    """An encoding worker's task: each record with its CRC32 (so the writing process need not)."""
     out = []
     for path in paths:
         result = encode_file(path, _worker_settings)
@@ -131,8 +131,8 @@ def _encode_chunk(paths: list[str]) -> list[tuple[Encoded, int]]:
 
 
 def _chunk_bounds(n: int, workers: int, largest: int) -> list[int]:
-    """Guided scheduling: chunks of up to ``largest`` sources first (each result message costs the
-    writing process about half a millisecond, whatever its size), shrinking to one at the end
+    """Guided scheduling: chunks of up to ``largest`` sources first (few result messages: each
+    has a fixed cost in the writing process, whatever its size), shrinking to one at the end
     (so no worker idles long while another finishes a big chunk)."""
     bounds = [0]
     while bounds[-1] < n:
@@ -340,7 +340,7 @@ class ShardBuilder:
 # -- engines --------------------------------------------------------------------------------------
 
 def _start_method() -> str:
-    """How pool workers start.
+    """How encoding workers start.
 
     fork on Linux when this process runs no other Python thread: workers then inherit the imported
     decoder and resize kernel (torch takes about 2 s to import) at no cost. forkserver when other
