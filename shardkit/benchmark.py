@@ -301,10 +301,10 @@ def pack_stores(src: str, work: str, systems: Iterable[str], workers: int,
     return figures
 
 
-def pack_speed(src: str, work: str, args: argparse.Namespace, n_cores: int) -> list[dict[str, Any]]:
+def pack_speed(src: str, work: str, args: argparse.Namespace,
+               workers: int) -> list[dict[str, Any]]:
     """Pack-speed figures with this interpreter's PIL and, with ``--simd-python``, with that
     interpreter's."""
-    workers = n_cores if args.pack_workers is None else args.pack_workers
     _log("pack speed: one-process paths (shardkit, naive PIL), pack, shardkit path again")
     figures = [packbench.pack_figures(src, work, args.pack_sample, workers)]
     if args.simd_python:
@@ -693,18 +693,16 @@ def _bench(args: argparse.Namespace, work: str) -> int:
     if not os.path.isdir(src):
         print(f"shardkit bench: error: not a folder: {src}", file=sys.stderr)
         return 1
+    pack_workers = n_cores if args.pack_workers is None else args.pack_workers
     try:
         report["input"] = _describe_source(src)
-        packs = pack_stores(src, work, args.systems,
-                            n_cores if args.pack_workers is None else args.pack_workers,
-                            args.reuse)
+        packs = pack_stores(src, work, args.systems, pack_workers, args.reuse)
     except ShardkitError as exc:
         print(f"shardkit bench: error: {exc}", file=sys.stderr)
         return 1
-    report["pack"] = {"stores": [asdict(p) for p in packs],
-                      "workers": n_cores if args.pack_workers is None else args.pack_workers}
+    report["pack"] = {"stores": [asdict(p) for p in packs], "workers": pack_workers}
     if not args.no_pack_figures:
-        report["pack"]["figures"] = pack_speed(src, work, args, n_cores)
+        report["pack"]["figures"] = pack_speed(src, work, args, pack_workers)
     ceilings: dict[str, dict] = {}
     for enc in ENCODINGS:
         store = next((store_path(work, s) for s in args.systems

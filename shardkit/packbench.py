@@ -187,17 +187,16 @@ def summarize(figures: dict[str, Any], cores: int) -> dict[str, Any]:
     path = one["shardkit_path"]["images_per_s"]
     naive = one["naive_pil"]["images_per_s"]
     pack = figures["pack"]["images_per_s"]
+    together = figures["processes_at_once"]["images_per_s"]  # None with one worker
     return {"pil": figures["pil"]["name"], "pil_version": figures["pil"]["version"],
             "pack_images_per_s": pack, "one_process_images_per_s": path,
             "naive_pil_images_per_s": naive, "cores": cores,
-            "packs": len(figures["pack"].get("images_per_s_runs", [pack])),
+            "packs": len(figures["pack"]["images_per_s_runs"]),
             "pack_vs_ceiling": pack / (path * cores), "path_vs_naive": path / naive,
             "pack_vs_naive_cores": pack / (naive * cores),
             "cpu_efficiency": (one["shardkit_path"]["cpu_us_per_image"]
                                / figures["pack"]["cpu_us_per_image"]),
-            "pack_vs_processes_at_once": (pack / figures["processes_at_once"]["images_per_s"]
-                                          if figures.get("processes_at_once", {}).get(
-                                              "images_per_s") else None)}
+            "pack_vs_processes_at_once": pack / together if together else None}
 
 
 def lines(summaries: list[dict[str, Any]]) -> list[str]:

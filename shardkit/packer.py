@@ -149,14 +149,13 @@ def _largest_chunk(settings: PackSettings) -> int:
     return max(1, min(128, (16 << 20) // record))
 
 
-def _worker_init(packer_pid: int | None = None, settings: PackSettings | None = None) -> None:
+def _worker_init(packer_pid: int, settings: PackSettings) -> None:
     global _worker_settings
     _worker_settings = settings
-    # The parent handles Ctrl-C and terminates the pool; workers must not print tracebacks.
+    # The packer handles Ctrl-C and stops its workers; workers must not print tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     resize.single_thread()
-    if packer_pid is not None:
-        _exit_with(packer_pid)
+    _exit_with(packer_pid)
 
 
 def _exit_with(pid: int) -> None:
