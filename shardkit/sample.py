@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import zlib
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
@@ -105,6 +106,12 @@ def _write_one(job: tuple[str, int, int]) -> None:
     if rng.random() < 0.125:
         kwargs["subsampling"] = 0  # 4:4:4
     Image.fromarray(pixels, "RGB").save(path, "JPEG", **kwargs)
+
+
+def path_seed(out: str) -> int:
+    """A seed from the absolute, normalised path of ``out``: two folders get different images
+    (a val set is not a copy of train), while remaking one folder gives the same images."""
+    return zlib.crc32(os.path.abspath(out).encode("utf-8", "surrogateescape"))
 
 
 def make_sample(out: str, count: int, classes: int, seed: int = 0,

@@ -1,0 +1,168 @@
+"""shardkit beside the current torch and torchvision releases (``.venv-tv``), against this torch.
+
+``scripts/torchvision_venv.sh`` builds ``.venv-tv``: torch 2.14.1 and torchvision 0.29.1 first,
+then ``pip install -e '.[test,pillow]'``, which must keep that torch (shardkit requires only
+``torch>=2.1``). ``SHARDKIT_TV_PYTHON`` names another interpreter. Without the environment the
+tests skip, except under CI (env ``CI`` set), which builds it: there they fail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+import shardkit
+from shardkit import ShardDataset
+from shardkit.sample import make_sample
+
+ROOT = Path(__file__).resolve().parents[1]
+TV_PYTHON = os.environ.get("SHARDKIT_TV_PYTHON") or str(ROOT / ".venv-tv" / "bin" / "python")
+TV_TORCH, TV_TORCHVISION = "2.14.1", "0.29.1"  # what scripts/torchvision_venv.sh installs
+CROP, BATCH = 160, 4
+
+
+@pytest.fixture(scope="module")
+def tv_python() -> str:
+    if not os.path.exists(TV_PYTHON):
+        message = f"no torchvision environment at {TV_PYTHON} (run scripts/torchvision_venv.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(message + "; CI builds it")
+        pytest.skip(message)
+    return TV_PYTHON
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> Path:
+    """Photo-like JPEGs of 300-800 px (resized at pack time) in 3 classes, and an RGBA PNG."""
+    root = tmp_path_factory.mktemp("tv") / "src"
+    make_sample(str(root), 11, 3, seed=5, workers=1)
+    rng = np.random.default_rng(2)
+    Image.fromarray(rng.integers(0, 256, (300, 420, 4), dtype=np.uint8), "RGBA").save(
+        root / "class_001" / "alpha.png")
+    return root
+
+
+def _digest(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+def _records(store: str) -> list[str]:
+    ds = ShardDataset(store, output="bytes")
+    return [hashlib.sha256(ds[i][0]).hexdigest() for i in range(len(ds))]
+
+
+def _batches(store: str) -> tuple[list[str], list[int]]:
+    """What a training loop gets: 2 workers, crop at decode, shardkit.collate."""
+    loader = DataLoader(ShardDataset(store, crop=CROP), batch_size=BATCH, num_workers=2,
+                        collate_fn=shardkit.collate, worker_init_fn=shardkit.worker_init_fn)
+    digests, labels = [], []
+    for images, targets in loader:
+        digests.append(_digest(images.numpy()))
+        labels += targets.tolist()
+    return digests, labels
+
+
+# Runs under the torchvision environment's interpreter; prints one JSON line.
+PROBE = r"""
+import hashlib, importlib.metadata as md, json, sys
+import numpy as np, torch, torchvision
+from torch.utils.data import DataLoader
+from torchvision import datasets
+from torchvision.transforms import v2
+import shardkit
+from shardkit import ShardDataset
+
+src, out, crop, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+digest = lambda a: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+result = shardkit.pack(src, out, workers=2, progress=False)
+raw = ShardDataset(out, output="bytes")
+loader = DataLoader(ShardDataset(out, crop=crop), batch_size=batch, num_workers=2,
+                    collate_fn=shardkit.collate, worker_init_fn=shardkit.worker_init_fn)
+batches, labels = [], []
+for images, targets in loader:
+    batches.append(digest(images.numpy()))
+    labels += targets.tolist()
+flip = ShardDataset(out, transform=v2.Compose([v2.CenterCrop(crop),
+                                                v2.RandomHorizontalFlip(p=1.0)]))
+flipped = [flip[i] for i in range(len(flip))]
+to_float = ShardDataset(out, transform=v2.ToDtype(torch.float32, scale=True))
+floats = [to_float[i][0] for i in range(len(to_float))]
+plain = ShardDataset(out)
+folder = datasets.ImageFolder(src)
+print(json.dumps({
+    "torch": torch.__version__, "torchvision": torchvision.__version__,
+    "shardkit_requires": [r for r in md.requires("shardkit") if r.startswith("torch")],
+    "count": result.count,
+    "records": [hashlib.sha256(raw[i][0]).hexdigest() for i in range(len(raw))],
+    "batches": batches, "labels": labels,
+    "flipped": [digest(img.numpy()) for img, _ in flipped],
+    "flipped_labels": [label for _, label in flipped],
+    "floats": [[str(x.dtype), digest(x.numpy())] for x in floats],
+    "imagefolder": [[p[len(src) + 1:], t] for p, t in folder.samples],
+    "sources": [[plain.source_path(i), int(plain.targets[i])] for i in range(len(plain))],
+}))
+"""
+
+
+def test_shardkit_in_the_torchvision_env_matches_this_torch(tv_python, src, tmp_path):
+    """Same records, batches and labels under torch 2.14 (+torchvision) as under this torch;
+    torchvision's v2 transforms take ShardDataset's tensors."""
+    proc = subprocess.run([tv_python, "-c", PROBE, str(src), str(tmp_path / "tv.lmdb"), str(CROP),
+                           str(BATCH)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    tv = json.loads(proc.stdout.strip().splitlines()[-1])
+    # The install kept the environment's torch, and torchvision imports against it.
+    assert tv["torch"].split("+")[0] == TV_TORCH
+    assert tv["torchvision"].split("+")[0] == TV_TORCHVISION
+    assert torch.__version__.split("+")[0] != TV_TORCH  # two different torch releases compared
+    assert tv["shardkit_requires"] == ["torch>=2.1"]
+
+    here = str(tmp_path / "here.lmdb")
+    result = shardkit.pack(str(src), here, workers=2, progress=False)
+    assert tv["count"] == result.count == 12
+    assert tv["records"] == _records(here)  # byte for byte: decode, resize, encode agree
+    batches, labels = _batches(here)
+    assert tv["batches"] == batches and tv["labels"] == labels
+    assert labels == [int(t) for t in ShardDataset(here).targets]
+    assert sorted(set(labels)) == [0, 1, 2]
+    # ImageFolder (torchvision's own) gives the same samples and labels as the store.
+    assert tv["imagefolder"] == tv["sources"]
+
+    # v2.CenterCrop + horizontal flip on the dataset's uint8 CxHxW tensors, done by hand here.
+    ds = ShardDataset(here)
+    flipped, floats = [], []
+    for i in range(len(ds)):
+        img, label = ds[i]
+        h, w = img.shape[1:]
+        top, left = int(round((h - CROP) / 2.0)), int(round((w - CROP) / 2.0))
+        flipped.append(_digest(img[:, top:top + CROP, left:left + CROP].flip(-1).numpy()))
+        assert tv["flipped_labels"][i] == label
+        # v2.ToDtype(float32, scale=True) multiplies by 1/255 (not a division: other last bits)
+        floats.append(["torch.float32", _digest(img.float().mul_(1.0 / 255).numpy())])
+    assert tv["flipped"] == flipped
+    assert tv["floats"] == floats
+
+
+def test_installing_shardkit_keeps_the_environments_torch(tv_python, tmp_path):
+    """What pip would do if shardkit were installed into the environment again, from this
+    checkout's pyproject.toml: nothing to torch or torchvision (a cap below 2.14 would
+    downgrade torch to 2.13 and break torchvision)."""
+    report = tmp_path / "report.json"
+    proc = subprocess.run([tv_python, "-m", "pip", "install", "--dry-run", "--no-index",
+                           "--no-build-isolation", "--quiet", "--report", str(report),
+                           "-e", f"{ROOT}[test,pillow]"],
+                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names = sorted(item["metadata"]["name"].lower()
+                   for item in json.loads(report.read_text())["install"])
+    assert names == ["shardkit"]
