@@ -104,8 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_pack(args: argparse.Namespace) -> int:
     from .packer import pack
 
-    if args.shard_size is not None and args.num_shards is not None:
-        raise ShardkitError("give --shard-size or --num-shards, not both")
     result = pack(args.src, args.out, format=args.format, size=args.size, quality=args.quality,
                   encoding=args.encoding, workers=args.workers, strict=args.strict,
                   overwrite=args.overwrite, max_pixels=args.max_pixels,
@@ -118,8 +116,9 @@ def _cmd_pack(args: argparse.Namespace) -> int:
               f"'shardkit merge {args.out}' when every node is done", file=sys.stderr)
         return EXIT_OK
     print(f"packed {result.count} images into {result.out} ({result.shards} shard"
-          f"{'s' if result.shards != 1 else ''}) in {result.seconds:.1f} s "
-          f"({result.images_per_second:.0f} images/s)", file=sys.stderr)
+          f"{'s' if result.shards != 1 else ''}) in {result.seconds:.1f} s: "
+          f"{result.startup_seconds:.1f} s start-up, then {result.images_per_second:.0f} "
+          "images/s", file=sys.stderr)
     _report_skipped(result.skipped)
     return EXIT_OK
 
@@ -196,6 +195,21 @@ def _one_line(exc: BaseException) -> str:
     return str(exc).replace("\r", "\\r").replace("\n", "\\n")
 
 
+# Library errors name parameters as `name` or `name=value`; the command's users see flags.
+_PARAMETER = re.compile(r"`(size|quality|encoding|format|workers|strict|overwrite|max_pixels|"
+                        r"allow_empty|file_list|shard_size|num_shards|resume|engine|scheduler|"
+                        r"num_nodes|node_rank)(?:=('[^'`]*'|True))?`")
+
+
+def _as_flags(message: str) -> str:
+    """``shard_size`` -> ``--shard-size``, ``engine='dask'`` -> ``--engine dask``."""
+    def flag(m: re.Match) -> str:
+        name, value = "--" + m.group(1).replace("_", "-"), m.group(2)
+        return name if value in (None, "True") else f"{name} {value.strip(chr(39))}"
+
+    return _PARAMETER.sub(flag, message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # File and class names may be any bytes (non-UTF-8 names arrive as surrogates): print them
     # escaped instead of failing with UnicodeEncodeError.
@@ -213,10 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except Interrupted as exc:
-        print(f"shardkit {args.command}: {_one_line(exc)}", file=sys.stderr)
+        print(f"shardkit {args.command}: {_as_flags(_one_line(exc))}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except ShardkitError as exc:
-        print(f"shardkit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"shardkit {args.command}: error: {_as_flags(_one_line(exc))}", file=sys.stderr)
         return EXIT_FAIL
     except KeyboardInterrupt:
         print(f"shardkit {args.command}: interrupted", file=sys.stderr)

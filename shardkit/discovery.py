@@ -9,7 +9,9 @@ A label file (``--file-list``) is the alternative for datasets whose labels are 
 from __future__ import annotations
 
 import csv
+import io
 import os
+import re
 from dataclasses import dataclass, field
 
 from .errors import PackError
@@ -17,6 +19,7 @@ from .errors import PackError
 IMG_EXTENSIONS: tuple[str, ...] = (
     ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
 )
+_INT_LABEL = re.compile(r"-?[0-9]+")
 
 
 @dataclass
@@ -110,7 +113,7 @@ def make_dataset(root: str, class_to_idx: dict[str, int], allow_empty: bool = Fa
         raise PackError(
             f"found no image files for the classes {', '.join(sorted(empty))} "
             f"(supported extensions: {', '.join(IMG_EXTENSIONS)}); "
-            "pass --allow-empty to keep them as classes with no images")
+            "pass `allow_empty=True` to keep them as classes with no images")
     return samples
 
 
@@ -128,16 +131,26 @@ def read_file_list(list_path: str, root: str) -> Discovery:
 
     Paths are relative to ``root`` (or absolute). With class names, classes are the sorted set of
     names, as ImageFolder would number them; with integers, classes are their decimal strings
-    ``0..max``. A header row ``path,...`` is allowed.
+    ``0..max`` (never renumbered). The list is UTF-8, with or without a BOM (Excel's "CSV UTF-8").
+    The first row is a header when its label is not an integer and its path names no file.
     """
     try:
-        with open(list_path, newline="", encoding="utf-8") as f:
-            text = f.read()
+        with open(list_path, "rb") as f:
+            data = f.read()
     except OSError as exc:
         raise PackError(f"cannot read file list {list_path}: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise PackError(f"file list {list_path} is not UTF-8 text (line {line}, byte "
+                        f"{exc.start}: {data[exc.start:exc.start + 1]!r}); save it as UTF-8"
+                        ) from None
     dialect = "excel-tab" if "\t" in text.split("\n", 1)[0] else "excel"
-    rows = [r for r in csv.reader(text.splitlines(), dialect=dialect) if r and any(c.strip() for c in r)]
-    if rows and rows[0][0].strip().lower() in ("path", "file", "filename"):
+    rows = [r for r in csv.reader(io.StringIO(text, newline=""), dialect=dialect)
+            if r and any(c.strip() for c in r)]
+    if rows and len(rows[0]) >= 2 and not _INT_LABEL.fullmatch(rows[0][1].strip()) \
+            and not os.path.lexists(os.path.join(root, rows[0][0].strip())):
         rows = rows[1:]
     if not rows:
         raise PackError(f"file list {list_path} has no rows")
@@ -145,12 +158,17 @@ def read_file_list(list_path: str, root: str) -> Discovery:
         if len(row) < 2:
             raise PackError(f"file list {list_path} row {n}: expected 'path,label', got {row!r}")
     labels = [row[1].strip() for row in rows]
-    if all(lab.lstrip("-").isdigit() for lab in labels):
+    is_int = [bool(_INT_LABEL.fullmatch(lab)) for lab in labels]
+    if all(is_int):
         ints = [int(lab) for lab in labels]
         if min(ints) < 0:
             raise PackError(f"file list {list_path}: negative label {min(ints)}")
         classes = [str(i) for i in range(max(ints) + 1)]
         targets = ints
+    elif any(is_int):  # sorting "10" before "2" as names would silently renumber classes
+        n = is_int.index(True) + 1
+        raise PackError(f"file list {list_path} mixes integer labels and class names (row {n}: "
+                        f"{labels[n - 1]!r}); use one or the other")
     else:
         classes = sorted(set(labels))
         index = {c: i for i, c in enumerate(classes)}

@@ -30,7 +30,7 @@ def _import_dask() -> Any:
     try:
         import dask.distributed as dd
     except ImportError:
-        raise PackError("--engine dask needs Dask's distributed scheduler: "
+        raise PackError("`engine='dask'` needs Dask's distributed scheduler: "
                         "pip install 'shardkit[dask]'") from None
     return dd
 
@@ -47,7 +47,7 @@ def _absolute(plan: Plan) -> Plan:
 
 def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: str | None = None,
              workers: int = 1, progress: bool = True, on_shard_done: ShardDone,
-             strict: bool = False) -> None:
+             strict: bool = False, on_start: Callable[[], None] = lambda: None) -> None:
     """Pack ``shards`` of ``plan`` on a Dask cluster, one task per shard.
 
     Args:
@@ -61,11 +61,14 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         on_shard_done: called in this process with ``(k, entry)`` as each shard finishes, in
             completion order.
         strict: fail on the first unusable image instead of skipping it.
+        on_start: called once the tasks are submitted.
 
-    A failing task (or a worker lost more often than Dask's retry limit) cancels the remaining
-    tasks and raises; shards that finished stay recorded, so ``--resume`` continues from there.
+    A failing task (or a worker lost more often than Dask's retry limit: ``KilledWorker``, raised
+    as a one-line PackError) cancels the remaining tasks and raises; shards that finished stay
+    recorded, so ``--resume`` continues from there.
     """
     if not shards:
+        on_start()
         return
     dd = _import_dask()
     from . import packer
@@ -93,9 +96,16 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
                                  key=f"shardkit-shard-{k:05d}-{token}", pure=False)
                    for k in shards]
         shard_of = {future.key: k for future, k in zip(futures, shards)}
+        on_start()
         for future in dd.as_completed(futures):
             k = shard_of[future.key]
-            entry = future.result()  # re-raises the task's exception here
+            try:
+                entry = future.result()  # re-raises the task's exception here
+            except dd.KilledWorker:
+                raise PackError(f"the Dask worker packing shard {k} died (more often than "
+                                "Dask's distributed.scheduler.allowed-failures); finished "
+                                "shards are kept: rerun with `resume=True` to continue"
+                                ) from None
             on_shard_done(k, entry)
             bar.update(sizes[k])
     finally:

@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from helpers import (imagefolder_reference, jpeg_bytes, noise, relpaths, sources_of,
-                     write_bytes)
+from helpers import (imagefolder_reference, jpeg_bytes, noise, one_line_error, relpaths, run_cli,
+                     sources_of, write_bytes)
 from shardkit import ShardDataset
-from shardkit.discovery import IMG_EXTENSIONS, discover
+from shardkit.discovery import IMG_EXTENSIONS, discover, read_file_list
 from shardkit.errors import PackError
 from shardkit.packer import pack
 
@@ -115,3 +115,81 @@ def test_missing_or_classless_source(tmp_path):
     (tmp_path / "flat.jpg").write_bytes(b"x")
     with pytest.raises(PackError, match="no class folders"):
         discover(str(tmp_path))
+
+
+# -- --file-list ----------------------------------------------------------------------------------
+
+def _flat_images(root: str, count: int) -> list[str]:
+    """``count`` small JPEGs in one folder; their paths relative to ``root``."""
+    rng = np.random.default_rng(4)
+    rels = [f"img/{i:03d}.jpg" for i in range(count)]
+    for rel in rels:
+        write_bytes(os.path.join(root, rel), jpeg_bytes(noise(rng, 12, 12)))
+    return rels
+
+
+def test_file_list_excel_csv_utf8_keeps_integer_labels(tmp_path):
+    """Excel's "CSV UTF-8" starts with a BOM, then the header; labels keep their numbers."""
+    root = str(tmp_path / "root")
+    rels = _flat_images(root, 6)
+    labels = [2, 10, 0, 4, 10, 2]  # as strings, "10" would sort before "2"
+    listing = tmp_path / "val.csv"
+    listing.write_bytes(b"\xef\xbb\xbfpath,label\r\n" + "".join(
+        f"{rel},{label}\r\n" for rel, label in zip(rels, labels)).encode())
+    out = str(tmp_path / "val.lmdb")
+    proc = run_cli("pack", root, out, "--file-list", str(listing), "--workers", "1", "-q")
+    assert proc.returncode == 0, proc.stderr
+    ds = ShardDataset(out, output="bytes")
+    assert ds.classes == [str(i) for i in range(11)]
+    assert ds.targets.tolist() == labels
+    assert [ds.source_path(i) for i in range(len(ds))] == rels
+    ds.close()
+
+
+@pytest.mark.parametrize("header", ["image_id,category", "Datei\tKlasse", "\ufeffname,class name",
+                                    "source,label,notes"])
+def test_file_list_header_with_any_names(tmp_path, header):
+    root = str(tmp_path / "root")
+    rels = _flat_images(root, 3)
+    sep = "\t" if "\t" in header else ","
+    listing = tmp_path / "list.txt"
+    listing.write_text(header + "\n" + "".join(f"{rel}{sep}{name}\n" for rel, name in
+                                               zip(rels, ["moth", "ant", "moth"])),
+                       encoding="utf-8")
+    found = read_file_list(str(listing), root)
+    assert found.classes == ["ant", "moth"]
+    assert found.samples == [(os.path.join(root, rel), t) for rel, t in zip(rels, [1, 0, 1])]
+
+
+def test_file_list_first_row_naming_a_file_is_data(tmp_path):
+    """A first row whose path exists is a record, even with a class name (no header)."""
+    root = str(tmp_path / "root")
+    rels = _flat_images(root, 1)
+    write_bytes(os.path.join(root, "file"), jpeg_bytes(noise(np.random.default_rng(1), 9, 9)))
+    listing = tmp_path / "list.csv"
+    listing.write_text(f"file,label\n{rels[0]},cat\n", encoding="utf-8")
+    found = read_file_list(str(listing), root)
+    assert found.classes == ["cat", "label"]
+    assert found.samples == [(os.path.join(root, "file"), 1), (os.path.join(root, rels[0]), 0)]
+
+
+def test_file_list_mixing_integers_and_names_is_refused(tmp_path):
+    root = str(tmp_path / "root")
+    rels = _flat_images(root, 3)
+    listing = tmp_path / "list.csv"
+    listing.write_text(f"{rels[0]},cat\n{rels[1]},10\n{rels[2]},2\n", encoding="utf-8")
+    with pytest.raises(PackError, match="mixes integer labels and class names"):
+        read_file_list(str(listing), root)
+
+
+def test_file_list_not_utf8_is_one_line(tmp_path):
+    root = str(tmp_path / "root")
+    rels = _flat_images(root, 2)
+    listing = tmp_path / "latin1.csv"
+    listing.write_bytes(f"path,label\n{rels[0]},chat\n{rels[1]},".encode() + "café\n".encode(
+        "latin-1"))
+    out = tmp_path / "out.lmdb"
+    proc = run_cli("pack", root, str(out), "--file-list", str(listing), "--workers", "1", "-q")
+    assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+    assert str(listing) in proc.stderr and "not UTF-8" in proc.stderr and "line 3" in proc.stderr
+    assert not out.exists()
