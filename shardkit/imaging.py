@@ -3,16 +3,24 @@
 Rules, applied in this order:
 1. The format is detected from the content, never the extension.
 2. Images declaring more than ``max_pixels`` pixels are refused before any pixel is decoded.
-3. JPEGs in YCbCr or grey (nearly all) are decoded by libjpeg-turbo through simplejpeg, at the
-   smallest DCT scale that still leaves the shorter side at least twice the target, so a
-   12000x12000 photo costs about as much as a 1500x1500 one. Other JPEGs (CMYK) and other formats
-   are decoded by Pillow (JPEGs with ``draft`` to the same rule), and so is any JPEG on which
-   libjpeg-turbo reports even a recoverable warning: Pillow then accepts or refuses it exactly as
-   ``ImageFolder`` would (extraneous bytes pass, a truncated file is refused).
-4. EXIF orientation is applied.
-5. Colour: every mode becomes 8-bit RGB. Alpha (RGBA, LA, PA, palette transparency) is composited
-   onto a white background. 16/32-bit grey (I;16, I) is scaled from 0..65535 to 0..255; float grey
-   (F) is clipped to 0..255. CMYK, YCbCr, LAB, HSV, 1, L and P use Pillow's conversion.
+   Pillow's own decompression-bomb check also applies, as in any program: more than
+   ``2 * PIL.Image.MAX_IMAGE_PIXELS`` pixels in the image or in a sub-image (an ICO or ICNS icon,
+   a GIF frame) is refused before decoding. shardkit never changes Pillow's settings, so
+   ``max_pixels`` can lower that bound but not raise it.
+3. A file is accepted exactly when ImageFolder's loader (``Image.open(f).convert("RGB")`` with
+   Pillow's defaults) would accept it. JPEGs in YCbCr or grey (nearly all) are decoded by
+   libjpeg-turbo through simplejpeg, at the smallest DCT scale that still leaves the shorter side
+   at least twice the target, so a 12000x12000 photo costs about as much as a 1500x1500 one.
+   Other JPEGs (CMYK) and other formats are decoded by Pillow (JPEGs with ``draft`` to the same
+   rule), and so is any JPEG on which libjpeg-turbo reports even a recoverable warning: Pillow
+   then accepts or refuses it as ``ImageFolder`` would (extraneous bytes pass, a truncated file
+   is refused).
+4. EXIF orientation is applied, read only after the pixels decoded without error.
+5. Colour: every mode becomes 8-bit RGB. Alpha is composited onto a white background: an alpha
+   channel (RGBA, LA, PA), a palette's transparency, and the transparency key (PNG ``tRNS``) of
+   1-bit, grey, 16-bit grey and RGB images, whose keyed pixels become white. 16/32-bit grey
+   (I;16, I) is scaled from 0..65535 to 0..255; float grey (F) is clipped to 0..255. CMYK,
+   YCbCr, LAB, HSV, 1, L and P use Pillow's conversion.
 6. The shorter side is resized to ``size`` with an anti-aliased bicubic filter
    (:mod:`shardkit.resize`; torchvision's ``Resize`` size rule); smaller images are never
    upscaled. ``size=0`` keeps the original size.
@@ -21,6 +29,7 @@ Rules, applied in this order:
 from __future__ import annotations
 
 import io
+import re
 import warnings
 
 import numpy as np
@@ -34,10 +43,7 @@ except ImportError as exc:  # Pillow is an extra so that an installed pillow-sim
     raise ImportError("shardkit needs a Pillow-API library: pip install 'shardkit[pillow]', "
                       "or install pillow-simd (see README)") from exc
 
-# We enforce our own pixel limit before decoding (rule 2).
-Image.MAX_IMAGE_PIXELS = None
-
-PILLOW_PIXEL_LIMIT = 2 * 89_478_485  # Pillow's DecompressionBombError threshold
+PILLOW_PIXEL_LIMIT = 2 * 89_478_485  # Pillow's default DecompressionBombError threshold
 WHITE = (255, 255, 255)
 
 
@@ -46,16 +52,13 @@ class ImageRejected(Exception):
 
 
 def to_rgb(im: Image.Image) -> Image.Image:
-    """Convert any Pillow mode to RGB by the rules in this module's docstring."""
+    """Convert any Pillow mode to RGB by rule 5 (transparency keys aside: see _keyed)."""
     mode = im.mode
     if mode == "RGB":
         return im
     if mode == "P":
         im = im.convert("RGBA" if "transparency" in im.info else "RGB")
         mode = im.mode
-    elif mode == "L" and "transparency" in im.info:
-        im = im.convert("LA")
-        mode = "LA"
     if mode.startswith("I;16") or mode == "I":
         arr = np.asarray(im, dtype=np.float64 if mode == "I" else np.uint16).astype(np.float64)
         arr = np.clip(np.rint(arr / 257.0), 0, 255).astype(np.uint8)
@@ -68,6 +71,24 @@ def to_rgb(im: Image.Image) -> Image.Image:
         background = Image.new("RGBA", rgba.size, WHITE + (255,))
         return Image.alpha_composite(background, rgba).convert("RGB")
     return im.convert("RGB")
+
+
+def _keyed(im: Image.Image, data: bytes) -> np.ndarray | None:
+    """HxW mask of the pixels a transparency key makes transparent (1, L, I, I;16, RGB images)."""
+    key = im.info.get("transparency")
+    if im.mode == "RGB":
+        if not (isinstance(key, tuple) and len(key) == 3):
+            return None
+    elif im.mode not in ("1", "L", "I", "I;16") or not isinstance(key, int):
+        return None
+    if im.format == "PNG":  # tRNS holds samples at the file's bit depth; Pillow rescales pixels
+        bits = data[24]  # IHDR, always the first chunk
+        if im.mode == "L" and bits < 8:
+            key = key * 255 // ((1 << bits) - 1)
+        elif im.mode == "RGB" and bits == 16:  # Pillow keeps the high byte
+            key = tuple(v >> 8 for v in key)
+    keyed = np.asarray(im.convert("L") if im.mode == "1" else im) == key  # "1" key: 0 or 255
+    return keyed.all(axis=2) if keyed.ndim == 3 else keyed
 
 
 # EXIF orientation -> numpy view, as ImageOps.exif_transpose maps it (2: FLIP_LEFT_RIGHT,
@@ -103,23 +124,46 @@ def _decode_jpeg(data: bytes, width: int, height: int, size: int) -> np.ndarray:
     return simplejpeg.decode_jpeg(data, "RGB", min_width=min_w, min_height=min_h)
 
 
-def _decode_pillow(im: Image.Image, size: int) -> np.ndarray:
+def _decode_pillow(im: Image.Image, data: bytes, size: int) -> np.ndarray:
     if im.format == "JPEG" and size > 0:
         im.draft("RGB", (2 * size, 2 * size))
-    im.load()
-    return np.asarray(to_rgb(im), dtype=np.uint8)
+    im.load()  # the first load must decide: after a failed one, Pillow keeps the partial pixels
+    pixels = np.asarray(to_rgb(im), dtype=np.uint8)
+    keyed = _keyed(im, data)
+    if keyed is not None and keyed.any():
+        pixels = pixels.copy()
+        pixels[keyed] = 255
+    return pixels
 
 
-def load_rgb(data: bytes, size: int, max_pixels: int = PILLOW_PIXEL_LIMIT) -> np.ndarray:
-    """Decode, orient, convert and resize one encoded image; returns HxWx3 uint8 (C-contiguous)."""
+def _bomb_reason(exc: Exception, max_pixels: int) -> str:
+    """Why Pillow's decompression-bomb check refused an image or one of its sub-images."""
+    found = re.search(r"\((\d+) pixels\)", str(exc))
+    if found is None:
+        return f"over Pillow's pixel limit: {exc}"
+    pixels = int(found.group(1))
+    if max_pixels and pixels > max_pixels:
+        return f"{pixels} pixels exceeds --max-pixels {max_pixels}"
+    return (f"{pixels} pixels exceeds Pillow's limit (2 * PIL.Image.MAX_IMAGE_PIXELS), which "
+            f"--max-pixels {max_pixels} cannot raise")
+
+
+def decode_rgb(data: bytes, size: int = 0, max_pixels: int = PILLOW_PIXEL_LIMIT) -> np.ndarray:
+    """Rules 1-5 for one encoded image: HxWx3 uint8 RGB, oriented, not yet resized.
+
+    JPEGs come out at the DCT scale chosen for ``size`` (rule 3), so the shape tells which scale
+    the decoder used. Raises :class:`ImageRejected` with the reason for an unusable file.
+    """
     if not data:
         raise ImageRejected("empty file (0 bytes)")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # e.g. DecompressionBombWarning: max_pixels decides
         try:
-            im = Image.open(io.BytesIO(data))  # reads the header only
+            im = Image.open(io.BytesIO(data))  # reads the header only (ICO: decodes its icon)
         except Image.UnidentifiedImageError:
             raise ImageRejected("not a recognised image format") from None
+        except Image.DecompressionBombError as exc:
+            raise ImageRejected(_bomb_reason(exc, max_pixels)) from None
         except Exception as exc:  # noqa: BLE001 - any parser failure means the file is unusable
             raise ImageRejected(f"cannot parse image header: {exc}") from None
         width, height = im.size
@@ -129,7 +173,6 @@ def load_rgb(data: bytes, size: int, max_pixels: int = PILLOW_PIXEL_LIMIT) -> np
             raise ImageRejected(
                 f"{width}x{height} = {width * height} pixels exceeds --max-pixels {max_pixels}")
         try:
-            orientation = exif_orientation(im)
             pixels = None
             if im.format == "JPEG" and im.mode in ("RGB", "L"):
                 try:
@@ -137,15 +180,24 @@ def load_rgb(data: bytes, size: int, max_pixels: int = PILLOW_PIXEL_LIMIT) -> np
                 except ValueError:  # any libjpeg warning: Pillow decides, as ImageFolder would
                     pass
             if pixels is None:
-                pixels = _decode_pillow(im, size)
-            if orientation != 1:
-                pixels = _ORIENT[orientation](pixels)
-            new_w, new_h = target_size(pixels.shape[1], pixels.shape[0], size)
-            if (new_w, new_h) != (pixels.shape[1], pixels.shape[0]):
-                return resize_rgb(pixels, new_w, new_h)
-        except ImageRejected:
-            raise
+                pixels = _decode_pillow(im, data, size)
+            # Only now: reading EXIF loads a PNG, and a failed load must refuse the file (rule 4).
+            orientation = exif_orientation(im)
+        except Image.DecompressionBombError as exc:  # a sub-image over Pillow's limit
+            raise ImageRejected(_bomb_reason(exc, max_pixels)) from None
         except Exception as exc:  # noqa: BLE001 - truncated/corrupt data surfaces as many types
             reason = str(exc) or type(exc).__name__
             raise ImageRejected(f"cannot decode image: {reason}") from None
-    return np.ascontiguousarray(pixels)
+    return _ORIENT[orientation](pixels) if orientation != 1 else pixels
+
+
+def load_rgb(data: bytes, size: int, max_pixels: int = PILLOW_PIXEL_LIMIT) -> np.ndarray:
+    """Decode, orient, convert and resize one encoded image; returns HxWx3 uint8 (C-contiguous)."""
+    pixels = decode_rgb(data, size, max_pixels)
+    new_w, new_h = target_size(pixels.shape[1], pixels.shape[0], size)
+    if (new_w, new_h) == (pixels.shape[1], pixels.shape[0]):
+        return np.ascontiguousarray(pixels)
+    try:
+        return resize_rgb(pixels, new_w, new_h)
+    except RuntimeError as exc:  # torch's allocator failing on a huge image
+        raise ImageRejected(f"cannot resize image: {exc}") from None

@@ -1,10 +1,10 @@
 """Shorter-side resizing of RGB pixels with an anti-aliased bicubic filter (the pack-side resize).
 
 The kernel is torch's uint8 antialiased bicubic resize (vectorised with AVX2 where the CPU has it).
-It gives Pillow's ``BICUBIC`` pixels within +-2 (mean difference about 0.003) at about five times
-the speed of stock Pillow's plain C resize, and it is the same whichever Pillow (or pillow-simd) is
-installed, so a pack's pixels do not depend on that choice. torch is imported on first use: the
-CLI's other commands must not pay for it.
+It gives Pillow's ``BICUBIC`` pixels within +-2 (mean difference about 0.003) at 5-8 times the
+speed of stock Pillow's plain C resize on one thread (``benchmarks/resize_vs_pillow.py``), and it
+is the same whichever Pillow (or pillow-simd) is installed, so a pack's pixels do not depend on
+that choice. torch is imported on first use: the CLI's other commands must not pay for it.
 """
 
 from __future__ import annotations

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 import subprocess
 import sys
 import threading
+import zlib
 
 import numpy as np
 import pytest
@@ -18,9 +20,10 @@ import simplejpeg
 from PIL import Image, ImageOps
 
 from helpers import all_records, jpeg_bytes, noise, write_bytes
-from shardkit.imaging import ImageRejected, load_rgb
+from shardkit.imaging import ImageRejected, decode_rgb, load_rgb
 from shardkit.packer import _chunk_bounds, _largest_chunk, PackSettings, pack
 from shardkit.resize import resize_rgb, target_size
+from shardkit.sample import photo_like
 
 
 def _pil_reference(data: bytes, size: int) -> np.ndarray:
@@ -52,23 +55,30 @@ def test_every_exif_orientation_matches_pillow_exactly(orientation):
 
 @pytest.mark.parametrize("orientation", [1, 3, 6, 8])
 def test_jpeg_orientation_and_resize_match_pillow(orientation):
-    """A JPEG through the libjpeg-turbo path and resize: Pillow's pixels within a level or two."""
+    """A JPEG through the libjpeg-turbo path and resize: Pillow's pixels within one level."""
     arr = noise(np.random.default_rng(orientation), 400, 600)
     data = jpeg_bytes(arr, 90, exif_orientation=orientation)
     got, ref = load_rgb(data, 256), _pil_reference(data, 256)
     assert got.shape == ref.shape == ((384, 256, 3) if orientation >= 5 else (256, 384, 3))
     diff = np.abs(got.astype(int) - ref.astype(int))
-    assert diff.max() <= 3 and diff.mean() < 0.1, (diff.max(), diff.mean())
+    assert diff.max() <= 1 and diff.mean() < 0.01, (diff.max(), diff.mean())
 
 
 def test_resize_matches_pillow_bicubic():
+    """The README's claim: within +-2 of Pillow's BICUBIC, mean difference under 0.01, on uniform
+    noise and on the photo-like image where the difference reaches 2 (benchmarks/
+    resize_vs_pillow.py measures more)."""
     rng = np.random.default_rng(1)
-    for h, w, nh, nw in [(375, 500, 256, 341), (1000, 700, 365, 256), (257, 256, 256, 255)]:
-        arr = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    cases = [(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), nh, nw) for h, w, nh, nw in
+             [(375, 500, 256, 341), (1000, 700, 365, 256), (257, 256, 256, 255),
+              (1500, 1500, 256, 256)]]
+    cases.append((photo_like(np.random.default_rng(3), 375, 500), 341, 256))
+    for arr, nh, nw in cases:
         got = resize_rgb(arr, nw, nh)
         ref = np.asarray(Image.fromarray(arr).resize((nw, nh), Image.Resampling.BICUBIC))
         assert got.shape == (nh, nw, 3) and got.flags.c_contiguous
-        assert np.abs(got.astype(int) - ref.astype(int)).max() <= 2
+        diff = np.abs(got.astype(int) - ref.astype(int))
+        assert diff.max() <= 2 and diff.mean() < 0.01, (diff.max(), diff.mean())
 
 
 def test_resize_accepts_views_and_read_only_arrays():
@@ -80,19 +90,51 @@ def test_resize_accepts_views_and_read_only_arrays():
     assert np.array_equal(resize_rgb(frozen, 200, 150), expected)
 
 
-def test_large_jpeg_is_dct_scaled_but_still_resized_from_twice_the_target():
-    """A 2400x1800 JPEG: decoded at a reduced scale, still the right size and close to Pillow."""
-    arr = noise(np.random.default_rng(3), 1800, 2400)
-    data = jpeg_bytes(arr, 90)
-    got, ref = load_rgb(data, 256), _pil_reference(data, 256)
-    assert got.shape == ref.shape == (256, 341, 3)
-    assert np.abs(got.astype(float) - ref.astype(float)).mean() < 2.0
-
-
 def _with_extraneous_bytes(data: bytes) -> bytes:
     """libjpeg warns "N extraneous bytes before marker 0xd9"; Pillow decodes it regardless."""
     assert data.endswith(b"\xff\xd9")
     return data[:-2] + b"\x00\x01\x02" + data[-2:]
+
+
+@pytest.mark.parametrize("width, height, size, fast, slow", [
+    # libjpeg-turbo scales by n/8: the smallest n that keeps the shorter side >= 2 * size
+    (2400, 1800, 256, (675, 900), (900, 1200)),  # 3/8; Pillow's draft only has 1/2, 1/4, 1/8
+    (1800, 2400, 256, (900, 675), (1200, 900)),
+    (2400, 1800, 128, (450, 600), (450, 600)),  # 2/8; draft 1/4
+    (2400, 1800, 0, (1800, 2400), (1800, 2400)),  # size 0: full size
+    (640, 480, 256, (480, 640), (480, 640)),  # already under twice the target
+])
+def test_jpeg_decode_scale(width, height, size, fast, slow):
+    """The DCT scale each JPEG path uses (libjpeg-turbo; Pillow's draft after a libjpeg warning),
+    and the resize that follows starts from that decode."""
+    data = jpeg_bytes(noise(np.random.default_rng(3), height, width), 90)
+    for encoded, shape in ((data, fast), (_with_extraneous_bytes(data), slow)):
+        decoded = decode_rgb(encoded, size)
+        assert decoded.shape == shape + (3,)
+        new_w, new_h = target_size(shape[1], shape[0], size)
+        expected = decoded if (new_w, new_h) == shape[::-1] else resize_rgb(decoded, new_w, new_h)
+        assert np.array_equal(load_rgb(encoded, size), expected)
+
+
+def test_12000px_jpeg_is_decoded_at_one_eighth():
+    """144 Mpixel (between Pillow's warning and error limits): decoded at 1500x1500 by either
+    path, never at full size (432 MB)."""
+    data = simplejpeg.encode_jpeg(np.zeros((12000, 12000, 3), np.uint8), quality=50,
+                                  colorsubsampling="420")  # zero pages: costs no RAM to encode
+    assert decode_rgb(data, 256).shape == (1500, 1500, 3)
+    assert decode_rgb(_with_extraneous_bytes(data), 256).shape == (1500, 1500, 3)
+    assert load_rgb(data, 256).shape == (256, 256, 3)
+
+
+def test_large_jpeg_is_resized_close_to_pillow():
+    """A 2400x1800 JPEG decoded at 3/8 and resized: close to Pillow's full decode + BICUBIC
+    (DCT scaling is a different filter: a mean difference under one level)."""
+    arr = noise(np.random.default_rng(3), 1800, 2400)
+    data = jpeg_bytes(arr, 90)
+    got, ref = load_rgb(data, 256), _pil_reference(data, 256)
+    assert got.shape == ref.shape == (256, 341, 3)
+    diff = np.abs(got.astype(int) - ref.astype(int))
+    assert diff.max() <= 8 and diff.mean() < 1.0, (diff.max(), diff.mean())
 
 
 def test_recoverable_jpeg_warning_is_decoded_as_pillow_does():
@@ -101,7 +143,7 @@ def test_recoverable_jpeg_warning_is_decoded_as_pillow_does():
     with pytest.raises(ValueError):  # libjpeg-turbo's strict decode refuses it...
         simplejpeg.decode_jpeg(data, "RGB")
     got = load_rgb(data, 256)  # ... so Pillow decodes it
-    assert np.abs(got.astype(int) - _pil_reference(data, 256).astype(int)).max() <= 3
+    assert np.abs(got.astype(int) - _pil_reference(data, 256).astype(int)).max() <= 1
 
 
 def test_truncated_jpeg_is_still_refused():
@@ -122,6 +164,71 @@ def test_grey_and_cmyk_jpegs_become_rgb():
     assert np.abs(got.reshape(-1, 3).mean(0) - [200, 30, 60]).max() <= 6
 
 
+def _png_by_hand(pixels: np.ndarray, bit_depth: int, colour_type: int, trns: bytes) -> bytes:
+    """A PNG with a tRNS chunk, written byte by byte (Pillow cannot write 16-bit RGB)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body)
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+    height, width = pixels.shape[:2]
+    rows = pixels.astype(">u2" if bit_depth == 16 else "u1").reshape(height, -1)
+    raw = b"".join(b"\0" + row.tobytes() for row in rows)
+    header = struct.pack(">IIBBBBB", width, height, bit_depth, colour_type, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"tRNS", trns)
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def _keyed_png(case: str) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """(PNG with a transparency key, HxW mask of the keyed pixels, the RGB expected elsewhere)."""
+    rng = np.random.default_rng(11)
+    keyed = np.zeros((20, 30), bool)
+    keyed[5:12, 8:20] = True
+    buf = io.BytesIO()
+    if case == "RGB":
+        arr = rng.integers(0, 200, (20, 30, 3), dtype=np.uint8)
+        arr[keyed] = (220, 30, 40)
+        Image.fromarray(arr).save(buf, "PNG", transparency=(220, 30, 40))
+        return buf.getvalue(), keyed, arr
+    if case == "RGB;16":  # Pillow keeps each sample's high byte
+        arr = rng.integers(0, 200 << 8, (20, 30, 3)).astype(np.uint16)
+        arr[keyed] = (0xDC12, 0x1E34, 0x2856)
+        return (_png_by_hand(arr, 16, 2, struct.pack(">HHH", 0xDC12, 0x1E34, 0x2856)), keyed,
+                (arr >> 8).astype(np.uint8))
+    if case == "L":
+        arr = rng.integers(8, 256, (20, 30), dtype=np.uint8)
+        arr[keyed] = 7
+        Image.fromarray(arr).save(buf, "PNG", transparency=7)
+    elif case == "L;2":  # the key is a 2-bit sample (1); Pillow scales the pixels to 0..255
+        arr = np.where(rng.integers(0, 2, (20, 30)) == 1, 170, 0).astype(np.uint8)
+        arr[keyed] = 85
+        Image.fromarray(arr).save(buf, "PNG", bits=2, transparency=1)
+    elif case == "I;16":
+        deep = rng.integers(1001, 65536, (20, 30)).astype(np.uint16)
+        deep[keyed] = 1000
+        Image.fromarray(deep).save(buf, "PNG", transparency=1000)
+        arr = np.rint(deep / 257.0).astype(np.uint8)
+    elif case == "1":  # a 1-bit image keyed on black: its black pixels become white
+        arr = np.full((20, 30), 255, np.uint8)
+        arr[keyed] = 0
+        arr[0, ::2] = 0
+        keyed = arr == 0
+        Image.fromarray(arr).convert("1").save(buf, "PNG", transparency=0)
+    return buf.getvalue(), keyed, np.repeat(arr[..., None], 3, axis=2)
+
+
+@pytest.mark.parametrize("case", ["RGB", "RGB;16", "L", "L;2", "I;16", "1"])
+def test_transparency_key_makes_pixels_white_in_every_mode(case):
+    """One alpha rule: a tRNS key on RGB, grey, 16-bit grey or 1-bit images is transparency,
+    composited onto white, as for palette images."""
+    data, keyed, opaque = _keyed_png(case)
+    im = Image.open(io.BytesIO(data))
+    assert im.mode == {"RGB;16": "RGB", "L;2": "L"}.get(case, case)
+    assert "transparency" in im.info
+    got = load_rgb(data, 0)
+    assert keyed.any() and (~keyed).any()
+    assert (got[keyed] == 255).all()
+    assert np.array_equal(got[~keyed], opaque[~keyed])
+
+
 def test_chunks_cover_every_source_once_and_shrink_to_one():
     for n, workers, largest in [(0, 2, 128), (1, 2, 128), (1000, 2, 128), (5003, 16, 64),
                                 (7, 4, 1)]:
@@ -136,9 +243,9 @@ def test_chunks_cover_every_source_once_and_shrink_to_one():
     assert _largest_chunk(PackSettings(size=0)) == 4
 
 
-def test_pack_with_another_thread_running_uses_forkserver_and_same_records(tmp_path):
-    """A packing process with other threads cannot fork safely; the forkserver path must give
-    the same store."""
+def test_pack_with_another_thread_running_spawns_workers_and_same_records(tmp_path):
+    """A packing process with other threads cannot fork safely; workers started as fresh
+    interpreters must give the same store."""
     rng = np.random.default_rng(6)
     src = tmp_path / "src"
     for i in range(12):
@@ -155,7 +262,7 @@ def test_pack_with_another_thread_running_uses_forkserver_and_same_records(tmp_p
     try:
         from shardkit.packer import _start_method
 
-        assert _start_method() == "forkserver"
+        assert _start_method() == "spawn"
         threaded = str(tmp_path / "threaded.lmdb")
         pack(str(src), threaded, workers=2, progress=False)
     finally:
@@ -178,4 +285,4 @@ def test_float_fallback_resize_agrees_with_the_uint8_kernel():
     fast = resize.resize_rgb(arr, 341, 256)
     slow = resize._resize_float(torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0), 341, 256)
     assert slow.shape == fast.shape and slow.flags.c_contiguous
-    assert np.abs(slow.astype(int) - fast.astype(int)).max() <= 2
+    assert np.abs(slow.astype(int) - fast.astype(int)).max() <= 1
