@@ -13,7 +13,7 @@ import numpy as np
 import simplejpeg
 
 ENCODINGS: tuple[str, ...] = ("jpeg", "raw")
-CROP_MODES: tuple[str, ...] = ("center", "random")
+CROP_MODES: tuple[str, ...] = ("center", "random", "random_resized")
 
 
 class RecordDecodeError(ValueError):
@@ -31,39 +31,47 @@ def encode(pixels: np.ndarray, encoding: str, quality: int = 90) -> bytes:
 
 
 def decode(data, encoding: str, height: int, width: int, fast: bool = False,
-           buffer: np.ndarray | None = None) -> np.ndarray:
+           buffer: np.ndarray | None = None, scale: int = 1) -> np.ndarray:
     """Decode one record to HxWx3 uint8 RGB; checks the size against the index.
 
     ``raw`` records come back as a read-only view of ``data``; ``jpeg`` records are decoded into
-    ``buffer`` (any writable uint8 array of at least HxWx3 bytes) when given, else new memory.
+    ``buffer`` (any writable uint8 array of at least HxWx3 bytes) when given, else new memory,
+    DCT-scaled by ``1/scale`` (2, 4 or 8: libjpeg-turbo rounds each side up).
     """
     if encoding == "raw":
         if len(data) != height * width * 3:
             raise RecordDecodeError(
                 f"raw record has {len(data)} bytes, expected {height}x{width}x3")
         return np.frombuffer(data, dtype=np.uint8).reshape(height, width, 3)
+    expected = (-(-height // scale), -(-width // scale))
     try:
         img = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fast, fastupsample=fast,
-                                     buffer=buffer)
+                                     min_height=expected[0] if scale > 1 else 0,
+                                     min_width=expected[1] if scale > 1 else 0, buffer=buffer)
     except ValueError as exc:
         raise RecordDecodeError(f"JPEG record does not decode: {exc}") from None
-    if img.shape[:2] != (height, width):
+    if img.shape[:2] != expected:
+        shown = f"{width}x{height}" + (f" (1/{scale}: {expected[1]}x{expected[0]})"
+                                       if scale > 1 else "")
         raise RecordDecodeError(
-            f"JPEG record is {img.shape[1]}x{img.shape[0]}, index says {width}x{height}")
+            f"JPEG record is {img.shape[1]}x{img.shape[0]}, index says {shown}")
     return img
 
 
 _scratch = threading.local()
 
 
-def scratch(nbytes: int) -> np.ndarray:
-    """This thread's reusable decode buffer, at least ``nbytes`` long (grown when needed).
+def scratch(nbytes: int, slot: int = 0) -> np.ndarray:
+    """This thread's reusable buffer number ``slot`` (0: decoding), at least ``nbytes`` long.
 
     Decoding into the same memory every time saves an allocation and its page faults per image.
     """
-    buf = getattr(_scratch, "buf", None)
+    buffers = getattr(_scratch, "buffers", None)
+    if buffers is None:
+        buffers = _scratch.buffers = {}
+    buf = buffers.get(slot)
     if buf is None or buf.nbytes < nbytes:
-        buf = _scratch.buf = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
+        buf = buffers[slot] = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
     return buf
 
 
@@ -87,9 +95,14 @@ def center_origin(height: int, width: int, crop: int) -> tuple[int, int]:
 
 
 def random_origin(height: int, width: int, crop: int, rng: np.random.Generator) -> tuple[int, int]:
-    """Source (top, left) of a uniformly random crop; a too-small side is padded as when centred."""
+    """Source (top, left) of a uniformly random crop; a too-small side is padded as when centred.
+
+    Draws as torchvision's ``RandomCrop``: nothing for a side that equals the crop.
+    """
     def axis(n: int) -> int:
-        return int(rng.integers(0, n - crop + 1)) if n >= crop else -((crop - n) // 2)
+        if n == crop:
+            return 0
+        return int(rng.integers(0, n - crop + 1)) if n > crop else -((crop - n) // 2)
     return axis(height), axis(width)
 
 

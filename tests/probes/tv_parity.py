@@ -1,0 +1,170 @@
+"""Probe run under the torchvision environment (``.venv-tv``) by tests/test_torchvision_parity.py.
+
+Usage: ``python tv_parity.py CONFIG_JSON``; prints one JSON object of measurements. For every
+sample it compares shardkit's decode-time augmentation against torchvision v2 applied to the
+uncropped ``ShardDataset(path)[i][0]`` under the same ``torch.manual_seed``, and the evaluation
+centre crop against ``Resize(256) + CenterCrop(224)`` on the PIL-decoded source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+from torchvision.transforms import v2
+
+import shardkit
+from shardkit import ShardDataset
+from shardkit.augment import normalize
+
+
+def _diff(ours: torch.Tensor, ref: torch.Tensor) -> tuple[bool, int]:
+    if ours.shape != ref.shape:
+        return False, 256
+    return torch.equal(ours, ref), int((ours.int() - ref.int()).abs().max())
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.samples = self.differing = self.max_abs = 0
+
+    def add(self, ours: torch.Tensor, ref: torch.Tensor) -> None:
+        same, worst = _diff(ours, ref)
+        self.samples += 1
+        self.differing += not same
+        self.max_abs = max(self.max_abs, worst)
+
+    def result(self) -> dict:
+        return {"samples": self.samples, "differing": self.differing, "max_abs": self.max_abs}
+
+
+def reference_transform(mode: str, crop: int, scale, ratio, flip: float):
+    first = {"random_resized": lambda: v2.RandomResizedCrop(crop, scale=scale, ratio=ratio,
+                                                            antialias=True),
+             "random": lambda: v2.RandomCrop(crop),
+             "center": lambda: v2.CenterCrop(crop)}[mode]()
+    return v2.Compose([first, v2.RandomHorizontalFlip(flip)])
+
+
+def as_chw(img) -> torch.Tensor:
+    if isinstance(img, torch.Tensor):
+        return img
+    return torch.from_numpy(np.array(img)).permute(2, 0, 1)
+
+
+def check_recipe(cfg: dict) -> dict:
+    """Batched, single-item, threaded and numpy paths against torchvision, seed by seed."""
+    path, mode, crop = cfg["store"], cfg["mode"], cfg["crop"]
+    scale, ratio, flip = tuple(cfg["scale"]), tuple(cfg["ratio"]), cfg["flip"]
+    full = ShardDataset(path)
+    indices = cfg.get("indices") or list(range(len(full)))
+    kwargs = dict(crop=crop, crop_mode=mode, scale=scale, ratio=ratio, flip=flip,
+                  dct_scale=cfg.get("dct_scale", True))
+    paths = {"batch": ShardDataset(path, **kwargs),
+             "batch_threads2": ShardDataset(path, threads=2, **kwargs),
+             "batch_numpy": ShardDataset(path, output="numpy", **kwargs),
+             "batch_pil": ShardDataset(path, output="pil", **kwargs),
+             "single": ShardDataset(path, **kwargs)}
+    transform = reference_transform(mode, crop, scale, ratio, flip)
+    tallies = {name: Tally() for name in paths}
+    for seed in cfg["seeds"]:
+        torch.manual_seed(seed)
+        reference = [transform(full[i][0]) for i in indices]
+        for name, ds in paths.items():
+            torch.manual_seed(seed)
+            if name == "single":
+                got = [ds[i][0] for i in indices]
+            else:
+                got = [img for img, _ in ds.__getitems__(indices)]
+            for ours, ref in zip(got, reference):
+                tallies[name].add(as_chw(ours), ref)
+    out = {name: tally.result() for name, tally in tallies.items()}
+    for ds in paths.values():
+        ds.close()
+    return out
+
+
+def check_loader(cfg: dict) -> dict:
+    """DataLoader worker processes (fork, spawn): each worker draws from its own seed,
+    ``base_seed + worker_id``, exactly as torchvision transforms in that worker would."""
+    path, crop, workers, batch = cfg["store"], cfg["crop"], 2, cfg["batch"]
+    full = ShardDataset(path)
+    ds = ShardDataset(path, crop=crop, crop_mode="random_resized", flip=0.5)
+    transform = reference_transform("random_resized", crop, (0.08, 1.0), (3 / 4, 4 / 3), 0.5)
+    n = len(full)
+    batches = [list(range(s, min(s + batch, n))) for s in range(0, n, batch)]
+    out = {}
+    for method in ("fork", "spawn"):
+        tally = Tally()
+        generator = torch.Generator().manual_seed(cfg["seed"])
+        base_seed = int(torch.empty((), dtype=torch.int64).random_(
+            generator=torch.Generator().manual_seed(cfg["seed"])).item())
+        loader = DataLoader(ds, batch_size=batch, num_workers=workers, generator=generator,
+                            worker_init_fn=shardkit.worker_init_fn, collate_fn=shardkit.collate,
+                            multiprocessing_context=method)
+        got = [images.clone() for images, _ in loader]
+        for w in range(workers):
+            torch.manual_seed(base_seed + w)
+            for b in range(w, len(batches), workers):
+                for k, i in enumerate(batches[b]):
+                    tally.add(got[b][k], transform(full[i][0]))
+        out[method] = tally.result()
+    ds.close()
+    return out
+
+
+def check_eval(cfg: dict) -> dict:
+    """``crop_mode="center"`` on a store packed at 256 against ``Resize(256) + CenterCrop(224)``
+    on the PIL-decoded source (what an ImageFolder evaluation pipeline computes), with
+    torchvision's default (bilinear) and with bicubic interpolation (the packer's filter)."""
+    ds = ShardDataset(cfg["store"], crop=224, crop_mode="center")
+    out = {}
+    for name, mode in (("bilinear", v2.InterpolationMode.BILINEAR),
+                       ("bicubic", v2.InterpolationMode.BICUBIC)):
+        transform = v2.Compose([v2.Resize(256, interpolation=mode, antialias=True),
+                                v2.CenterCrop(224)])
+        per_image, worst, diffs = [], 0, []
+        for i in cfg["indices"]:
+            with Image.open(os.path.join(cfg["source"], ds.source_path(i))) as im:
+                ref = torch.from_numpy(np.array(transform(im.convert("RGB")))).permute(2, 0, 1)
+            d = (ds[i][0].int() - ref.int()).abs()
+            per_image.append(float(d.float().mean()))
+            worst = max(worst, int(d.max()))
+            diffs.append(d.flatten())
+        every = torch.cat(diffs).float()
+        out[name] = {"images": len(per_image), "mean_abs": float(every.mean()),
+                     "max_image_mean_abs": max(per_image),
+                     "p99_abs": float(every.quantile(0.99)), "max_abs": worst}
+    ds.close()
+    return out
+
+
+def check_normalize(cfg: dict) -> dict:
+    """``normalize`` against ``images.float().div_(255)`` then ``v2.Normalize``."""
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    mean, std = cfg["mean"], cfg["std"]
+    ref = v2.Normalize(mean, std)(images.float().div_(255))
+    got = normalize(images, mean, std)
+    return {"equal": bool(torch.equal(got, ref)), "dtype": str(got.dtype)}
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    checks = {"recipe": check_recipe, "loader": check_loader, "eval": check_eval,
+              "normalize": check_normalize}
+    result = {name: checks[c["check"]](c) for name, c in cfg.items()}
+    import torchvision
+
+    result["versions"] = {"torch": torch.__version__, "torchvision": torchvision.__version__,
+                          "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
