@@ -1,7 +1,8 @@
 """``ShardDataset``: a map-style torch Dataset over a packed store.
 
 It is picklable and holds no file handle until used in a process; ``worker_init_fn`` opens the
-store in each DataLoader worker, and a pid check reopens it lazily anywhere else. A batch is read in
+store in each DataLoader worker, a pid check reopens it lazily anywhere else, and ``close()``
+releases every handle. A batch is read in
 one transaction per shard (``__getitems__``) and, with ``crop`` set, decoded straight into one
 batch buffer (shared memory inside a worker) that ``shardkit.collate`` hands on without a copy.
 """
@@ -20,7 +21,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from . import batchpool, codec
+from . import augment, batchpool, codec
 from .errors import StoreError
 from .store import OpenShard, Store
 
@@ -42,17 +43,6 @@ class Batch(list):
         state = self.__dict__.copy()
         state.pop("slot", None)  # process-local (a memory map); the images travel as tensors
         return state
-
-
-class _TorchIntegers:
-    """The ``integers(low, high)`` that ``codec.random_origin`` needs, from torch's global RNG."""
-
-    @staticmethod
-    def integers(low: int, high: int) -> int:
-        return int(torch.randint(low, high, ()).item())
-
-
-_TORCH_INTEGERS = _TorchIntegers()
 
 
 def collate(batch: Sequence[Any]) -> Any:
@@ -80,30 +70,45 @@ class ShardDataset(Dataset):
             ``"pil"`` (RGB image) or ``"bytes"`` (the stored record, undecoded).
         crop: crop size applied at decode time (square); smaller images are zero-padded as
             torchvision's ``CenterCrop`` does.
-        crop_mode: ``"center"`` or ``"random"`` (drawn from torch's global RNG, as torchvision's
-            ``RandomCrop``: each DataLoader worker and epoch differ, ``torch.manual_seed``
-            reproduces them).
+        crop_mode: ``"center"``, ``"random"`` (as torchvision's ``RandomCrop``) or
+            ``"random_resized"`` (torchvision v2's ``RandomResizedCrop(crop, scale, ratio)``,
+            resized at decode). Random boxes come from torch's global RNG with torchvision's own
+            calls: each DataLoader worker and epoch differ, ``torch.manual_seed`` reproduces them.
+        scale, ratio: ``RandomResizedCrop``'s area and aspect-ratio ranges.
+        flip: probability of a horizontal flip per sample (``RandomHorizontalFlip(flip)``).
+        dct_scale: decode a JPEG at 1/2, 1/4 or 1/8 size when the crop box is at least that many
+            times the output (faster, pixels a little off torchvision's); False: always full size.
         threads: decode a batch with this many threads, the calling thread being one of them (0
             or 1: in the calling thread only). Wins when the DataLoader runs with
             ``num_workers=0`` and the training step leaves the CPU idle (a GPU step); worker
             processes win when the step needs the CPU, and they prefetch while it runs.
         verify: check every record's CRC32 on read.
         fast_decode: libjpeg-turbo's fast DCT and upsampling (a few % faster, slightly less exact).
+        max_open_shards: shards kept open per process (one file descriptor each); the least
+            recently used is closed when another must open. None: a quarter of the process's
+            open-file limit (``ulimit -n``), within 8..4096.
     """
 
     def __init__(self, path: str | os.PathLike, transform: Callable | None = None,
                  target_transform: Callable | None = None, output: str = "tensor",
                  crop: int | None = None, crop_mode: str = "center", threads: int = 0,
-                 verify: bool = False, fast_decode: bool = False) -> None:
+                 verify: bool = False, fast_decode: bool = False,
+                 max_open_shards: int | None = None,
+                 scale: Sequence[float] = (0.08, 1.0),
+                 ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip: float = 0.0,
+                 dct_scale: bool = True) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
         if crop_mode not in codec.CROP_MODES:
             raise ValueError(f"crop_mode must be one of {codec.CROP_MODES}, got {crop_mode!r}")
+        if crop_mode == "random" and crop is None:
+            raise ValueError("crop_mode='random' needs crop (the size of the square to cut)")
         if crop is not None and (crop <= 0 or output == "bytes"):
             raise ValueError("crop must be a positive size and cannot be used with output='bytes'")
         if threads < 0:
             raise ValueError("threads must be >= 0")
-        self.store = Store(path)
+        recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale)
+        self.store = Store(path, max_open_shards)
         self.root = self.store.path
         self.transform = transform
         self.target_transform = target_transform
@@ -113,6 +118,8 @@ class ShardDataset(Dataset):
         self.threads = threads
         self.verify = verify
         self.fast_decode = fast_decode
+        self.flip = flip
+        self._recipe = recipe  # draws each sample's box and flip (None: plain centre crop)
         self._pool: tuple[int, ThreadPoolExecutor] | None = None
 
     # -- ImageFolder-compatible attributes ------------------------------------------------------
@@ -167,11 +174,6 @@ class ShardDataset(Dataset):
                                                   thread_name_prefix="shardkit"))
         return self._pool[1]
 
-    def _generator(self) -> "_TorchIntegers":
-        # torch's global RNG, not a cached generator keyed by torch.initial_seed(): re-seeding
-        # with the same seed must reproduce the crops, as it does for torchvision's RandomCrop.
-        return _TORCH_INTEGERS
-
     # -- reading --------------------------------------------------------------------------------
 
     def _check(self, shard: OpenShard, k: int, local: int, buf) -> None:
@@ -180,26 +182,30 @@ class ShardDataset(Dataset):
                              f"({shard.entry.path}), record {local}: the stored bytes are damaged")
 
     def _decode(self, shard: OpenShard, k: int, local: int, buf, out: np.ndarray | None,
-                origin: tuple[int, int] | None) -> np.ndarray:
+                origin: augment.Plan | None) -> np.ndarray:
         """Decode one record; crop into ``out`` when given. Returns memory the caller owns."""
         self._check(shard, k, local, buf)
         try:
             if out is not None:
-                codec.decode_crop_into(out, buf, self.store.encoding, int(shard.heights[local]),
-                                       int(shard.widths[local]), origin, self.fast_decode)
+                augment.decode_into(out, buf, self.store.encoding, int(shard.heights[local]),
+                                    int(shard.widths[local]), origin, self.fast_decode)
                 return out
-            img = codec.decode(buf, self.store.encoding, int(shard.heights[local]),
-                               int(shard.widths[local]), self.fast_decode)
+            height, width = int(shard.heights[local]), int(shard.widths[local])
+            # Into memory of the indexed size: a damaged header claiming a huge image is refused
+            # instead of allocated (simplejpeg sizes its own output from the header).
+            img = codec.decode(buf, self.store.encoding, height, width, self.fast_decode,
+                               np.empty((height, width, 3), np.uint8)
+                               if self.store.encoding == "jpeg" else None)
         except codec.RecordDecodeError as exc:
             raise StoreError(f"{self.root}: shard {k} ({shard.entry.path}), record {local}: "
                              f"{exc}") from None
         return img.copy() if self.store.encoding == "raw" else img
 
-    def _origin(self, shard: OpenShard, local: int) -> tuple[int, int] | None:
-        if self.crop_mode != "random":
+    def _origin(self, shard: OpenShard, local: int) -> augment.Plan | None:
+        # Drawn in the calling thread, in sample order: any number of threads decodes the same.
+        if self._recipe is None:
             return None
-        return codec.random_origin(int(shard.heights[local]), int(shard.widths[local]),
-                                   self.crop, self._generator())
+        return self._recipe.draw(int(shard.heights[local]), int(shard.widths[local]))
 
     def _present(self, img: np.ndarray) -> Any:
         if self.output == "numpy":
@@ -218,7 +224,7 @@ class ShardDataset(Dataset):
         return img, label
 
     def _item(self, shard: OpenShard, k: int, local: int, buf,
-              origin: tuple[int, int] | None) -> tuple[Any, Any]:
+              origin: augment.Plan | None) -> tuple[Any, Any]:
         label = int(shard.labels[local])
         if self.output == "bytes":
             self._check(shard, k, local, buf)
@@ -280,11 +286,11 @@ class ShardDataset(Dataset):
 
     def _getitems_each(self, indices: Sequence[int]) -> list:
         results: list = [None] * len(indices)
+        plans = self._plans(self._located_arrays(indices) if self._recipe else [], len(indices))
         for k, items in self._located(indices).items():
             shard = self.store.shard(k)
             with shard.reader.records() as get:
-                jobs = [(shard, k, local, get(local), self._origin(shard, local))
-                        for _, local in items]
+                jobs = [(shard, k, local, get(local), plans[pos]) for pos, local in items]
                 for (pos, _), sample in zip(items, self._run(self._item, jobs)):
                     results[pos] = sample
         return results
@@ -308,16 +314,27 @@ class ShardDataset(Dataset):
         return found
 
     def _decode_into(self, shard: OpenShard, k: int, local: int, buf, out: np.ndarray,
-                     height: int, width: int, origin: tuple[int, int] | None) -> None:
+                     height: int, width: int, origin: augment.Plan | None) -> None:
         """Decode one record straight into its place in the batch (the batched fast path)."""
         if self.verify:
             self._check(shard, k, local, buf)
         try:
-            codec.decode_crop_into(out, buf, self.store.encoding, height, width, origin,
-                                   self.fast_decode)
+            augment.decode_into(out, buf, self.store.encoding, height, width, origin,
+                                self.fast_decode)
         except codec.RecordDecodeError as exc:
             raise StoreError(f"{self.root}: shard {k} ({shard.entry.path}), record {local}: "
                              f"{exc}") from None
+
+    def _plans(self, located: list[tuple[int, np.ndarray, np.ndarray]],
+               n: int) -> list[augment.Plan | None]:
+        """Each batch position's box and flip, drawn in batch order (as ``__getitem__`` would)."""
+        if self._recipe is None:
+            return [None] * n
+        sizes = np.empty((n, 2), dtype=np.int64)
+        for k, positions, local in located:
+            shard = self.store.shard(k)
+            sizes[positions, 0], sizes[positions, 1] = shard.heights[local], shard.widths[local]
+        return [self._recipe.draw(h, w) for h, w in sizes.tolist()]
 
     def _getitems_batched(self, indices: Sequence[int]) -> Batch:
         n, c = len(indices), self.crop
@@ -329,16 +346,16 @@ class ShardDataset(Dataset):
         else:
             pixels = np.empty((n, c, c, 3), dtype=np.uint8)
         labels = np.empty(n, dtype=np.int64)
-        random = self.crop_mode == "random"
-        for k, positions, local in self._located_arrays(indices):
+        located = self._located_arrays(indices)
+        plans = self._plans(located, n)
+        for k, positions, local in located:
             shard = self.store.shard(k)
             labels[positions] = shard.labels[local]
             heights = shard.heights[local].tolist()
             widths = shard.widths[local].tolist()
             local_list = local.tolist()
             with shard.reader.records() as get:
-                jobs = [(shard, k, i, get(i), pixels[pos], h, w,
-                         self._origin(shard, i) if random else None)
+                jobs = [(shard, k, i, get(i), pixels[pos], h, w, plans[pos])
                         for pos, i, h, w in zip(positions.tolist(), local_list, heights, widths)]
                 self._run(self._decode_into, jobs)
         batch = Batch()

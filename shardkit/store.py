@@ -1,15 +1,26 @@
 """A packed store opened for reading: one shard file, or a folder of shards with a manifest.
 
-The store reads only metadata when it is created and holds no file handle afterwards. Shard files
-are opened lazily, once per process (the owning pid is checked, so a handle inherited over fork is
-never used), and their index arrays are memory-mapped views of the file, never Python objects:
-a worker's private memory does not grow with the number of records.
+Creating a Store reads only metadata and keeps no file handle or lock; it remembers which file
+(device, inode, size, mtime) or which manifest (its SHA-256) that metadata came from. The first
+use in a process checks that the store is still that one (else ``StoreError``: "... was
+replaced ...", never new records under old metadata) and pins it: a descriptor of the single
+file, or a shared ``flock`` on the manifest (see :mod:`shardkit.swap`). ``close()`` releases every
+descriptor and lock. Handles are tagged with the owning pid, so one inherited over fork is never
+read from; a pin inherited from a parent that had opened the store is adopted, so a forked worker
+keeps reading what its parent read.
+
+At most ``max_open_shards`` shards are open per process (the least recently used is closed
+first; by default a quarter of the open-file limit), one descriptor each. Index arrays are
+memory-mapped views of the shard file, never Python objects: a worker's private memory does not
+grow with the number of records.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +31,21 @@ from .errors import StoreError
 from .formats import ShardReader, open_reader
 from .formats.base import file_size
 from . import swap
+from .urls import is_url
+
+
+def default_max_open_shards() -> int:
+    """A quarter of this process's open-file limit (``ulimit -n``), within 8..4096: each open
+    shard costs one descriptor, and a shuffled read reopens shards when fewer fit than it uses."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 20
+    except (ImportError, OSError, ValueError):  # no such limit here (Windows)
+        soft = 1024
+    return max(8, min(4096, soft // 4))
 
 
 @dataclass(frozen=True)
@@ -63,6 +89,7 @@ class OpenShard:
             offsets = self.arrays["path_offsets"]
             if len(offsets) and (offsets[0] != 0 or offsets[-1] != len(self.arrays["path_blob"])):
                 raise StoreError(f"{where}: source-path index is inconsistent (damaged store)")
+            self.reader.release_library_handle()
         except BaseException:
             self.reader.close()
             raise
@@ -78,20 +105,21 @@ class OpenShard:
 
     def close(self) -> None:
         self.arrays = {}
+        self.labels = self.heights = self.widths = self.crc32 = None
         self.reader.close()
 
 
 def _open_pinned(entry: ShardEntry, pin: swap.Pin | None) -> ShardReader:
     """Open the shard file; with a ``pin``, exactly the file (inode) the Store validated.
 
-    A single-file store replaced by ``pack --overwrite`` after the Store was created is read
-    through the descriptor this process inherited, or refused: never the new file's records
-    under the old file's metadata.
+    A single-file store replaced by ``pack --overwrite`` after it was pinned is read through the
+    pin's descriptor (this process's, or one inherited over fork), or refused: never the new
+    file's records under the old file's metadata.
     """
     if pin is None:
         return open_reader(entry.path, entry.format)
 
-    def here() -> tuple[int, int] | None:
+    def here() -> tuple[int, ...] | None:
         try:
             return swap.identity(entry.path)
         except OSError:
@@ -146,11 +174,19 @@ def sha256_file(path: str, chunk: int = 8 << 20) -> str:
 class Store:
     """Metadata of a store plus lazy, per-process access to its shards.
 
-    Picklable: pickling drops every open shard; the receiving process reopens on first use.
+    Picklable: pickling drops every open shard and pin; the receiving process reopens on first
+    use (and refuses a store replaced since this one was created).
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, max_open_shards: int | None = None) -> None:
+        if max_open_shards is not None and (isinstance(max_open_shards, bool) or not isinstance(
+                max_open_shards, int) or max_open_shards < 1):
+            raise ValueError("max_open_shards must be a positive integer or None, "
+                             f"got {max_open_shards!r}")
         self.path = os.fspath(path)
+        if is_url(self.path):
+            raise StoreError(f"remote stores are not supported yet: {self.path}")
+        self.max_open_shards = max_open_shards
         if os.path.isdir(self.path):
             self._init_sharded()
         elif os.path.exists(self.path):
@@ -165,29 +201,34 @@ class Store:
         self.skipped: list[dict[str, str]] = self.meta.get("skipped", [])
         self.starts = np.array([e.start for e in self.shards] + [self.count], dtype=np.int64)
         self._pid: int | None = None
-        self._open: dict[int, OpenShard] = {}
+        self._pin: swap.Pin | None = None
+        self._open: OrderedDict[int, OpenShard] = OrderedDict()
 
     def _init_single(self) -> None:
         try:
-            self._pin: swap.Pin | None = swap.open_identity(self.path)
+            pin = swap.open_identity(self.path)
         except OSError as exc:
             raise StoreError(f"cannot open {self.path}: {exc.strerror}") from None
-        reader = _open_pinned(ShardEntry(self.path, None, 0, 0), self._pin)
         try:
-            meta = metadata.parse_shard_meta(reader.meta_json(), self.path)
-            self._labels = np.array(checked_array(reader, "labels", meta["arrays"]["labels"],
-                                                  self.path))
+            reader = _open_pinned(ShardEntry(self.path, None, 0, 0), pin)
+            try:
+                meta = metadata.parse_shard_meta(reader.meta_json(), self.path)
+                self._labels = np.array(checked_array(reader, "labels", meta["arrays"]["labels"],
+                                                      self.path))
+            finally:
+                reader.close()
         finally:
-            reader.close()
+            pin.close()
         if meta["kind"] != "single":
             raise StoreError(f"{self.path} is one shard of a multi-shard store; open the folder "
                              "that holds its manifest.json")
+        self._identity: tuple[int, ...] | str = pin.identity
         self.meta = meta
         self.shards = [ShardEntry(self.path, None, 0, meta["count"])]
         self._labels_file: str | None = None
 
     def _init_sharded(self) -> None:
-        manifest_path = os.path.join(self.path, metadata.MANIFEST_NAME)
+        self._manifest_path = manifest_path = os.path.join(self.path, metadata.MANIFEST_NAME)
         try:
             file_size(manifest_path)
         except StoreError:
@@ -196,18 +237,32 @@ class Store:
                                  "not a shardkit store, or a pack that did not finish") from None
             raise
         try:
-            # Held while this Store lives: `pack --overwrite` keeps the files it names meanwhile.
-            raw, self._pin = swap.read_manifest_pinned(manifest_path, metadata.MAX_META_BYTES)
+            raw, pin = swap.read_manifest_pinned(manifest_path, metadata.MAX_META_BYTES)
         except FileNotFoundError:
             raise StoreError(f"{self.path} is a folder without {metadata.MANIFEST_NAME}: not a "
                              "shardkit store, or a pack that did not finish") from None
         except OSError as exc:
             raise StoreError(f"cannot read {manifest_path}: {exc.strerror}") from None
+        pin.close()  # the first use locks the manifest again, and checks it is still these bytes
+        self._identity = hashlib.sha256(raw).hexdigest()
         self.meta = metadata.parse_manifest(raw, manifest_path)
         self.shards = [ShardEntry(os.path.join(self.path, e["file"]), e["format"], e["start"],
                                   e["count"], e["bytes"], e["sha256"])
                        for e in self.meta["shards"]]
         self._labels_file = os.path.join(self.path, self.meta["labels"]["file"])
+        self._real = os.path.realpath(self.path)
+
+    def _here(self, path: str) -> str:
+        """``path`` (a file of this folder store) in the folder that now holds the manifest this
+        process pinned: a store moved aside by ``pack --overwrite`` (replaced by a single file)
+        is still read there, while its readers hold it."""
+        if self._pin is None:
+            return path
+        try:
+            folder = os.path.dirname(os.readlink(f"/proc/self/fd/{self._pin.fd}"))
+        except OSError:  # no /proc (not Linux): where it was
+            return path
+        return path if folder == self._real else os.path.join(folder, os.path.basename(path))
 
     # -- labels -------------------------------------------------------------------------------
 
@@ -223,21 +278,23 @@ class Store:
     def _load_labels(self) -> np.ndarray:
         if self._labels_file is None:
             return np.array(self.shard(0).labels)
+        self.attach()  # the manifest's lock keeps labels.npy from being replaced under us
+        labels_file = self._here(self._labels_file)
         expected = self.meta["labels"]["sha256"]
         try:
             # Checked against the manifest first: a damaged label would be silently wrong data.
-            if sha256_file(self._labels_file) != expected:
-                raise StoreError(f"{self._labels_file}: labels file is damaged or replaced "
+            if sha256_file(labels_file) != expected:
+                raise StoreError(f"{labels_file}: labels file is damaged or replaced "
                                  "(checksum differs from the manifest)")
-            labels = np.load(self._labels_file, mmap_mode="r", allow_pickle=False)
+            labels = np.load(labels_file, mmap_mode="r", allow_pickle=False)
         except StoreError:
             raise
         except FileNotFoundError:
-            raise StoreError(f"{self._labels_file}: labels file is missing") from None
+            raise StoreError(f"{labels_file}: labels file is missing") from None
         except Exception as exc:  # noqa: BLE001 - numpy reports a bad header as many types
-            raise StoreError(f"{self._labels_file}: cannot load labels: {exc}") from None
+            raise StoreError(f"{labels_file}: cannot load labels: {exc}") from None
         if labels.dtype != np.int64 or labels.shape != (self.count,):
-            raise StoreError(f"{self._labels_file}: labels are {labels.dtype}{list(labels.shape)}, "
+            raise StoreError(f"{labels_file}: labels are {labels.dtype}{list(labels.shape)}, "
                              f"expected int64[{self.count}]")
         return labels
 
@@ -253,40 +310,92 @@ class Store:
         return k, index - int(self.starts[k])
 
     def _claim(self) -> None:
-        """Make this process the owner; handles from another (inherited over fork) are dropped."""
+        """Make this process the owner. Shards inherited over fork are closed (this process's
+        copies only); an inherited pin is adopted, so the child reads what its parent opened."""
         pid = os.getpid()
-        if self._pid != pid:
-            self._open = {}
-            self._pid = pid
+        if self._pid == pid:
+            return
+        inherited, self._open = self._open, OrderedDict()
+        for shard in inherited.values():
+            shard.close()
+        if self._pin is not None and not self._pin.adopt():
+            self._pin = None
+        self._limit = self.max_open_shards or default_max_open_shards()
+        self._pid = pid
+
+    def attach(self) -> None:
+        """Pin, in this process, the store this metadata came from (done by the first use), or
+        raise ``StoreError`` if it was replaced since."""
+        self._claim()
+        if self._pin is not None:
+            return
+        pin = None
+        try:
+            if self._labels_file is None:
+                pin = swap.open_identity(self.path)
+                same = pin.identity == self._identity
+            else:
+                raw, pin = swap.read_manifest_pinned(self._manifest_path, metadata.MAX_META_BYTES)
+                same = hashlib.sha256(raw).hexdigest() == self._identity
+        except FileNotFoundError:
+            same = False
+        except OSError as exc:
+            raise StoreError(f"cannot open {self.path}: {exc.strerror}") from None
+        if not same:
+            if pin is not None:
+                pin.close()
+            raise StoreError(f"{self.path} was replaced or removed (e.g. re-packed with "
+                             "--overwrite) after this dataset was created; create the dataset "
+                             "again to read the new store")
+        self._pin = pin
 
     def shard(self, k: int) -> OpenShard:
-        """Shard ``k`` opened in this process (opened now if needed)."""
-        self._claim()
+        """Shard ``k`` opened in this process (opened now if needed, closing the least recently
+        used one when ``max_open_shards`` are open)."""
+        if self._pid != os.getpid():
+            self._claim()
         shard = self._open.get(k)
-        if shard is None:
-            shard = OpenShard(self.shards[k], k, self.meta,
-                              self._pin if self._labels_file is None else None)
-            self._open[k] = shard
+        if shard is not None:
+            self._open.move_to_end(k)
+            return shard
+        self.attach()
+        while len(self._open) >= self._limit:
+            self._open.popitem(last=False)[1].close()
+        if self._labels_file is None:
+            shard = OpenShard(self.shards[k], k, self.meta, self._pin)
+        else:
+            entry = self.shards[k]
+            shard = OpenShard(dataclasses.replace(entry, path=self._here(entry.path)), k,
+                              self.meta)
+        self._open[k] = shard
         return shard
 
     def open(self) -> None:
-        """Open in this process: a single-file store's file now; a multi-shard store's lazily."""
-        self._claim()
+        """Open in this process: pin the store now, and a single-shard store's file too."""
+        self.attach()
         if len(self.shards) == 1:
             self.shard(0)
 
     def close(self) -> None:
-        if self._pid == os.getpid():
-            for shard in self._open.values():
-                shard.close()
-        self._open = {}
+        """Release every descriptor and lock this process holds for the store."""
+        self._claim()
+        for shard in self._open.values():
+            shard.close()
+        self._open = OrderedDict()
+        if self._pin is not None:
+            self._pin.close()
+            self._pin = None
+        if self._labels_file is not None:
+            self._labels = None  # a map of labels.npy (a descriptor); loaded again when needed
         self._pid = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_open"] = {}
+        state["_open"] = OrderedDict()
         state["_pid"] = None
+        state["_pin"] = None
         state.pop("_labels", None)
+        state.pop("_limit", None)  # per process: the receiver's own open-file limit
         return state
 
     def __len__(self) -> int:

@@ -1,17 +1,17 @@
 """Replacing a store that readers have open: atomic swaps for writers, pins for readers.
 
 Single-file store: the new file is renamed over OUT (atomic). A process that opened the old file
-keeps reading its inode; a ``Store`` pins the inode it validated and never reads another
-(:func:`open_identity`, ``store._open_pinned``).
+keeps reading its inode; a ``Store`` remembers which file its metadata came from, pins that file
+on first use in a process and never reads another (:func:`open_identity`, ``store._open_pinned``).
 
 Folder store: shard files are immutable once installed. An overwrite moves the new shard files
 into OUT under names no live file uses (``shard-00000-<sha256 prefix>.lmdb`` when the plain name
 is taken by different bytes; identical files are kept as they are), then replaces
 ``manifest.json`` by rename: the switch is one atomic step, so a new reader sees either the old
-or the new store, never a mix. Readers hold a shared ``flock`` on the manifest inode they read
-(:func:`read_manifest_pinned`); the replaced manifest stays as a hidden ``.retired-*.json`` hard
-link, and its files are deleted only once no reader holds that lock any more (checked at every
-install into OUT, :func:`collect_garbage`).
+or the new store, never a mix. Readers that use a store hold a shared ``flock`` on the manifest
+inode they read, until closed (:func:`read_manifest_pinned`); the replaced manifest stays as a
+hidden ``.retired-*.json`` hard link, and its files are deleted only once no reader holds that
+lock any more (checked at every install into OUT, :func:`collect_garbage`).
 """
 
 from __future__ import annotations
@@ -41,22 +41,32 @@ _OURS = re.compile(r"^(shard-\d+(-[0-9a-f]{16})?\.[A-Za-z0-9]+|labels(-[0-9a-f]{
 class Pin:
     """An open descriptor of a file a reader depends on (with a shared lock for manifests).
 
-    Closed when the owning ``Store`` is garbage-collected; processes forked meanwhile share it.
+    Closed when the owning ``Store`` is closed or garbage-collected; a process forked meanwhile
+    shares the open file (and its lock) and may ``adopt`` it.
     """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.pid = os.getpid()
-        st = os.fstat(fd)
-        self.identity = (st.st_dev, st.st_ino)
+        self.identity = _identity(os.fstat(fd))
 
     def valid_here(self) -> bool:
         """True when this process has the descriptor (it created it, or inherited it by fork)."""
+        if self.fd < 0:
+            return False
         try:
             st = os.fstat(self.fd)
         except OSError:
             return False
-        return (st.st_dev, st.st_ino) == self.identity
+        return _identity(st) == self.identity
+
+    def adopt(self) -> bool:
+        """In a forked child: own the inherited descriptor (closing it here leaves the parent's
+        open, and the lock stays while either holds it). False when it is not valid here."""
+        if not self.valid_here():
+            return False
+        self.pid = os.getpid()
+        return True
 
     def proc_path(self) -> str | None:
         """A path that opens exactly the pinned inode in this process (Linux), if any."""
@@ -79,9 +89,14 @@ class Pin:
         self.close()
 
 
-def identity(path: str) -> tuple[int, int]:
-    st = os.stat(path)
-    return st.st_dev, st.st_ino
+def identity(path: str) -> tuple[int, ...]:
+    """What tells one file from another that replaced it: device, inode, size, mtime (an inode
+    number is reused once a replaced file is deleted)."""
+    return _identity(os.stat(path))
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def open_identity(path: str) -> Pin:
@@ -169,6 +184,7 @@ def install_folder(partial: str, out: str) -> None:
         raise PackError(f"{out} is not a folder store")
     live = _live_files(out, old)
     entries = list(new["shards"]) + [new["labels"]]
+    moves: list[tuple[str, str | None]] = []  # (file in partial, its name in out or None)
     for entry in entries:
         name, sha = entry["file"], entry["sha256"]
         src = os.path.join(partial, name)
@@ -178,27 +194,39 @@ def install_folder(partial: str, out: str) -> None:
             if candidate in live:
                 if live[candidate][1] == sha and live[candidate][0] in (None, size) \
                         and _has_size(dst, size):
-                    os.unlink(src)  # identical bytes are installed already: keep those
+                    moves.append((src, None))  # identical bytes are installed already
                     break
                 continue  # a file some reader may use: never touched
-            os.replace(src, dst)
+            moves.append((src, dst))
             break
         else:  # pragma: no cover - needs a SHA-256 prefix collision
             raise PackError(f"cannot find a free name for {name} in {out}")
         entry["file"] = candidate
     new = metadata.seal(new)
+    # What needs disk space is written before any file moves: if it fails (disk full), `partial`
+    # is still a whole store and OUT is untouched.
     tmp = os.path.join(out, f".manifest.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(metadata.dumps(new))
-        f.flush()
-        os.fsync(f.fileno())
     retired = os.path.join(out, f"{RETIRED_PREFIX}{uuid.uuid4().hex}.json")
     try:
-        os.link(manifest_path, retired)  # same inode: the lock its readers hold stays testable
-    except OSError:  # no hard links here: a copy still lists the files (readers unprotected)
-        import shutil
+        with open(tmp, "wb") as f:
+            f.write(metadata.dumps(new))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(manifest_path, retired)  # same inode: the lock its readers hold stays testable
+        except OSError:  # no hard links here: a copy still lists the files (readers unprotected)
+            import shutil
 
-        shutil.copyfile(manifest_path, retired)
+            shutil.copyfile(manifest_path, retired)
+    except BaseException:
+        _unlink(tmp)
+        _unlink(retired)
+        raise
+    for src, dst in moves:
+        if dst is None:
+            os.unlink(src)
+        else:
+            os.replace(src, dst)
     os.replace(tmp, manifest_path)  # the switch
     fsync_dir(out)
     _remove_tree(partial)
@@ -303,13 +331,19 @@ def fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
+def _aside_prefix(out: str) -> tuple[str, str]:
+    head, tail = os.path.split(os.path.abspath(out))
+    return head, f".{tail}.old-"
+
+
 def swap_aside(partial: str, out: str) -> None:
     """Replace ``out`` by ``partial`` when an atomic rename cannot (a file by a folder, or back).
 
-    ``out`` is renamed to a hidden name first, so it is missing for a moment, never mixed.
+    ``out`` is renamed to a hidden sibling first, so it is missing for a moment, never mixed.
+    It is left there for :func:`collect_aside` (a folder store stays while readers hold it).
     """
-    head, tail = os.path.split(os.path.abspath(out))
-    old = os.path.join(head, f".{tail}.old-{uuid.uuid4().hex[:12]}")
+    head, prefix = _aside_prefix(out)
+    old = os.path.join(head, f"{prefix}{uuid.uuid4().hex[:12]}")
     os.rename(out, old)
     try:
         os.rename(partial, out)
@@ -317,8 +351,27 @@ def swap_aside(partial: str, out: str) -> None:
         os.rename(old, out)
         raise
     fsync_dir(head)
-    if os.path.isdir(old) and not os.path.islink(old):
-        _remove_tree(old)
-    else:
-        _unlink(old)
+
+
+def collect_aside(out: str) -> None:
+    """Delete what :func:`swap_aside` moved away from ``out``, once no reader holds it.
+
+    A file goes at once (its readers hold it open). A folder store goes when no reader holds the
+    lock on its manifest or on a retired one: readers of a folder store open its shard files
+    lazily, and find them through the manifest they hold, wherever the folder now is.
+    """
+    head, prefix = _aside_prefix(out)
+    try:
+        names = os.listdir(head)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(prefix) and re.fullmatch(r"[0-9a-f]{12}", name[len(prefix):])):
+            continue
+        path = os.path.join(head, name)
+        if not os.path.isdir(path) or os.path.islink(path):
+            _unlink(path)
+        elif not any(_in_use(m) for m in [os.path.join(path, metadata.MANIFEST_NAME),
+                                          *_retired(path)]):
+            _remove_tree(path)
 

@@ -337,8 +337,6 @@ def _aside(folder) -> list[str]:
     return [n for n in os.listdir(folder) if n.startswith(".store.old-")]
 
 
-@pytest.mark.xfail(strict=True, reason="needs the reader side: Store must open shard files in the "
-                   "folder that now holds its pinned manifest (store.py); remove this mark then")
 def test_folder_store_replaced_by_a_file_keeps_open_readers(src, tmp_path):
     out = str(tmp_path / "store")
     pack(src, out, num_shards=3, size=16, workers=1, progress=False)

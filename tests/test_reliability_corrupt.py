@@ -7,10 +7,12 @@ JSON, every index array, record bytes), half anywhere in the file. Foreign input
 bytes, a PNG, an empty file, LMDB/HDF5 files that shardkit did not write, folders with bogus
 manifests, FIFOs). Each damaged store is opened and fully read in a child process -- every index
 through ``ShardDataset(verify=True)`` one by one and as one batch, ``targets``, ``source_path``,
-and ``shardkit verify`` -- and the test fails if the child dies by a signal or hangs, raises
-anything but a shardkit error (or ValueError/IndexError), or returns data that differs from the
-undamaged store's (pixels, labels, classes, source paths): with ``verify=True`` no change to the
-bytes a read returns may go unnoticed, and ``shardkit verify`` may pass only intact data.
+every index again without ``verify`` (decoded, and cropped in a batch: damaged bytes reach the
+decoder), and ``shardkit verify`` -- under a 2 GiB address-space limit; the test fails if the
+child dies by a signal, hangs or runs out of memory, raises anything but ``StoreError`` (the
+README's promise), or returns data that differs from the undamaged store's (pixels, labels,
+classes, source paths): with ``verify=True`` no change to the bytes a read returns may go
+unnoticed, and ``shardkit verify`` may pass only intact data.
 
 A second test aims at LMDB's page structure directly (node offsets, key counts, key and record
 sizes, child page numbers, meta pages of the live B-tree): the fields LMDB trusts blindly, which
@@ -50,10 +52,13 @@ CASE_TIMEOUT = 20  # seconds per store within a batch before the child counts as
 # The child: reads every store named on stdin, prints one JSON line per store *before* moving to
 # the next, so when it dies the parent knows exactly which store killed it.
 WORKER = textwrap.dedent(r'''
-    import contextlib, hashlib, io, json, signal, sys, traceback
+    import contextlib, hashlib, io, json, resource, signal, sys, traceback
     import numpy as np
-    from shardkit import ShardDataset, ShardkitError
+    from shardkit import ShardDataset, StoreError
     from shardkit.cli import main as cli_main
+
+    # A damaged record must be refused, not decoded into gigabytes: such a request fails here.
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, resource.RLIM_INFINITY))
 
     def digest(path):
         ds = ShardDataset(path, output="numpy", verify=True)
@@ -77,6 +82,24 @@ WORKER = textwrap.dedent(r'''
         finally:
             ds.close()
 
+    def unverified(path):
+        """verify=False: damaged bytes may decode to other pixels (the README says so), but each
+        read returns an image or raises StoreError, on the single and the batched path."""
+        for crop in (None, 16):
+            ds = ShardDataset(path, output="numpy", crop=crop)
+            try:
+                for i in range(len(ds)):
+                    try:
+                        ds[i]
+                    except StoreError:
+                        pass
+                try:
+                    ds.__getitems__(list(range(len(ds))))
+                except StoreError:
+                    pass
+            finally:
+                ds.close()
+
     for line in sys.stdin:
         path = line.rstrip("\n")
         res = {"path": path}
@@ -86,10 +109,16 @@ WORKER = textwrap.dedent(r'''
             res["digest"], problem = digest(path)
             if problem:
                 res["bad"] = problem
-        except (ShardkitError, ValueError, IndexError) as exc:
+        except StoreError as exc:  # nothing else: the README promises StoreError
             res["error"] = f"{type(exc).__name__}: {exc}"[:400]
         except BaseException:
             res["bad"] = "ShardDataset: " + traceback.format_exc()[-2000:]
+        try:
+            unverified(path)
+        except StoreError:
+            pass
+        except BaseException:
+            res["bad"] = "ShardDataset(verify=False): " + traceback.format_exc()[-2000:]
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -426,6 +455,92 @@ def test_damaged_and_foreign_stores_fail_cleanly(pristine, tmp_path):
     assert per_format["lmdb"] >= 50 and per_format["hdf5"] >= 50
     assert not failures, "\n\n".join(failures[:20])
     assert counts["error"] > len(cases) // 2  # the damage was real
+
+
+# -- a record whose JPEG header lies about its size ----------------------------------------------
+
+HUGE_HEADER_READER = textwrap.dedent(r'''
+    import json, resource, sys
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, resource.RLIM_INFINITY))
+    from shardkit import ShardDataset, StoreError
+    out = []
+    for kwargs in ({}, {"output": "numpy"}, {"output": "pil"}, {"crop": 16}):
+        ds = ShardDataset(sys.argv[1], **kwargs)
+        for read in (lambda: ds[0], lambda: ds.__getitems__([1, 0])):
+            try:
+                read()
+                out.append("read")
+            except StoreError as exc:
+                out.append(str(exc))
+        ds.close()
+    print(json.dumps(out))
+''')
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_record_claiming_a_huge_image_is_refused_without_allocating_it(pristine, tmp_path, fmt):
+    """Record 0's JPEG header is changed to claim 65280 x 65280 pixels (same length, so the store
+    stays well-formed). simplejpeg sizes its output from the header: 12 GB, then a "premature
+    end" error. Every read path must refuse it with StoreError naming the shard and the record,
+    within a 2 GiB address space, and ``shardkit verify`` must report it."""
+    from shardkit.formats import open_reader
+
+    store = str(tmp_path / f"single-{fmt}")
+    shutil.copyfile(pristine[f"{fmt}-single"], store)
+    reader = open_reader(store)
+    with reader.records() as get:
+        record = bytes(get(0))
+    reader.close()
+    sof = record.index(b"\xff\xc0")  # baseline SOF0: length, precision, height, width
+    assert struct.unpack_from(">HH", record, sof + 5) == (30, 41)
+    damaged = record[:sof + 5] + struct.pack(">HH", 0xFF00, 0xFF00) + record[sof + 9:]
+    with open(store, "rb") as f:
+        data = f.read()
+    assert data.count(record) == 1
+    with open(store, "r+b") as f:
+        f.seek(data.index(record))
+        f.write(damaged)
+
+    res = subprocess.run([sys.executable, "-c", HUGE_HEADER_READER, store], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    outcomes = json.loads(res.stdout.splitlines()[-1])
+    assert len(outcomes) == 8
+    for msg in outcomes:
+        assert "shard 0" in msg and "record 0" in msg and "does not decode" in msg, outcomes
+    cli = subprocess.run([sys.executable, "-m", "shardkit.cli", "verify", store],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 1 and "record 0" in cli.stderr + cli.stdout, cli
+
+
+# -- labels.npy that agrees with its manifest but not with the shards ----------------------------
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+@pytest.mark.parametrize("shards", [1, 2])
+def test_verify_compares_labels_npy_with_the_shards(tmp_path, fmt, shards):
+    """labels.npy rewritten with every label wrong, and its SHA-256 in the (resealed) manifest
+    updated to match: only comparing it with the labels inside the shards can tell."""
+    out = str(tmp_path / "store")
+    shardkit.pack(_source(str(tmp_path / "src")), out, format=fmt, size=32, workers=1,
+                  num_shards=shards, progress=False)
+    assert shardkit.verify(out).ok
+    labels_path = os.path.join(out, "labels.npy")
+    labels = np.load(labels_path, allow_pickle=False)
+    assert sorted(set(labels.tolist())) == [0, 1]
+    np.save(labels_path, 1 - labels, allow_pickle=False)
+    manifest_path = os.path.join(out, "manifest.json")
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    manifest["labels"]["sha256"] = sha256_file(labels_path)
+    with open(manifest_path, "w") as f:
+        json.dump(seal(manifest), f)
+    assert shardkit.ShardDataset(out).targets.tolist() == (1 - labels).tolist()  # accepted
+
+    report = shardkit.verify(out)
+    assert report.faults == ["labels.npy disagrees with the labels stored in the shards"]
+    cli = subprocess.run([sys.executable, "-m", "shardkit.cli", "verify", out],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 1 and "labels.npy disagrees" in cli.stdout + cli.stderr, cli
 
 
 # -- no code execution from a store, and version refusal -----------------------------------------

@@ -5,10 +5,12 @@
   without a lock table), every index read once per epoch, and the same bytes for the same index
   in every process and epoch.
 * ``pack --overwrite`` onto a store that is being read: new opens see the new store; a dataset
-  opened before keeps reading the old contents (single file: the file it opened; folder: the old
-  shard files stay until no reader holds the old manifest), never a mix of old and new -- checked
-  with a reader process that reopens and reads the store in a loop while it is replaced again
-  and again, and with lazily opened shards and DataLoader workers started after the replacement.
+  that has opened the store keeps reading the old contents (single file: the file it opened;
+  folder: the old shard files stay until no reader holds the old manifest), never a mix of old
+  and new -- checked with a reader process that reopens and reads the store in a loop while it
+  is replaced again and again, and with lazily opened shards and DataLoader workers started after
+  the replacement. A dataset holds only metadata until its first use: replaced before that, it
+  refuses to read (StoreError "... was replaced ...").
 """
 
 from __future__ import annotations
@@ -185,11 +187,10 @@ def test_overwrite_never_changes_an_open_dataset(versions, tmp_path, fmt, shards
                         worker_init_fn=shardkit.worker_init_fn, collate_fn=lambda b: b)
     got = [hashlib.sha256(data).hexdigest() for batch in loader for data, _ in batch]
     assert got == [refs["A"][i][0] for i in range(len(old))]
-    # Started by spawn they cannot reach a file that is gone: a clear error, never B's records.
-    if shards is None:
-        spawn = DataLoader(old, batch_size=8, num_workers=1, multiprocessing_context="spawn")
-        with pytest.raises(StoreError, match="replaced"):
-            next(iter(spawn))
+    # Started by spawn they inherit nothing from the parent: a clear error, never B's records.
+    spawn = DataLoader(old, batch_size=8, num_workers=1, multiprocessing_context="spawn")
+    with pytest.raises(StoreError, match="was replaced"):
+        next(iter(spawn))
     assert [hashlib.sha256(new[i][0]).hexdigest() for i in range(len(new))] == \
         [refs["B"][i][0] for i in range(len(new))]
 
@@ -214,16 +215,48 @@ def test_overwrite_never_changes_an_open_dataset(versions, tmp_path, fmt, shards
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no partial, no .old
 
 
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+@pytest.mark.parametrize("shards", [None, 3], ids=["file", "folder"])
+def test_store_replaced_before_first_use_is_refused(versions, tmp_path, fmt, shards):
+    """Creating a dataset reads metadata and holds nothing; a store replaced before the first read
+    is refused (the metadata is the old store's), in the process and in forked workers alike."""
+    from torch.utils.data import DataLoader
+
+    out = str(tmp_path / "out")
+    _pack(versions, "A", out, fmt, shards, overwrite=False)
+    before = _digests(out)
+    ds = ShardDataset(out, output="bytes")
+    _pack(versions, "B", out, fmt, shards)
+    loader = DataLoader(ds, batch_size=8, num_workers=1, multiprocessing_context="fork",
+                        worker_init_fn=shardkit.worker_init_fn, collate_fn=lambda b: b)
+    with pytest.raises(StoreError, match="was replaced"):
+        next(iter(loader))
+    with pytest.raises(StoreError, match=f"^{out} was replaced"):
+        ds[0]
+    if shards:
+        with pytest.raises(StoreError, match="was replaced"):
+            ds.targets  # labels.npy is read under the manifest's lock, so refused too
+    after = _digests(out)  # a new dataset reads the new store
+    assert sorted(after) == sorted(before) and all(after[i][0] != before[i][0] for i in after)
+
+
 LOOP_READER = textwrap.dedent(r'''
     import hashlib, json, sys, time
     from shardkit import ShardDataset, ShardkitError
     path, refs, stop = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     import os
-    counts = {"A": 0, "B": 0, "mixed": 0, "errors": []}
+    counts = {"A": 0, "B": 0, "mixed": 0, "replaced": 0, "errors": []}
     ready = False
     while not os.path.exists(stop):
         try:
             ds = ShardDataset(path, output="bytes")
+            try:
+                ds.open()  # the first use pins the store, or refuses one replaced since creation
+            except ShardkitError as exc:
+                if "was replaced" not in str(exc):
+                    raise
+                counts["replaced"] += 1
+                continue
             got = [hashlib.sha256(ds[i][0]).hexdigest() for i in range(len(ds))]
             ds.close()
         except ShardkitError as exc:

@@ -66,6 +66,9 @@ class ShardReader(ABC):
         One context is one read transaction: a whole batch is fetched inside one.
         """
 
+    def release_library_handle(self) -> None:
+        """The caller has read the metadata and index arrays: drop what only they needed."""
+
     @abstractmethod
     def close(self) -> None:
         """Release the file handle / memory map."""

@@ -3,12 +3,13 @@
 ``/data`` is one contiguous uint8 dataset of all encoded records back to back; ``/offsets``
 (int64, count+1) delimits them; index arrays are datasets under ``/index/<name>``; the metadata
 JSON is the string attribute ``shardkit_meta`` of the root group, written last. No variable-length
-objects, no pickle. Readers map ``/data`` straight from the file (its storage is contiguous), so a
-record read is a slice of memory, not an HDF5 library call.
+objects, no pickle. Readers map the file (its datasets are contiguous), so a record read is a
+slice of memory, not an HDF5 library call.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 from contextlib import contextmanager
@@ -84,38 +85,44 @@ class Hdf5ShardWriter(ShardWriter):
 
 
 class Hdf5ShardReader(ShardReader):
-    """Reads metadata and index arrays with h5py once, then serves records from a memory map."""
+    """Reads metadata and index-array layouts with h5py, then serves everything from one memory
+    map of the file.
+
+    h5py and ``np.memmap`` would each hold a descriptor per array (Python's mmap duplicates the
+    descriptor it maps): ~9 per shard, too many for a worker touching hundreds of shards. Here one
+    ``mmap`` of the whole file (one descriptor) backs ``/data``, ``/offsets`` and every index
+    array, and h5py is closed as soon as the owner has read the arrays
+    (``release_library_handle``).
+    """
 
     format_name = "hdf5"
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
-        self._fileobj = None
+        self._file = self._fileobj = self._map = None
         try:
-            if path.startswith("/proc/self/fd/"):
-                # A pinned file that was replaced since (see shardkit.swap): HDF5 cannot resolve
-                # its name, but reads it through a file object.
-                self._fileobj = open(path, "rb")
-                f = h5py.File(self._fileobj, "r")
-            else:
-                f = h5py.File(path, "r", locking=False)
+            # One open file for h5py and the map: both see the same inode even if ``path`` is
+            # replaced meanwhile; a pinned, replaced file (``/proc/self/fd/N``, see
+            # shardkit.swap) is only readable this way, as HDF5 cannot resolve its name.
+            self._fileobj = open(path, "rb")
+            self.file_size = os.fstat(self._fileobj.fileno()).st_size
+            self._file = h5py.File(self._fileobj, "r")
         except (OSError, ValueError) as exc:
-            if self._fileobj is not None:
-                self._fileobj.close()
+            self.close()
             raise StoreError(f"{path}: cannot open HDF5 store: {exc}") from None
-        self._file = f
         try:
-            raw = f.attrs.get(META_ATTR)
+            raw = self._file.attrs.get(META_ATTR)
             if raw is None:
                 raise StoreError(f"{path}: HDF5 file has no shardkit metadata "
                                  "(incomplete or foreign store)")
             self._meta = bytes(raw) if not isinstance(raw, str) else raw.encode()
-            self._data_map = self._map_data(f)
+            self._map = mmap.mmap(self._fileobj.fileno(), 0, access=mmap.ACCESS_READ)
+            self._data = self._map_data(self._file)
         except StoreError:
-            self.release_library_handle()
+            self.close()
             raise
         except Exception as exc:  # noqa: BLE001 - h5py surfaces corruption as many types
-            self.release_library_handle()
+            self.close()
             raise StoreError(f"{path}: damaged HDF5 store: {exc}") from None
 
     def _map_data(self, f: h5py.File) -> np.ndarray:
@@ -139,7 +146,7 @@ class Hdf5ShardReader(ShardReader):
 
     def array(self, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
         if self._file is None:
-            raise StoreError(f"{self.path}: reader is closed")
+            raise StoreError(f"{self.path}: index arrays must be read before release_library_handle()")
         ds = self._file.get(f"index/{name}")
         if not isinstance(ds, h5py.Dataset):
             raise StoreError(f"{self.path}: index array {name!r} is missing (damaged store)")
@@ -152,19 +159,20 @@ class Hdf5ShardReader(ShardReader):
         return check_array(self.path, name, arr, dtype, shape)
 
     def _map_dataset(self, ds: h5py.Dataset) -> np.ndarray:
-        """A contiguous dataset as a read-only memory map (shared page cache, no private copy)."""
+        """A contiguous dataset as a read-only view of the file's map (shared page cache)."""
         start = ds.id.get_offset()
         if ds.chunks is not None or ds.compression or start is None or ds.size == 0:
             return np.asarray(ds[()])
         if start + ds.nbytes > self.file_size:
             raise StoreError(f"{self.path}: dataset {ds.name} lies beyond the end of the file "
                              "(truncated store)")
-        return np.memmap(self.path, dtype=ds.dtype, mode="r", offset=start, shape=ds.shape)
+        return np.frombuffer(self._map, dtype=ds.dtype, count=ds.size,
+                             offset=start).reshape(ds.shape)
 
     @contextmanager
     def records(self) -> Iterator[RecordGetter]:
-        # A memoryview and a plain ndarray: slicing an np.memmap per record costs ~5 us.
-        data, offsets, path = memoryview(self._data_map), self._offsets.view(np.ndarray), self.path
+        # A memoryview and a plain ndarray: slicing an ndarray per record costs ~5 us.
+        data, offsets, path = memoryview(self._data), self._offsets, self.path
         count = len(offsets) - 1
 
         def get(i: int):
@@ -175,7 +183,7 @@ class Hdf5ShardReader(ShardReader):
         yield get
 
     def release_library_handle(self) -> None:
-        """Close the h5py handle once arrays are read; records keep coming from the map."""
+        """Close h5py and its file once the index arrays are read; records come from the map."""
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -185,4 +193,10 @@ class Hdf5ShardReader(ShardReader):
 
     def close(self) -> None:
         self.release_library_handle()
-        self._data_map = None
+        self._data = self._offsets = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # a caller still holds a view: unmapped when the last one goes
+            self._map = None

@@ -252,13 +252,15 @@ def _env_key(path: str) -> tuple[int, int]:
 def _acquire_env(path: str) -> lmdb.Environment:
     key = _env_key(path)
     pid = os.getpid()
+    for other, (owner, env, _) in list(_ENVS.items()):
+        if owner != pid:  # inherited over fork: unusable here, holds a descriptor, blocks an open
+            env.close()
+            del _ENVS[other]
     entry = _ENVS.get(key)
     if entry is not None:
         owner, env, refs = entry
-        if owner == pid:
-            _ENVS[key] = (owner, env, refs + 1)
-            return env
-        env.close()  # inherited over fork: unusable here, and it blocks a fresh open
+        _ENVS[key] = (owner, env, refs + 1)
+        return env
     env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False,
                     meminit=False, max_readers=MAX_READERS, max_dbs=0,
                     map_size=os.stat(path).st_size)
