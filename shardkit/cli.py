@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fail (and write nothing) on the first unusable image")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.add_argument("--max-pixels", type=_positive_int, default=PILLOW_PIXEL_LIMIT,
-                   help=f"refuse images declaring more pixels (0: no limit) [{PILLOW_PIXEL_LIMIT}]")
+                   help="refuse images declaring more pixels (0: only Pillow's own limit, which "
+                   f"this cannot raise) [{PILLOW_PIXEL_LIMIT}]")
     p.add_argument("--allow-empty", action="store_true",
                    help="keep class folders with no images as classes (indices never shift)")
     p.add_argument("--file-list", metavar="LIST",

@@ -6,7 +6,7 @@ each shard's manifest entry as the task finishes and hands it to ``on_shard_done
 it for ``--resume``); the caller then merges the manifest. Without a scheduler address a
 ``LocalCluster`` of worker processes on 127.0.0.1 is started for the duration of the pack.
 
-Dask is an optional extra (``pip install 'shardkit[dask]'``); nothing here is imported by the
+Dask is an optional extra (``pip install 'dask[distributed]'``); nothing here is imported by the
 default engine.
 """
 
@@ -31,7 +31,7 @@ def _import_dask() -> Any:
         import dask.distributed as dd
     except ImportError:
         raise PackError("`engine='dask'` needs Dask's distributed scheduler: "
-                        "pip install 'shardkit[dask]'") from None
+                        "pip install 'dask[distributed]'") from None
     return dd
 
 

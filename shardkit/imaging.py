@@ -40,7 +40,7 @@ from .resize import resize_rgb, target_size
 try:
     from PIL import Image
 except ImportError as exc:  # Pillow is an extra so that an installed pillow-simd is never replaced
-    raise ImportError("shardkit needs a Pillow-API library: pip install 'shardkit[pillow]', "
+    raise ImportError("shardkit needs a Pillow-API library: pip install Pillow, "
                       "or install pillow-simd (see README)") from exc
 
 PILLOW_PIXEL_LIMIT = 2 * 89_478_485  # Pillow's default DecompressionBombError threshold

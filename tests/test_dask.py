@@ -102,7 +102,7 @@ def test_dask_not_installed_message(src, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 1
-    assert "pip install 'shardkit[dask]'" in proc.stderr and "Traceback" not in proc.stderr
+    assert "pip install 'dask[distributed]'" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_static_split_then_merge(src, local, tmp_path, capsys):

@@ -298,22 +298,21 @@ def huge_src(tmp_path_factory) -> str:
 
 def test_12000px_jpeg_packs_cheaply(huge_src, tmp_path):
     """144 Mpixel (below Pillow's limit) must pack, via DCT-scaled decoding: far less memory than
-    the 432 MB a full decode needs, and quickly."""
+    the 432 MB a full decode needs (the scale itself is asserted in test_imaging)."""
     out = str(tmp_path / "o.lmdb")
     # VmHWM is this process image's peak RSS; ru_maxrss would carry over the (large) pytest
     # parent's RSS through fork+exec. The baseline is taken once the resize kernel (torch) is
     # loaded, so only what packing adds is counted.
-    code = ("import re, time, json; from shardkit import resize; from shardkit.packer import pack; "
+    code = ("import re, json; from shardkit import resize; from shardkit.packer import pack; "
             "resize.prepare(); status = lambda key: int(re.search(key + r':\\s+(\\d+)', "
-            "open('/proc/self/status').read()).group(1)); base = status('VmRSS'); t = time.time(); "
+            "open('/proc/self/status').read()).group(1)); base = status('VmRSS'); "
             f"r = pack({huge_src!r}, {out!r}, workers=1, progress=False); "
-            "print(json.dumps([r.count, time.time() - t, status('VmHWM') - base]))")
+            "print(json.dumps([r.count, status('VmHWM') - base]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    count, seconds, growth_kb = json.loads(proc.stdout)
+    count, growth_kb = json.loads(proc.stdout)
     assert count == 2
     assert growth_kb < 200_000, f"peak RSS grew {growth_kb} kB: the JPEG was fully decoded"
-    assert seconds < 15
     records = _records(out)
     assert records["a/huge.jpg"][0].shape == (256, 256, 3)
     assert records["a/huge.jpg"][0].max() < 10

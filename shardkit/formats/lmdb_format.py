@@ -192,8 +192,11 @@ class LmdbShardWriter(ShardWriter):
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self._map_size = INITIAL_MAP_SIZE
-        self._env = lmdb.open(path, subdir=False, map_size=self._map_size, lock=False,
-                              meminit=True, sync=False, metasync=False, readahead=False)
+        try:
+            self._env = lmdb.open(path, subdir=False, map_size=self._map_size, lock=False,
+                                  meminit=True, sync=False, metasync=False, readahead=False)
+        except lmdb.Error as exc:  # the packer reports OSErrors as one line
+            raise _write_error(path, exc, 0) from None
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
 
