@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(SRC/<class>/<file>, as torchvision's ImageFolder) into the store OUT.")
     p.add_argument("src", metavar="SRC", help="source folder (or root of --file-list paths)")
     p.add_argument("out", metavar="OUT", help="output store (.lmdb / .h5 file, or a folder "
-                   "when sharded)")
+                   "when sharded; a URL such as s3://bucket/prefix when sharded)")
     p.add_argument("--format", choices=("lmdb", "hdf5"),
                    help="store format (default: from OUT's suffix; .h5/.hdf5 is HDF5, else LMDB)")
     p.add_argument("--size", type=_positive_int, default=256,
@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoding", choices=("jpeg", "raw"), default="jpeg",
                    help="record encoding: jpeg, or raw uint8 pixels [jpeg]")
     p.add_argument("--workers", type=_positive_int, default=None,
-                   help="worker processes (default: all cores; 0 or 1 packs in-process)")
+                   help="worker processes (default: the CPUs this process may use; 0 or 1 "
+                   "packs in-process)")
     p.add_argument("--strict", action="store_true",
                    help="fail (and write nothing) on the first unusable image")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
@@ -84,13 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-rank", type=_positive_int, default=0, help="this node's rank")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
+    cache_help = ("local cache of a remote STORE (default: $SHARDKIT_CACHE_DIR, else "
+                  "~/.cache/shardkit)")
     p = sub.add_parser("info", help="describe a store")
-    p.add_argument("store", metavar="STORE")
+    p.add_argument("store", metavar="STORE", help="a store file or folder, or a URL")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--cache-dir", metavar="DIR", help=cache_help)
 
     p = sub.add_parser("verify", help="read and decode every record; exit 1 on any fault")
-    p.add_argument("store", metavar="STORE")
+    p.add_argument("store", metavar="STORE", help="a store file or folder, or a URL")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--cache-dir", metavar="DIR", help=cache_help)
 
     p = sub.add_parser("merge", help="finish a multi-node pack once every node is done")
     p.add_argument("out", metavar="OUT")
@@ -140,9 +145,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from .inspection import info
     from .store import Store
 
-    summary = info(args.store)
+    summary = info(args.store, cache_dir=args.cache_dir)
     if args.json:
-        summary["skipped_files"] = Store(args.store).skipped
+        summary["skipped_files"] = Store(args.store, cache_dir=args.cache_dir).skipped
         print(json.dumps(summary, indent=2))
         return EXIT_OK
     classes = summary["classes"]
@@ -162,7 +167,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from .inspection import verify
 
-    report = verify(args.store, progress=not args.quiet)
+    report = verify(args.store, progress=not args.quiet, cache_dir=args.cache_dir)
     if report.ok:
         print(f"ok: {report.records} records verified in {report.path}")
         return EXIT_OK

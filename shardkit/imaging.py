@@ -164,6 +164,8 @@ def decode_rgb(data: bytes, size: int = 0, max_pixels: int = PILLOW_PIXEL_LIMIT)
             raise ImageRejected("not a recognised image format") from None
         except Image.DecompressionBombError as exc:
             raise ImageRejected(_bomb_reason(exc, max_pixels)) from None
+        except MemoryError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any parser failure means the file is unusable
             raise ImageRejected(f"cannot parse image header: {exc}") from None
         width, height = im.size
@@ -185,6 +187,8 @@ def decode_rgb(data: bytes, size: int = 0, max_pixels: int = PILLOW_PIXEL_LIMIT)
             orientation = exif_orientation(im)
         except Image.DecompressionBombError as exc:  # a sub-image over Pillow's limit
             raise ImageRejected(_bomb_reason(exc, max_pixels)) from None
+        except MemoryError:
+            raise
         except Exception as exc:  # noqa: BLE001 - truncated/corrupt data surfaces as many types
             reason = str(exc) or type(exc).__name__
             raise ImageRejected(f"cannot decode image: {reason}") from None

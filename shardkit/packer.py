@@ -34,6 +34,7 @@ from .formats import FORMATS, SUFFIXES, format_for_path, open_writer
 from .imaging import PILLOW_PIXEL_LIMIT, ImageRejected, load_rgb
 from . import resize, swap
 from .store import sha256_file
+from .urls import is_url
 
 PLAN_NAME = "plan.json"
 SIZE_SAMPLE = 32  # images encoded up front to estimate bytes per record for --shard-size
@@ -56,20 +57,24 @@ class PackSettings:
 
     def validate(self) -> None:
         if self.size < 0:
-            raise PackError("--size must be >= 0 (0 keeps the original size)")
+            raise PackError("`size` must be >= 0 (0 keeps the original size)")
         if not 1 <= self.quality <= 100:
-            raise PackError("--quality must be between 1 and 100")
+            raise PackError("`quality` must be between 1 and 100")
         if self.encoding not in ENCODINGS:
-            raise PackError(f"--encoding must be one of {', '.join(ENCODINGS)}")
+            raise PackError(f"`encoding` must be one of {', '.join(ENCODINGS)}")
         if self.format not in FORMATS:
-            raise PackError(f"--format must be one of {', '.join(FORMATS)}")
+            raise PackError(f"`format` must be one of {', '.join(FORMATS)}")
         if self.max_pixels < 0:
-            raise PackError("--max-pixels must be >= 0 (0 disables the limit)")
+            raise PackError("`max_pixels` must be >= 0 (0 disables the limit)")
 
 
 @dataclass
 class PackResult:
-    """What a pack produced."""
+    """What a pack produced.
+
+    ``seconds`` is the whole call; ``startup_seconds`` its part before encoding began (finding
+    the sources, planning, starting workers), so ``images_per_second`` is the packing rate.
+    """
 
     out: str
     count: int
@@ -77,10 +82,15 @@ class PackResult:
     seconds: float
     shards: int = 1
     sources: int = 0
+    startup_seconds: float = 0.0
+
+    @property
+    def packing_seconds(self) -> float:
+        return max(0.0, self.seconds - self.startup_seconds)
 
     @property
     def images_per_second(self) -> float:
-        return self.sources / self.seconds if self.seconds > 0 else 0.0
+        return self.sources / self.packing_seconds if self.packing_seconds > 0 else 0.0
 
 
 # -- per-image work (runs in worker processes) ----------------------------------------------------
@@ -110,12 +120,12 @@ def encode_file(path: str, settings: PackSettings) -> Encoded:
         return None, 0, 0, "out of memory while reading the file"
     try:
         pixels = load_rgb(data, settings.size, settings.max_pixels)
+        height, width = pixels.shape[:2]
+        return encode(pixels, settings.encoding, settings.quality), height, width, None
     except ImageRejected as exc:
         return None, 0, 0, str(exc)
-    except MemoryError:
+    except MemoryError:  # in an encoding worker: more than _limit_memory allows
         return None, 0, 0, "out of memory while decoding"
-    height, width = pixels.shape[:2]
-    return encode(pixels, settings.encoding, settings.quality), height, width, None
 
 
 _worker_settings: PackSettings | None = None  # set in each encoding worker by _worker_init
@@ -149,6 +159,53 @@ def _largest_chunk(settings: PackSettings) -> int:
     return max(1, min(128, (16 << 20) // record))
 
 
+def default_workers() -> int:
+    """Encoding workers when none are asked for: the CPUs this process may run on (a container's
+    or ``taskset``'s CPU set), not every CPU of the machine."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+# Address space an encoding worker may add to what it has once started, per --max-pixels pixel
+# and in all. Measured peaks of decode + convert + resize (file bytes included): RGBA WebP 42 B
+# a pixel, 32-bit TIFF 36, 16-bit PNG 28, RGBA PNG 24, RGB PNG 14, JPEG under 8.
+DECODE_BYTES_PER_PIXEL = 64
+DECODE_OVERHEAD = 256 << 20  # codec libraries loaded on first use, allocator slack
+
+
+def _pixel_bound(max_pixels: int) -> int:
+    """The most pixels a decode may have: ``max_pixels`` or Pillow's own limit, the lower of the
+    two that are set (0: none at all)."""
+    from PIL import Image
+
+    pillow = 2 * Image.MAX_IMAGE_PIXELS if Image.MAX_IMAGE_PIXELS else 0
+    return min(filter(None, (max_pixels, pillow)), default=0)
+
+
+def _limit_memory(max_pixels: int) -> None:
+    """Bound this worker's address space, so a decoder that runs away (a decompression bomb that
+    passes every pixel check) raises MemoryError, reported as the file's skip reason, instead of
+    growing until the OOM killer ends it. No bound where no pixel limit is set."""
+    max_pixels = _pixel_bound(max_pixels)
+    if not max_pixels:
+        return
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:  # Linux: the address space in use now
+            used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError):
+        return
+    limit = used + max_pixels * DECODE_BYTES_PER_PIXEL + DECODE_OVERHEAD
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    for given in (soft, hard):  # never raise a bound the user set
+        if given != resource.RLIM_INFINITY:
+            limit = min(limit, given)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
 def _worker_init(packer_pid: int, settings: PackSettings) -> None:
     global _worker_settings
     _worker_settings = settings
@@ -156,6 +213,7 @@ def _worker_init(packer_pid: int, settings: PackSettings) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     resize.single_thread()
     _exit_with(packer_pid)
+    _limit_memory(settings.max_pixels)  # last: torch and the watch thread are in the baseline
 
 
 def _exit_with(pid: int) -> None:
@@ -238,7 +296,7 @@ class Plan:
 def shard_bounds(n: int, num_shards: int | None, per_shard: int | None) -> list[int]:
     if num_shards is not None:
         if num_shards < 1:
-            raise PackError("--num-shards must be >= 1")
+            raise PackError("`num_shards` must be >= 1")
         num_shards = min(num_shards, max(n, 1))
         return [round(k * n / num_shards) for k in range(num_shards + 1)]
     per_shard = max(1, per_shard or n or 1)
@@ -259,15 +317,18 @@ def estimate_record_bytes(paths: Sequence[str], settings: PackSettings) -> int:
 
 def make_plan(src: str, settings: PackSettings, *, allow_empty: bool = False,
               file_list: str | None = None, shard_size: int | None = None,
-              num_shards: int | None = None) -> Plan:
+              num_shards: int | None = None, strict: bool = False) -> Plan:
     found: Discovery = read_file_list(file_list, src) if file_list else discover(src, allow_empty)
+    if strict and found.skipped:  # a folder that cannot be listed hides images: as bad as one
+        first = found.skipped[0]
+        raise PackError(f"{first['path']}: {first['reason']} (`strict=True`: no output written)")
     paths = [p for p, _ in found.samples]
     labels = [t for _, t in found.samples]
     sharded = shard_size is not None or num_shards is not None
     per_shard = None
     if shard_size is not None:
         if shard_size <= 0:
-            raise PackError("--shard-size must be positive")
+            raise PackError("`shard_size` must be positive")
         per_shard = max(1, shard_size // estimate_record_bytes(paths, settings))
     bounds = shard_bounds(len(paths), num_shards, per_shard) if sharded else [0, len(paths)]
     return Plan(found.root, found.classes, found.class_to_idx, paths, labels, bounds, settings,
@@ -295,7 +356,7 @@ class ShardBuilder:
         path = self.plan.paths[source]
         if data is None:
             if self.strict:
-                raise PackError(f"{path}: {reason} (--strict: no output written)")
+                raise PackError(f"{path}: {reason} (`strict=True`: no output written)")
             self.skipped.append({"path": path, "reason": reason or "unknown error"})
             return
         self.writer.append(data)
@@ -339,24 +400,104 @@ class ShardBuilder:
 # -- engines --------------------------------------------------------------------------------------
 
 def _start_method() -> str:
-    """How encoding workers start.
-
-    fork on Linux when this process runs no other Python thread: workers then inherit the imported
-    decoder and resize kernel (torch takes about 2 s to import) at no cost. forkserver when other
-    threads run (a fork could copy a lock one of them holds), spawn elsewhere. But always fork when
-    the main script cannot be re-imported (``python -`` from stdin), where the others fail forever.
-    """
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    if main_file is not None and not os.path.exists(main_file) and hasattr(os, "fork"):
+    """How the first encoding workers start: ``fork`` on Linux when this process runs no other
+    Python thread (workers then inherit the imported decoder and resize kernel at no cost; torch
+    takes about 2 s to import), else ``spawn``: a fresh interpreter running only shardkit's
+    worker (:func:`_launch`), since a fork could copy a lock another thread holds."""
+    if sys.platform.startswith("linux") and threading.active_count() == 1:
         return "fork"
-    if sys.platform.startswith("linux"):
-        return "fork" if threading.active_count() == 1 else "forkserver"
     return "spawn"
 
 
+# A worker started as a fresh interpreter runs this, never the user's script: multiprocessing's
+# spawn and forkserver would re-run an unguarded ``__main__`` (a second ``pack()`` call, say).
+_SPAWNED = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import sys; "
+            "sys.path.insert(0, sys.argv[1]); from shardkit.packer import _spawned_worker; "
+            "_spawned_worker(int(sys.argv[2]), int(sys.argv[3]))")
+
+
+def _launch(method: str, settings: PackSettings) -> tuple[Any, Any]:
+    """Start one encoding worker: (process, connection to it)."""
+    import multiprocessing as mp
+
+    if method == "fork":
+        ctx = mp.get_context("fork")
+        mine, theirs = ctx.Pipe()
+        proc = ctx.Process(target=_worker_main, args=(theirs, os.getpid(), settings),
+                           daemon=True, name="shardkit-pack-worker")
+        proc.start()
+        theirs.close()
+        return proc, mine
+    import socket
+    import subprocess
+    from multiprocessing.connection import Connection
+
+    mine, theirs = socket.socketpair()
+    try:
+        package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        proc = subprocess.Popen([sys.executable, "-c", _SPAWNED, package_parent,
+                                 str(theirs.fileno()), str(os.getpid())],
+                                stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()])
+    except BaseException:
+        mine.close()
+        raise
+    finally:
+        theirs.close()
+    conn = Connection(mine.detach())
+    from PIL import Image
+
+    try:  # with Pillow's limit as set in this process, as a forked worker would have it
+        conn.send((settings, Image.MAX_IMAGE_PIXELS))
+    except OSError:  # it died already: found out when it is given work
+        pass
+    return proc, conn
+
+
+def _spawned_worker(fd: int, packer_pid: int) -> None:
+    """A fresh interpreter's worker: its settings come first on the connection ``fd``."""
+    from multiprocessing.connection import Connection
+
+    from PIL import Image
+
+    conn = Connection(fd)
+    try:
+        settings, Image.MAX_IMAGE_PIXELS = conn.recv()
+    except (EOFError, OSError):
+        return
+    _worker_main(conn, packer_pid, settings)
+
+
+def _reap(proc: Any, timeout: float) -> int | None:
+    """Wait up to ``timeout`` s for a worker to end; its exit code (-N: killed by signal N)."""
+    import subprocess
+
+    if isinstance(proc, subprocess.Popen):
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+    proc.join(timeout)
+    return proc.exitcode
+
+
+def _death(code: int | None) -> str:
+    """How a worker ended, from its exit code, for a skip reason."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by signal {-code}: {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}" if code is not None else "lost"
+
+
 def _worker_main(conn, packer_pid: int, settings: PackSettings) -> None:
-    """An encoding process: (chunk index, paths) in, ("ok", index, results) out, until None."""
+    """An encoding process: ("ready") once started; then (task, paths) in, ("ok", task, results)
+    out, one task at a time, until None."""
     _worker_init(packer_pid, settings)
+    try:
+        conn.send(("ready", None, None))
+    except OSError:
+        return
     while True:
         try:
             task = conn.recv()
@@ -364,15 +505,26 @@ def _worker_main(conn, packer_pid: int, settings: PackSettings) -> None:
             return
         if task is None:
             return
-        k, paths = task
+        key, paths = task
         try:
-            reply = ("ok", k, _encode_chunk(paths))
+            reply = ("ok", key, _encode_chunk(paths))
         except Exception as exc:  # noqa: BLE001 - reported by the packer, which stops
-            reply = ("error", k, f"{type(exc).__name__}: {exc}")
+            reply = ("error", key, f"{type(exc).__name__}: {exc}")
         try:
             conn.send(reply)
         except OSError:
             return
+
+
+@dataclass(eq=False)
+class _Worker:
+    proc: Any
+    conn: Any
+    held: list[tuple[int, int, int]] = field(default_factory=list)  # tasks sent, oldest first
+    ready: bool = False
+
+
+START_FAILURES = 3  # workers dying before they are ready, before the pack gives up
 
 
 class _WorkerStream:
@@ -381,79 +533,122 @@ class _WorkerStream:
 
     Not ``multiprocessing.Pool``: its worker-handler thread also waits on the result pipe and
     spins for as long as a result message is being read (big messages: most of the time), and a
-    worker killed mid-task (the OOM killer) makes it wait forever. Here the packing thread reads
-    each worker's pipe itself, and a dead worker fails the pack with a clear error.
+    worker killed mid-task makes it wait forever. Here the packing thread reads each worker's pipe
+    itself. A task is ``(chunk, first, count)``: sources ``first:first+count`` of a chunk. A worker
+    works on its tasks in order, so one that dies (the OOM killer, a crashing decoder, ``kill
+    -9``) died on its oldest: that chunk is run again one source per task, its other tasks are
+    handed out again, and a fresh interpreter replaces it. A worker that dies on a one-source task
+    names the source that killed it, which is skipped with the reason.
     """
 
     def __init__(self, paths: list[str], settings: PackSettings, workers: int) -> None:
-        import multiprocessing as mp
+        from collections import deque
 
-        method = _start_method()
-        ctx = mp.get_context(method)
-        if method == "forkserver":
-            ctx.set_forkserver_preload(["__main__", "torch", __name__])  # once, not per worker
         bounds = _chunk_bounds(len(paths), workers, _largest_chunk(settings))
+        self._settings = settings
         self._chunks = [paths[a:b] for a, b in zip(bounds, bounds[1:])]
-        self._procs: list[Any] = []
-        self._conns: list[Any] = []
-        self._held: list[list[int]] = []   # per worker: chunk indices it holds, oldest first
+        self._tasks = deque((k, 0, len(chunk)) for k, chunk in enumerate(self._chunks))
+        self._workers: list[_Worker] = []
         self._done: dict[int, list[tuple[Encoded, int]]] = {}
-        self._next_chunk = 0   # next chunk to hand out
+        self._parts: dict[int, list[Any]] = {}  # chunks run one source per task: results so far
+        self._start_failures = 0
         self._want = 0         # next chunk to yield
         self._current: list[tuple[Encoded, int]] = []
         self._pos = 0
         self._left = len(paths)
-        with _sigint_deferred() as resume_sigint:
-            try:
-                if method == "fork":
-                    resize.prepare()  # imported once here, inherited by every worker
-                for _ in range(workers):
-                    mine, theirs = ctx.Pipe()
-                    proc = ctx.Process(target=_worker_main, args=(theirs, os.getpid(), settings),
-                                       daemon=True, name="shardkit-pack-worker")
-                    proc.start()
-                    theirs.close()
-                    self._procs.append(proc)
-                    self._conns.append(mine)
-                    self._held.append([])
-            except BaseException:
-                self._kill()
-                raise
         try:
-            resume_sigint()  # a Ctrl-C that came while the workers started is raised here
-            for w in range(workers):
-                for _ in range(2):  # one to work on, one queued behind it: no idle round trip
-                    self._hand_out(w)
+            self._start(workers, _start_method())
+            # Up when every worker is ready: the packer's start-up time ends here.
+            while any(w.held and not w.ready for w in self._workers):
+                self._receive(block=True)
         except BaseException:
             self._kill()
             raise
 
-    def _hand_out(self, w: int) -> None:
-        if self._next_chunk < len(self._chunks):
-            self._conns[w].send((self._next_chunk, self._chunks[self._next_chunk]))
-            self._held[w].append(self._next_chunk)
-            self._next_chunk += 1
+    def _start(self, n: int, method: str) -> None:
+        """Start ``n`` workers and give them work; a Ctrl-C meanwhile is raised once they are up.
+
+        Ctrl-C must not cut a start in half, so SIGINT is deferred (workers started meanwhile
+        inherit that and ignore SIGINT once up)."""
+        with _sigint_deferred() as resume_sigint:
+            if method == "fork":
+                resize.prepare()  # imported once here, inherited by every worker
+            for _ in range(n):
+                self._workers.append(_Worker(*_launch(method, self._settings)))
+        resume_sigint()
+        self._fill()
+
+    def _fill(self) -> None:
+        """Give each worker up to two tasks: one to work on, one queued behind it."""
+        for w in list(self._workers):
+            while len(w.held) < 2 and self._tasks:
+                k, first, count = task = self._tasks[0]
+                try:
+                    w.conn.send((task, self._chunks[k][first:first + count]))
+                except OSError:  # it died while idle
+                    self._replace(w)
+                    return  # _replace fills again
+                w.held.append(self._tasks.popleft())
 
     def _receive(self, block: bool) -> None:
-        """Take in every result message that is ready (waiting for one if ``block``)."""
+        """Take in every message that is ready (waiting for one if ``block``)."""
         from multiprocessing.connection import wait
 
-        busy = [conn for conn, held in zip(self._conns, self._held) if held]
-        for conn in wait(busy, None if block else 0):
-            w = self._conns.index(conn)
+        busy = {w.conn: w for w in self._workers if w.held}
+        for conn in wait(list(busy), None if block else 0):
+            w = busy[conn]
+            if w not in self._workers:  # replaced meanwhile (found dead while given work)
+                continue
             try:
-                kind, k, payload = conn.recv()
+                kind, key, payload = conn.recv()
             except (EOFError, OSError):
-                proc = self._procs[w]
-                proc.join(1)
-                raise PackError(f"an encoding worker died (exit code {proc.exitcode}) while "
-                                f"encoding sources from {self._chunks[self._held[w][0]][0]} on; "
-                                "no output written") from None
+                self._replace(w)
+                continue
+            if kind == "ready":
+                w.ready = True
+                continue
             if kind != "ok":
                 raise PackError(f"an encoding worker failed: {payload}; no output written")
-            self._held[w].remove(k)
-            self._done[k] = payload
-            self._hand_out(w)
+            w.held.remove(key)
+            self._store(key, payload)
+            self._fill()
+
+    def _store(self, task: tuple[int, int, int], results: list[tuple[Encoded, int]]) -> None:
+        k, first, count = task
+        if count == len(self._chunks[k]):
+            self._done[k] = results
+            return
+        part = self._parts[k]
+        part[first:first + count] = results
+        if all(r is not None for r in part):
+            self._done[k] = self._parts.pop(k)
+
+    def _replace(self, w: _Worker) -> None:
+        """``w`` died: settle the task it died on, hand its others out again, start a new one."""
+        code = _reap(w.proc, 30)  # its pipe is closed: it is exiting
+        if code is None:
+            w.proc.kill()
+            code = _reap(w.proc, 30)
+        w.conn.close()
+        self._workers.remove(w)
+        held, w.held = w.held, []
+        if not w.ready:  # never started: its tasks were not run
+            self._start_failures += 1
+            if self._start_failures >= START_FAILURES:
+                raise PackError(f"{self._start_failures} encoding workers died as they started "
+                                f"(the last {_death(code)}); no output written")
+            self._tasks.extendleft(reversed(held))
+        elif held:
+            (k, first, count), rest = held[0], held[1:]
+            self._tasks.extendleft(reversed(rest))
+            if count == 1:
+                reason = f"the decoder crashed (encoding worker {_death(code)})"
+                self._store(held[0], [((None, 0, 0, reason), 0)])
+            else:  # one source per task, to learn which one it was
+                self._parts.setdefault(k, [None] * len(self._chunks[k]))
+                self._tasks.extendleft((k, i, 1) for i in reversed(range(first, first + count)))
+        # Never forked now: this process has the output open and maybe other threads running.
+        self._start(1, "spawn")
 
     def __iter__(self) -> "_WorkerStream":
         return self
@@ -475,24 +670,23 @@ class _WorkerStream:
     def close(self) -> None:
         """Stop the workers: let them exit when every result is in, kill them otherwise."""
         if self._left == 0:
-            for conn in self._conns:
+            for w in self._workers:
                 try:
-                    conn.send(None)
+                    w.conn.send(None)
                 except OSError:
                     pass
-            for proc in self._procs:
-                proc.join(5)
+            for w in self._workers:
+                _reap(w.proc, 5)
         self._kill()
 
     def _kill(self) -> None:
-        for proc in self._procs:
-            if proc.exitcode is None:
-                proc.kill()
-        for proc in self._procs:
-            proc.join(5)
-        for conn in self._conns:
-            conn.close()
-        self._procs, self._conns, self._held = [], [], []
+        for w in self._workers:
+            if _reap(w.proc, 0) is None:
+                w.proc.kill()
+        for w in self._workers:
+            _reap(w.proc, 5)
+            w.conn.close()
+        self._workers = []
 
 
 def _encoded_stream(paths: list[str], settings: PackSettings, workers: int):
@@ -510,7 +704,7 @@ def _encoded_stream(paths: list[str], settings: PackSettings, workers: int):
 def _sigint_deferred() -> Iterator[Callable[[], None]]:
     """Run a step that Ctrl-C must not cut in half, without losing the Ctrl-C.
 
-    Two such steps: starting worker processes (a forkserver interrupted while importing prints a
+    Two such steps: starting worker processes (one interrupted while importing prints a
     traceback and leaves workers half made) and importing torch (a KeyboardInterrupt inside its
     C++ code aborts the whole process). So SIGINT is blocked in this thread meanwhile (processes
     started now inherit that and ignore SIGINT once up) and a Ctrl-C is only recorded. The
@@ -557,19 +751,29 @@ class _NoProgress:
 
 
 def _progress(total: int, enabled: bool, desc: str):
-    if not enabled:  # even a disabled tqdm starts its monitor thread, which would rule out fork
+    if not enabled:
         return _NoProgress()
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="img", desc=desc, file=sys.stderr,
-                dynamic_ncols=True, smoothing=0.1)
+    class Bar(tqdm):
+        # tqdm's monitor thread outlives the bar: the next pack in this process could not fork.
+        # Per class, so the user's own bars keep theirs.
+        monitor_interval = 0
+
+    return Bar(total=total, unit="img", desc=desc, file=sys.stderr, dynamic_ncols=True,
+               smoothing=0.1)
 
 
 def run_local(plan: Plan, shards: list[int], dest: dict[int, str], *, workers: int,
-              strict: bool, progress: bool, on_shard_done) -> None:
-    """Encode the given shards with a local process pool, writing each through a builder."""
+              strict: bool, progress: bool, on_shard_done,
+              on_start: Callable[[], None] = lambda: None) -> None:
+    """Encode the given shards with a local process pool, writing each through a builder.
+
+    ``on_start`` is called once the encoders are up, as encoding begins.
+    """
     paths = [plan.paths[i] for k in shards for i in range(plan.bounds[k], plan.bounds[k + 1])]
     stream = _encoded_stream(paths, plan.settings, workers)
+    on_start()
     bar = _progress(len(paths), progress, "pack")
     try:
         for k in shards:
@@ -590,18 +794,43 @@ def run_local(plan: Plan, shards: list[int], dest: dict[int, str], *, workers: i
         stream.close()
 
 
-def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False) -> dict[str, Any]:
-    """Pack one shard in this process (the unit of work for Dask and multi-node packing)."""
+def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False,
+               upload: Any = None) -> dict[str, Any]:
+    """Pack one shard in this process (the unit of work for Dask and multi-node packing).
+
+    With ``upload`` (a :class:`shardkit.remote.Uploader`) the shard is uploaded from here and
+    its local file deleted (see :func:`_upload_shard`).
+    """
+    if upload is not None:  # a staging folder on this worker's own disk
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
     _remove_shard_files([dest])  # left by an attempt that was killed (e.g. a lost Dask worker)
     builder = ShardBuilder(plan, k, dest, strict=strict)
     try:
         for i in range(plan.bounds[k], plan.bounds[k + 1]):
             builder.add(i, encode_file(plan.paths[i], plan.settings))
-        return builder.finish("shard")
+        entry = builder.finish("shard")
     except BaseException:
         builder.abort()
         _remove(dest)
         raise
+    return entry if upload is None else _upload_shard(upload, dest, entry)
+
+
+def _upload_shard(uploader: Any, path: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """Upload a finished shard file and delete it (staging then holds only shards in progress).
+
+    Its labels go into the returned entry: the manifest is merged without the file.
+    """
+    from .formats import open_reader
+
+    reader = open_reader(path, entry["format"])
+    try:
+        labels = np.array(reader.array("labels", "<i8", (entry["count"],))).tolist()
+    finally:
+        reader.close()
+    uploader.put_shard(path, entry["file"], entry["sha256"], entry["bytes"])
+    _remove_shard_files([path])
+    return entry | {"labels": labels}
 
 
 # -- partial outputs, progress entries, merge ----------------------------------------------------
@@ -609,6 +838,15 @@ def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False) -> dict[str,
 def partial_path(out: str) -> str:
     head, tail = os.path.split(os.path.abspath(out))
     return os.path.join(head, f".{tail}.partial")
+
+
+def staging_path(url: str) -> str:
+    """The local partial folder of a pack to ``url``: under the cache folder, one per URL, so
+    ``resume`` finds it (``$SHARDKIT_CACHE_DIR/pack-staging/<hash of url>``)."""
+    from .remote import default_cache_dir
+
+    key = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    return os.path.join(os.path.abspath(default_cache_dir()), "pack-staging", key)
 
 
 def _remove(path: str) -> None:
@@ -652,9 +890,10 @@ def _remove_shard_files(shards: Iterable[str]) -> None:
                 _remove(os.path.join(folder, other))
 
 
-def _completed_shards(partial: str, plan: Plan, plan_id: str,
-                      shards: Iterable[int]) -> dict[int, dict[str, Any]]:
-    """Shards of an interrupted run whose file still matches the checksum recorded when done."""
+def _completed_shards(partial: str, plan: Plan, plan_id: str, shards: Iterable[int],
+                      uploader: Any = None) -> dict[int, dict[str, Any]]:
+    """Shards of an interrupted run whose file still matches the checksum recorded when done
+    (with ``uploader``: whose upload is recorded, with that checksum, in the remote store)."""
     done: dict[int, dict[str, Any]] = {}
     for k in shards:
         try:
@@ -663,6 +902,11 @@ def _completed_shards(partial: str, plan: Plan, plan_id: str,
         except (OSError, ValueError):
             continue
         if not isinstance(entry, dict) or entry.get("plan_id") != plan_id:
+            continue
+        if uploader is not None:
+            if entry.get("file") == plan.shard_file(k) and "labels" in entry and \
+                    uploader.uploaded(entry["file"], entry.get("sha256"), entry.get("bytes")):
+                done[k] = entry
             continue
         shard = os.path.join(partial, plan.shard_file(k))
         if entry.get("file") == plan.shard_file(k) and os.path.exists(shard) \
@@ -673,7 +917,7 @@ def _completed_shards(partial: str, plan: Plan, plan_id: str,
 
 
 def _prepare_partial(partial: str, plan: Plan, plan_id: str, resume: bool,
-                     shards: Sequence[int]) -> dict[int, dict]:
+                     shards: Sequence[int], uploader: Any = None) -> dict[int, dict]:
     """Create or reuse the partial folder; returns which of ``shards`` are already complete.
 
     Files of the other ``shards`` (half-written by a killed run) are removed. Shards outside
@@ -693,7 +937,7 @@ def _prepare_partial(partial: str, plan: Plan, plan_id: str, resume: bool,
             raise PackError(f"cannot resume: {partial} was started with different sources, "
                             "settings or shard sizes; rerun without --resume (or delete it) "
                             "to start over")
-        done = _completed_shards(partial, plan, plan_id, shards)
+        done = _completed_shards(partial, plan, plan_id, shards, uploader)
     else:
         _remove(partial)
         os.makedirs(partial, exist_ok=True)
@@ -708,8 +952,14 @@ def _prepare_partial(partial: str, plan: Plan, plan_id: str, resume: bool,
     return done
 
 
-def finalize_sharded(partial: str, plan: Plan | None = None) -> tuple[dict[str, Any], int]:
-    """Merge per-shard entries into ``manifest.json`` (+ ``labels.npy``), written last."""
+def finalize_sharded(partial: str, plan: Plan | None = None,
+                     publish: Callable[[str], None] | None = None) -> tuple[dict[str, Any], int]:
+    """Merge per-shard entries into ``manifest.json`` (+ ``labels.npy``), written last.
+
+    Entries of uploaded shards carry their labels (the files are gone). ``publish(partial)``
+    runs once the manifest is written and before the entries are removed, so a pack killed
+    while it uploads the manifest resumes without packing again.
+    """
     from .formats import open_reader
 
     try:
@@ -735,18 +985,22 @@ def finalize_sharded(partial: str, plan: Plan | None = None) -> tuple[dict[str, 
     labels, start, skipped, shard_list, common = [], 0, [], [], None
     for k, entry in enumerate(entries):
         path = os.path.join(partial, entry["file"])
-        if not os.path.isfile(path) or os.path.getsize(path) != entry["bytes"]:
-            raise PackError(f"shard {k} ({path}) is missing or changed since it was packed; "
-                            "repack it (rerun its node, or pack with --resume)")
-        reader = open_reader(path, entry["format"])
-        try:
-            meta = metadata.parse_shard_meta(reader.meta_json(), path)
-            labels.append(np.array(reader.array("labels", "<i8", (meta["count"],))))
-        finally:
-            reader.close()
-        common = common or {key: meta[key] for key in (
-            "format", "format_version", "shardkit_version", "classes", "class_to_idx",
-            "settings", "source_root")}
+        if "labels" in entry and plan is not None:  # uploaded to a remote OUT: no file here
+            labels.append(np.asarray(entry["labels"], dtype="<i8"))
+            common = common or plan.common_meta()
+        else:
+            if not os.path.isfile(path) or os.path.getsize(path) != entry["bytes"]:
+                raise PackError(f"shard {k} ({path}) is missing or changed since it was packed; "
+                                "repack it (rerun its node, or pack with --resume)")
+            reader = open_reader(path, entry["format"])
+            try:
+                meta = metadata.parse_shard_meta(reader.meta_json(), path)
+                labels.append(np.array(reader.array("labels", "<i8", (meta["count"],))))
+            finally:
+                reader.close()
+            common = common or {key: meta[key] for key in (
+                "format", "format_version", "shardkit_version", "classes", "class_to_idx",
+                "settings", "source_root")}
         skipped.extend(entry["skipped"])
         shard_list.append({key: entry[key] for key in ("file", "format", "count", "bytes",
                                                        "sha256")} | {"start": start})
@@ -763,6 +1017,8 @@ def finalize_sharded(partial: str, plan: Plan | None = None) -> tuple[dict[str, 
                          "labels": {"file": "labels.npy", "sha256": sha256_file(labels_path)}}
     manifest = metadata.seal(manifest)
     _write_json_atomic(os.path.join(partial, metadata.MANIFEST_NAME), manifest)
+    if publish is not None:
+        publish(partial)
     for k in range(num_shards):
         _remove(_entry_path(partial, k))
     for name in os.listdir(partial):  # side files of killed writers
@@ -779,10 +1035,11 @@ def install(partial: str, out: str, overwrite: bool) -> None:
     A new OUT, or a file replacing a file: one rename. A folder store replacing a folder store:
     new shard files under unused names, then ``manifest.json`` replaced by rename, old files
     deleted once no reader holds them (:mod:`shardkit.swap`). Replacing a file by a folder or the
-    reverse cannot be one rename: OUT is moved aside first (missing for a moment, never mixed).
+    reverse cannot be one rename: OUT is moved aside first (missing for a moment, never mixed),
+    and a folder store moved aside is deleted once no reader holds it.
     """
     if os.path.lexists(out) and not overwrite:
-        raise PackError(f"{out} already exists (use --overwrite to replace it)")
+        raise PackError(f"{out} already exists (use `overwrite=True` to replace it)")
     if not os.path.lexists(out):
         if os.path.isdir(partial):
             os.rename(partial, out)
@@ -796,9 +1053,50 @@ def install(partial: str, out: str, overwrite: bool) -> None:
     else:
         os.replace(partial, out)  # atomic; processes that opened the old file keep reading it
     swap.fsync_dir(os.path.dirname(os.path.abspath(out)))
+    swap.collect_aside(out)
+
+
+def _install_finished(partial: str, out: str, overwrite: bool) -> None:
+    """:func:`install` a finalized folder store; on a disk error it stays there for ``merge``."""
+    try:
+        install(partial, out, overwrite)
+    except OSError as exc:
+        raise PackError(f"cannot install {out}: {exc.strerror or exc}; the finished store is "
+                        f"kept in {partial} (`shardkit merge {out}` installs it)") from None
 
 
 # -- the public entry point -----------------------------------------------------------------------
+
+def _check_options(src: str, out: str, file_list: str | None, sharded: bool, resume: bool,
+                   engine: str, scheduler: str | None, num_nodes: int, node_rank: int) -> None:
+    """Refuse options that cannot work together, before any work is done."""
+    for path, what in ((src, "the source folder"), (file_list, "`file_list`")):
+        if path is not None and is_url(path):
+            raise PackError(f"{path}: {what} must be a local path (only OUT may be a URL)")
+    if engine not in ("local", "dask"):
+        raise PackError(f"`engine` must be 'local' or 'dask', not {engine!r}")
+    if scheduler is not None and engine != "dask":
+        raise PackError("`scheduler` needs `engine='dask'`")
+    if not 0 <= node_rank < num_nodes:
+        raise PackError("`node_rank` must be in 0..`num_nodes`-1")
+    if not sharded:
+        for name, given in (("engine='dask'", engine == "dask"), ("resume=True", resume),
+                            ("num_nodes", num_nodes > 1)):
+            if given:
+                raise PackError(f"`{name}` needs a sharded OUT: give `shard_size` or "
+                                "`num_shards`")
+    if is_url(out):
+        if not sharded:
+            raise PackError(f"{out}: a remote OUT is a folder store: give `shard_size` or "
+                            "`num_shards`")
+        if num_nodes > 1:
+            raise PackError(f"{out}: `num_nodes` needs a local OUT that every node shares; "
+                            "pack to a URL from one machine, or with `engine='dask'`")
+        return
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise PackError(f"cannot write {out}: folder {folder} does not exist")
+
 
 def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None = None,
          size: int = 256, quality: int = 90, encoding: str = "jpeg", workers: int | None = None,
@@ -806,67 +1104,98 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
          allow_empty: bool = False, file_list: str | None = None,
          shard_size: int | None = None, num_shards: int | None = None, resume: bool = False,
          engine: str = "local", scheduler: str | None = None, num_nodes: int = 1,
-         node_rank: int = 0, progress: bool = True) -> PackResult:
+         node_rank: int = 0, progress: bool = True,
+         storage_options: dict[str, Any] | None = None) -> PackResult:
     """Pack an ImageFolder-layout folder (or a file list) into an LMDB or HDF5 store.
 
     Without ``shard_size``/``num_shards`` OUT is one file; with them, a folder of shard files and
     a ``manifest.json``. Unusable images are skipped and listed in the metadata (or, with
     ``strict``, abort the run with no output). See the README for every option.
+
+    A URL OUT (``s3://bucket/prefix``, any fsspec URL) must be sharded: shards are built in a
+    local staging folder (:func:`staging_path`) and uploaded as each finishes, then deleted
+    there; ``labels.npy`` and ``manifest.json`` go up last (see :mod:`shardkit.remote`).
+    ``storage_options`` configure its fsspec filesystem.
     """
     t0 = time.perf_counter()
     src, out = os.fspath(src), os.fspath(out).rstrip("/") or "/"
+    if shard_size is not None and num_shards is not None:
+        raise PackError("give `shard_size` or `num_shards`, not both")
+    _check_options(src, out, file_list, shard_size is not None or num_shards is not None,
+                   resume, engine, scheduler, num_nodes, node_rank)
     settings = PackSettings(size, quality, encoding, format or format_for_path(out), max_pixels)
     settings.validate()
-    if os.path.lexists(out) and not overwrite:
-        raise PackError(f"{out} already exists (use --overwrite to replace it)")
-    if not 0 <= node_rank < num_nodes:
-        raise PackError("--node-rank must be in 0..--num-nodes-1")
-    if os.path.abspath(out) == os.path.abspath(src) or \
-            os.path.abspath(out).startswith(os.path.abspath(src) + os.sep):
+    remote = is_url(out)
+    if not remote and os.path.lexists(out) and not overwrite:
+        raise PackError(f"{out} already exists (use `overwrite=True` to replace it)")
+    if not remote and (os.path.abspath(out) == os.path.abspath(src) or
+                       os.path.abspath(out).startswith(os.path.abspath(src) + os.sep)):
         raise PackError("OUT must not be inside SRC")
-    workers = (os.cpu_count() or 1) if workers is None else workers
+    if remote:  # its filesystem, endpoint and emptiness; the old manifest goes once packing starts
+        from .remote import check_target
+
+        check_target(out, storage_options, overwrite)
+    workers = default_workers() if workers is None else workers
+    started: list[float] = []  # when encoding began (the rest is start-up)
+
+    def on_start() -> None:
+        started.append(time.perf_counter())
+
+    def result(count: int, skipped: list[dict[str, str]], sources: int) -> PackResult:
+        now = time.perf_counter()
+        return PackResult(out, count, skipped, now - t0, plan.num_shards, sources,
+                          (started[0] if started else now) - t0)
+
     plan = make_plan(src, settings, allow_empty=allow_empty, file_list=file_list,
-                     shard_size=shard_size, num_shards=num_shards)
-    if num_nodes > 1 and not plan.sharded:
-        raise PackError("multi-node packing needs a sharded store (--shard-size or --num-shards)")
-    partial = partial_path(out)
+                     shard_size=shard_size, num_shards=num_shards, strict=strict)
+    partial = staging_path(out) if remote else partial_path(out)
     if not plan.sharded:
-        return _pack_single(plan, out, partial, workers, strict, overwrite, progress, t0)
+        entry = _pack_single(plan, out, partial, workers, strict, overwrite, progress, on_start)
+        return result(entry["count"], entry["skipped"], len(plan.paths))
     plan_id = plan.plan_id()
     ours = [k for k in range(plan.num_shards) if k % num_nodes == node_rank]
-    done = _prepare_partial(partial, plan, plan_id, resume or num_nodes > 1, ours)
-    mine = [k for k in ours if k not in done]
-    dest = {k: os.path.join(partial, plan.shard_file(k)) for k in mine}
+    uploader = None
+    if remote:
+        from .remote import Uploader
+
+        uploader = Uploader(out, storage_options, resume=resume, overwrite=overwrite)
 
     def on_done(k: int, entry: dict[str, Any]) -> None:
+        if uploader is not None and "labels" not in entry:  # not uploaded by a Dask worker
+            entry = _upload_shard(uploader, dest[k], entry)
         _write_json_atomic(_entry_path(partial, k), entry | {"plan_id": plan_id})
 
+    kept = f"uploaded shards kept in {out}" if remote else f"finished shards kept in {partial}"
     try:
+        done = _prepare_partial(partial, plan, plan_id, resume or num_nodes > 1, ours, uploader)
+        mine = [k for k in ours if k not in done]
+        dest = {k: os.path.join(partial, plan.shard_file(k)) for k in mine}
         if engine == "dask":
             from .distributed import run_dask
 
             run_dask(plan, mine, dest, scheduler=scheduler, workers=workers,
-                     progress=progress, on_shard_done=on_done, strict=strict)
-        elif engine == "local":
-            run_local(plan, mine, dest, workers=workers, strict=strict, progress=progress,
-                      on_shard_done=on_done)
+                     progress=progress, on_shard_done=on_done, strict=strict,
+                     on_start=on_start, upload=uploader)
         else:
-            raise PackError(f"unknown engine {engine!r}; expected local or dask")
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; finished shards kept in {partial} "
-                        "(rerun with --resume to continue)") from None
-    except OSError as exc:
-        raise PackError(f"cannot write {out}: {exc.strerror or exc}; finished shards kept in "
-                        f"{partial} (rerun with --resume)") from None
-    if num_nodes > 1:
-        # Each node packs its share; `shardkit merge OUT` finishes once every node is done.
-        return PackResult(out, sum(entry["count"] for entry in _entries(partial, mine)), [],
-                          time.perf_counter() - t0, plan.num_shards,
+            run_local(plan, mine, dest, workers=workers, strict=strict, progress=progress,
+                      on_shard_done=on_done, on_start=on_start)
+        if num_nodes > 1:
+            # Each node packs its share; `shardkit merge OUT` finishes once every node is done.
+            return result(sum(entry["count"] for entry in _entries(partial, mine)), [],
                           sum(plan.bounds[k + 1] - plan.bounds[k] for k in mine))
-    manifest, count = finalize_sharded(partial, plan)
-    install(partial, out, overwrite)
-    return PackResult(out, count, manifest["skipped"], time.perf_counter() - t0,
-                      plan.num_shards, len(plan.paths))
+        manifest, count = finalize_sharded(partial, plan,
+                                           uploader.finish if uploader is not None else None)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; {kept} (rerun with `resume=True` to continue)") \
+            from None
+    except OSError as exc:
+        raise PackError(f"cannot write {out}: {exc.strerror or exc}; {kept} (rerun with "
+                        "`resume=True`)") from None
+    if remote:
+        _remove(partial)
+    else:
+        _install_finished(partial, out, overwrite)
+    return result(count, manifest["skipped"], len(plan.paths))
 
 
 def _entries(partial: str, shards: Iterable[int]) -> list[dict[str, Any]]:
@@ -878,25 +1207,44 @@ def _entries(partial: str, shards: Iterable[int]) -> list[dict[str, Any]]:
 
 
 def merge(out: str | os.PathLike, overwrite: bool = False) -> PackResult:
-    """Finish a multi-node pack: check every shard is done, write the manifest, install OUT."""
+    """Finish a multi-node pack: check every shard is done, write the manifest, install OUT.
+
+    Also installs a finished store left in the partial folder by an install that failed.
+    """
     t0 = time.perf_counter()
     out = os.fspath(out).rstrip("/") or "/"
+    if is_url(out):
+        raise PackError(f"{out}: `merge` finishes a multi-node pack into a local folder (a pack "
+                        "to a URL uploads its manifest itself)")
     partial = partial_path(out)
     if not os.path.isdir(partial):
         raise PackError(f"no pack in progress for {out} (expected {partial})")
-    manifest, count = finalize_sharded(partial)
-    install(partial, out, overwrite)
+    try:
+        if os.path.exists(os.path.join(partial, PLAN_NAME)):
+            manifest, count = finalize_sharded(partial)
+        else:  # finalized by a run whose install failed
+            with open(os.path.join(partial, metadata.MANIFEST_NAME), "rb") as f:
+                manifest = metadata.parse_manifest(f.read(), partial)
+            count = manifest["count"]
+    except FileNotFoundError:
+        raise PackError(f"{partial}: no pack in progress to merge") from None
+    except OSError as exc:
+        raise PackError(f"cannot write {out}: {exc.strerror or exc}; the shards are kept in "
+                        f"{partial} (merge again once that is fixed)") from None
+    _install_finished(partial, out, overwrite)
     return PackResult(out, count, manifest["skipped"], time.perf_counter() - t0,
                       len(manifest["shards"]), count + len(manifest["skipped"]))
 
 
 def _pack_single(plan: Plan, out: str, partial: str, workers: int, strict: bool,
-                 overwrite: bool, progress: bool, t0: float) -> PackResult:
+                 overwrite: bool, progress: bool, on_start: Callable[[], None]
+                 ) -> dict[str, Any]:
+    """Pack the single-file store OUT; returns its entry (count, skipped)."""
     _remove_shard_files([partial])  # with a killed run's side files (HDF5 spool)
     entries: dict[int, dict[str, Any]] = {}
     try:
         run_local(plan, [0], {0: partial}, workers=workers, strict=strict, progress=progress,
-                  on_shard_done=entries.__setitem__)
+                  on_shard_done=entries.__setitem__, on_start=on_start)
         install(partial, out, overwrite)
     except KeyboardInterrupt:
         _remove(partial)
@@ -910,6 +1258,4 @@ def _pack_single(plan: Plan, out: str, partial: str, workers: int, strict: bool,
     except BaseException:
         _remove(partial)
         raise
-    entry = entries[0]
-    return PackResult(out, entry["count"], entry["skipped"], time.perf_counter() - t0, 1,
-                      len(plan.paths))
+    return entries[0]

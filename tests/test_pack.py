@@ -230,45 +230,6 @@ def test_crash_leaves_no_out_and_rerun_succeeds(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["out.h5", "src"]  # leftovers of the crash removed
 
 
-def _pack_workers(pid: int) -> list[int]:
-    """The CLI's encoding workers: forked children running its own command line (not the
-    resource tracker or a forkserver)."""
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        own = f.read()
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        children = [int(c) for c in f.read().split()]
-    found = []
-    for child in children:
-        try:
-            with open(f"/proc/{child}/cmdline", "rb") as f:
-                if f.read() == own:
-                    found.append(child)
-        except FileNotFoundError:
-            pass
-    return found
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc")
-def test_a_killed_worker_fails_the_pack_cleanly(tmp_path):
-    """The OOM killer takes an encoding worker: the pack stops with a clear error and writes
-    nothing, instead of waiting forever for the lost results."""
-    src, out = _frozen_source(tmp_path), str(tmp_path / "out.lmdb")
-    proc = subprocess.Popen([*BLOCKING_PACK, src, out, "--workers", "2", "-q"],
-                            stderr=subprocess.PIPE, text=True, env=_frozen_env())
-    try:
-        _wait_for(partial_path(out), proc)
-        workers = _pack_workers(proc.pid)
-        assert len(workers) == 2
-        for pid in workers:
-            os.kill(pid, signal.SIGKILL)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 1, err
-    assert "encoding worker died" in err and "Traceback" not in err
-    assert sorted(os.listdir(tmp_path)) == ["src"]
-
-
 # -- limits ---------------------------------------------------------------------------------------
 
 def test_max_pixels_skips_large_images(tmp_path):
