@@ -182,26 +182,36 @@ def _frozen_source(tmp_path) -> str:
     return str(src)
 
 
-def _frozen_env() -> dict[str, str]:
-    return dict(os.environ, SHARDKIT_TEST_BLOCK=os.path.join("a", "1.jpg"))
+def _frozen_env(tmp_path) -> dict[str, str]:
+    return dict(os.environ, SHARDKIT_TEST_BLOCK=os.path.join("a", "1.jpg"),
+                SHARDKIT_TEST_EVENTS=f"{tmp_path}.events")  # beside tmp_path: its listing is checked
 
 
-def _wait_for(partial: str, proc: subprocess.Popen, timeout: float = 30) -> None:
-    """Until the pack has created its partial output (or a side file of it, e.g. an HDF5 spool)."""
+def _wait_for(partial: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the pack has created its partial output (or a side file of it, e.g. an HDF5 spool)
+    and an encoder is frozen on the blocking source (its ``block`` event)."""
     folder, name = os.path.split(partial)
-    deadline = time.monotonic() + timeout
-    while not any(n.startswith(name) for n in os.listdir(folder)):
+    events = f"{folder}.events"
+
+    def blocked() -> bool:
+        try:
+            with open(events) as f:
+                return any(line.startswith("block ") for line in f)
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + timeout  # only against a hang: the test waits on events
+    while not (any(n.startswith(name) for n in os.listdir(folder)) and blocked()):
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "pack never started writing"
-        time.sleep(0.05)
-    time.sleep(0.3)  # let it reach the blocking read
+        assert time.monotonic() < deadline, "pack never froze on the blocking source"
+        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_ctrl_c_leaves_no_output(tmp_path, workers):
     src, out = _frozen_source(tmp_path), str(tmp_path / "out.lmdb")
     proc = subprocess.Popen([*BLOCKING_PACK, src, out, "--workers", str(workers), "-q"],
-                            stderr=subprocess.PIPE, text=True, env=_frozen_env())
+                            stderr=subprocess.PIPE, text=True, env=_frozen_env(tmp_path))
     try:
         _wait_for(partial_path(out), proc)
         proc.send_signal(signal.SIGINT)
@@ -216,7 +226,7 @@ def test_ctrl_c_leaves_no_output(tmp_path, workers):
 def test_crash_leaves_no_out_and_rerun_succeeds(tmp_path):
     src, out = _frozen_source(tmp_path), str(tmp_path / "out.h5")
     proc = subprocess.Popen([*BLOCKING_PACK, src, out, "--workers", "1", "-q"],
-                            stderr=subprocess.DEVNULL, env=_frozen_env())
+                            stderr=subprocess.DEVNULL, env=_frozen_env(tmp_path))
     try:
         _wait_for(partial_path(out), proc)
         proc.kill()  # SIGKILL: no cleanup at all

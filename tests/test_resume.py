@@ -39,19 +39,35 @@ def _start(src: str, out: str, *extra: str) -> subprocess.Popen:
     blocking_pack = os.path.join(os.path.dirname(__file__), "_blocking_pack.py")
     return subprocess.Popen([sys.executable, blocking_pack, "pack", src, out, *PACK_ARGS, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=dict(os.environ, SHARDKIT_TEST_BLOCK=BLOCKER))
+                            start_new_session=True,
+                            env=dict(os.environ, SHARDKIT_TEST_BLOCK=BLOCKER,
+                                     SHARDKIT_TEST_EVENTS=_events(out)))
+
+
+def _events(out: str) -> str:
+    return f"{out}.events"
+
+
+def _blocked(out: str) -> bool:
+    try:
+        with open(_events(out)) as f:
+            return any(line.startswith("block ") for line in f)
+    except FileNotFoundError:
+        return False
 
 
 def _wait_for(path: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
+    """Until ``path`` exists and an encoder is frozen on the blocking source of shard 2."""
+    out = os.path.join(os.path.dirname(path), "..",
+                       os.path.basename(os.path.dirname(path))[1:-len(".partial")])
+    deadline = time.monotonic() + timeout  # only against a hang
+    while not (os.path.exists(path) and _blocked(os.path.normpath(out))):
         if proc.poll() is not None:
             raise AssertionError(f"pack exited early ({proc.returncode}): {proc.stderr.read()}")
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             raise AssertionError(f"{path} did not appear")
         time.sleep(0.02)
-    time.sleep(0.2)  # let it reach the blocking source of shard 2
 
 
 def _assert_nothing_complete(out: str) -> None:
