@@ -13,7 +13,7 @@ from ._version import __version__
 
 _EXPORTS = {
     "ShardDataset": "dataset", "Batch": "dataset", "collate": "dataset",
-    "worker_init_fn": "dataset",
+    "worker_init_fn": "dataset", "normalize": "augment",
     "ShardSampler": "sampler",
     "pack": "packer", "merge": "packer", "PackResult": "packer",
     "info": "inspection", "verify": "inspection",

@@ -13,6 +13,13 @@ Systems (``--systems``):
   with ``crop=224``, ``shardkit.collate`` and ``worker_init_fn``, swept over ``num_workers``.
 - ``<format>-<encoding>/threads``: ShardDataset with ``threads=N`` and ``num_workers=0``,
   swept over N.
+- the training recipe, ``RandomResizedCrop(224)`` + ``RandomHorizontalFlip()``, over
+  ``--recipe-workers`` (default 2) on the LMDB jpeg store: ``recipe-imagefolder`` (ImageFolder,
+  PIL, the recipe as pytorch/examples runs it), ``recipe-transform`` (ShardDataset with the recipe
+  as a per-sample v2 transform on uint8 tensors), ``recipe-decode`` (``crop_mode="random_resized",
+  flip=0.5``); torchvision's transforms when it is importable, else shardkit.augment's, which give
+  the same pixels. Beside them ``random-crop`` (``crop_mode="random"``, the plain fast path) and
+  ``random-crop/default-collate`` (the same without ``collate_fn``).
 
 and the decode ceiling: one process decoding the same stored bytes to the same crops in a tight
 loop (no Dataset, no DataLoader), times the number of cores.
@@ -54,8 +61,16 @@ CROP = 224
 ENCODINGS = ("jpeg", "raw")
 FORMATS = ("lmdb", "hdf5")
 STORE_SYSTEMS = tuple(f"{f}-{e}" for e in ENCODINGS for f in FORMATS)
+RECIPE_STORE = "lmdb-jpeg"
+RECIPE_SYSTEMS = ("recipe-imagefolder", "recipe-transform", "recipe-decode", "random-crop",
+                  "random-crop/default-collate")
 DEFAULT_SYSTEMS = ("imagefolder", "lmdb-jpeg", "hdf5-jpeg", "lmdb-raw", "hdf5-raw",
-                   "lmdb-jpeg/threads")
+                   "lmdb-jpeg/threads", *RECIPE_SYSTEMS)
+# Random crops are compared within these groups, at one setting: under one seed, the same samples
+# go to the same workers and draw the same boxes and flips.
+PIXEL_GROUPS = {"recipe-transform": "recipe", "recipe-decode": "recipe",
+                "recipe-imagefolder": "recipe-imagefolder", "random-crop": "random-crop",
+                "random-crop/default-collate": "random-crop"}
 TIE = 0.03  # --recommend: settings within 3 % of the best count as equally fast
 
 
@@ -179,10 +194,12 @@ class Fingerprint:
     def __init__(self) -> None:
         self.crcs: list[int] = []
         self.labels: list[int] = []
+        self.kinds: set[str] = set()  # dtype and shape of the images, e.g. "torch.uint8 3x224x224"
 
     def add_batch(self, images: Any, labels: Any) -> None:
         import torch
 
+        self.kinds.add(f"{images.dtype} {'x'.join(map(str, images.shape[1:]))}")
         if isinstance(images, torch.Tensor):
             hwc = images.permute(0, 2, 3, 1).numpy()  # the uint8 HxWxC memory, usually a view
         else:
@@ -221,15 +238,17 @@ def _pil_center_crop(img: Any, crop: int) -> Any:
 
 class PilImageFolder:
     """torchvision's ``ImageFolder`` + ``Resize(size)``, ``CenterCrop(crop)``, ``PILToTensor()``,
-    written with PIL and numpy for machines without torchvision (same pixels, same order)."""
+    written with PIL and numpy for machines without torchvision (same pixels, same order);
+    ``transform`` replaces the resize and crop (it gets the RGB PIL image)."""
 
-    def __init__(self, root: str, size: int = SIZE, crop: int = CROP) -> None:
+    def __init__(self, root: str, size: int = SIZE, crop: int = CROP,
+                 transform: Callable | None = None) -> None:
         from .discovery import discover
 
         found = discover(root)
         self.samples = found.samples
         self.classes, self.class_to_idx = found.classes, found.class_to_idx
-        self.size, self.crop = size, crop
+        self.size, self.crop, self.transform = size, crop, transform
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -241,6 +260,8 @@ class PilImageFolder:
         path, target = self.samples[index]
         with open(path, "rb") as f:
             img = Image.open(f).convert("RGB")
+        if self.transform is not None:
+            return self.transform(img), target
         w, h = img.size
         short, long = (w, h) if w <= h else (h, w)
         new_short, new_long = self.size, int(self.size * long / short)
@@ -262,6 +283,98 @@ def baseline_dataset(root: str, size: int = SIZE, crop: int = CROP) -> tuple[Any
     return datasets.ImageFolder(root, transform=transform), "torchvision ImageFolder"
 
 
+# -- the training recipe: RandomResizedCrop(224) + RandomHorizontalFlip() -----------------------
+
+def torchvision_version() -> str | None:
+    """torchvision's version when it imports (with its v2 transforms), else None."""
+    try:
+        import torchvision
+        from torchvision.transforms import v2  # noqa: F401
+    except Exception:  # noqa: BLE001 - not installed (or broken next to this torch)
+        return None
+    return torchvision.__version__
+
+
+class PilRecipe:
+    """``RandomResizedCrop(crop)``, ``RandomHorizontalFlip()``, ``PILToTensor()`` on a PIL image as
+    torchvision's v1 transforms do it (pytorch/examples' recipe), for machines without
+    torchvision: box and flip from :class:`shardkit.augment.Recipe` (torchvision's RNG calls),
+    then torchvision's PIL path: crop, Pillow bilinear resize, transpose."""
+
+    def __init__(self, crop: int = CROP) -> None:
+        from .augment import Recipe
+
+        self.crop = crop
+        self.recipe = Recipe(crop, "random_resized", flip=0.5, dct_scale=False)
+
+    def __call__(self, img: Any) -> Any:
+        import torch
+        from PIL import Image
+
+        top, left, h, w, flip, _ = self.recipe.draw(img.height, img.width)
+        img = img.crop((left, top, left + w, top + h))
+        img = img.resize((self.crop, self.crop), Image.Resampling.BILINEAR)
+        if flip:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return torch.from_numpy(np.array(img, dtype=np.uint8)).permute(2, 0, 1)
+
+
+class TensorRecipe:
+    """``v2.Compose([v2.RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip()])`` on
+    a uint8 CxHxW tensor, for machines without torchvision: shardkit.augment's box, flip and
+    resize, the pixels of torchvision v2 (tests/test_torchvision_parity.py, tests/test_bench.py)."""
+
+    def __init__(self, crop: int = CROP) -> None:
+        from .augment import Recipe
+
+        self.crop = crop
+        self.recipe = Recipe(crop, "random_resized", flip=0.5, dct_scale=False)
+
+    def __call__(self, img: Any) -> Any:
+        import torch
+
+        from . import augment
+
+        top, left, h, w, flip, _ = self.recipe.draw(img.shape[1], img.shape[2])
+        box = img.permute(1, 2, 0).numpy()[top:top + h, left:left + w]
+        out = np.empty((self.crop, self.crop, 3), np.uint8)
+        if box.shape[:2] == out.shape[:2]:  # torchvision returns such a crop as it is
+            np.copyto(out, box)
+        else:
+            augment.resize_into(out, box)
+        if flip:
+            augment.mirror(out)
+        return torch.from_numpy(out).permute(2, 0, 1)
+
+
+def recipe_baseline(root: str, torchvision: bool) -> tuple[Any, str]:
+    """ImageFolder with the recipe as pytorch/examples runs it (v1 transforms on PIL images)."""
+    if not torchvision:
+        return (PilImageFolder(root, transform=PilRecipe()),
+                "PIL ImageFolder + shardkit's RandomResizedCrop(224)+RandomHorizontalFlip() "
+                "on PIL images, Pillow bilinear (torchvision v1's pixels; torchvision not "
+                "installed)")
+    from torchvision import datasets, transforms
+
+    transform = transforms.Compose([transforms.RandomResizedCrop(CROP),
+                                    transforms.RandomHorizontalFlip(), transforms.PILToTensor()])
+    return (datasets.ImageFolder(root, transform=transform),
+            f"torchvision {torchvision_version()} ImageFolder + RandomResizedCrop(224), "
+            "RandomHorizontalFlip(), PILToTensor() (v1 on PIL images)")
+
+
+def recipe_transform(torchvision: bool) -> tuple[Callable, str]:
+    """The recipe as a per-sample transform on ShardDataset's uint8 tensors."""
+    if not torchvision:
+        return (TensorRecipe(), "shardkit.augment's RandomResizedCrop(224)+RandomHorizontalFlip()"
+                " on uint8 tensors (torchvision v2's pixels; torchvision not installed)")
+    from torchvision.transforms import v2
+
+    return (v2.Compose([v2.RandomResizedCrop(CROP, antialias=True), v2.RandomHorizontalFlip()]),
+            f"torchvision {torchvision_version()} v2.Compose([RandomResizedCrop(224, "
+            "antialias=True), RandomHorizontalFlip()])")
+
+
 # -- stores --------------------------------------------------------------------------------------
 
 @dataclass
@@ -274,8 +387,15 @@ class PackFigure:
     bytes: int
 
 
+def store_of(system: str) -> str | None:
+    """The store a system reads (``lmdb-jpeg``, ...), None for the image-folder systems."""
+    if system in ("imagefolder", "recipe-imagefolder"):
+        return None
+    return RECIPE_STORE if system in RECIPE_SYSTEMS else system.split("/")[0]
+
+
 def store_path(work: str, system: str) -> str:
-    fmt, enc = system.split("/")[0].split("-")
+    fmt, enc = store_of(system).split("-")
     return os.path.join(work, f"{fmt}-{enc}" + (".lmdb" if fmt == "lmdb" else ".h5"))
 
 
@@ -286,7 +406,7 @@ def pack_stores(src: str, work: str, systems: Iterable[str], workers: int,
 
     figures = []
     for name in STORE_SYSTEMS:
-        if not any(s.split("/")[0] == name for s in systems):
+        if not any(store_of(s) == name for s in systems):
             continue
         fmt, enc = name.split("-")
         out = store_path(work, name)
@@ -393,6 +513,9 @@ class Run:
     digest: str | None = None
     labels_digest: str | None = None
     memory: dict[str, Any] = field(default_factory=dict)
+    implementation: str | None = None  # what the system ran (torchvision's or shardkit's recipe)
+    images_timed: int = 0  # over all timed epochs
+    outputs: list[str] | None = None  # the warm-up's image kinds (Fingerprint.kinds)
 
     @property
     def setting(self) -> str:
@@ -410,10 +533,19 @@ def _collect_memory(loader: Any, main: bool) -> dict[int, dict]:
 
 def measure(system: str, loader: Any, *, mode: str, num_workers: int, threads: int,
             prefetch: int | None, epochs: int, step: Callable | None, bytes_per_image: float,
-            check: bool, min_seconds: float = 0.0) -> Run:
-    """Warm-up epoch (fingerprinted), then at least ``epochs`` timed ones; memory around them."""
+            check: bool, min_seconds: float = 0.0, seed: int = 0) -> Run:
+    """Warm-up epoch (fingerprinted), then at least ``epochs`` timed ones; memory around them.
+
+    The warm-up starts from ``torch.manual_seed(seed)`` (this process's RNG restored after), so
+    systems drawing random crops in this process (``num_workers=0``) draw the same ones; worker
+    processes are seeded from the loader's generator.
+    """
+    import torch
+
     fingerprint = Fingerprint() if check else None
-    warm = run_epoch(loader, step, fingerprint)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        warm = run_epoch(loader, step, fingerprint)
     before = _collect_memory(loader, mode == "threads" or num_workers == 0)
     pids = [os.getpid(), *_worker_pids(loader)]
     cpu0 = [cpu_seconds(pid) for pid in pids]
@@ -434,7 +566,8 @@ def measure(system: str, loader: Any, *, mode: str, num_workers: int, threads: i
                rate * bytes_per_image / 1e6, rate * 3 * CROP * CROP / 1e6, wait, warm.seconds,
                cpu_per_image, fingerprint.digest() if fingerprint else None,
                fingerprint.labels_digest() if fingerprint else None,
-               _memory_report(before, after))
+               _memory_report(before, after), images_timed=total,
+               outputs=sorted(fingerprint.kinds) if fingerprint else None)
 
 
 def _loader(dataset: Any, num_workers: int, prefetch: int, collate: Callable | None,
@@ -572,7 +705,8 @@ def _parse_list(text: str) -> list[int]:
 
 def _parse_systems(text: str) -> list[str]:
     systems = [s.strip() for s in text.split(",") if s.strip()]
-    known = {"imagefolder", *STORE_SYSTEMS, *(f"{s}/threads" for s in STORE_SYSTEMS)}
+    known = {"imagefolder", *STORE_SYSTEMS, *(f"{s}/threads" for s in STORE_SYSTEMS),
+             *RECIPE_SYSTEMS}
     bad = [s for s in systems if s not in known]
     if bad or not systems:
         raise argparse.ArgumentTypeError(
@@ -584,7 +718,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="shardkit bench",
         description="DataLoader throughput: ImageFolder+PIL against ShardDataset stores "
-                    "(LMDB/HDF5 x jpeg/raw), with the decode ceiling and pack speed.")
+                    "(LMDB/HDF5 x jpeg/raw), with the decode ceiling and pack speed, and the "
+                    "training recipe (RandomResizedCrop + flip) three ways.")
     p.add_argument("input", nargs="?", help="image folder (ImageFolder layout)")
     p.add_argument("--sample", type=int, metavar="N",
                    help="generate N photo-like images instead of giving a folder")
@@ -596,6 +731,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="num_workers values to sweep [0,1,...,2x cores]")
     p.add_argument("--threads-list", type=_parse_list, default=None,
                    help="threads values for the /threads systems [1,...,2x cores]")
+    p.add_argument("--recipe-workers", type=_parse_list, default=[2],
+                   help="num_workers values for the training-recipe and random-crop systems [2]")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs after the warm-up [3]")
     p.add_argument("--min-seconds", type=float, default=2.0,
                    help="run more timed epochs (up to 50) until they add up to this [2.0]")
@@ -686,6 +823,7 @@ def _bench(args: argparse.Namespace, work: str) -> int:
         "settings": {"batch_size": BATCH, "resize": SIZE, "crop": CROP, "epochs": args.epochs,
                      "min_seconds": args.min_seconds,
                      "workers_list": workers_list, "threads_list": threads_list,
+                     "recipe_workers": args.recipe_workers,
                      "prefetch_factor": args.prefetch, "step_ms": args.step_ms,
                      "step_cpu": args.step_cpu, "fast_decode": fast, "shuffle": True,
                      "persistent_workers": True, "systems": args.systems},
@@ -716,7 +854,7 @@ def _bench(args: argparse.Namespace, work: str) -> int:
     ceilings: dict[str, dict] = {}
     for enc in ENCODINGS:
         store = next((store_path(work, s) for s in args.systems
-                      if s != "imagefolder" and s.split("/")[0].endswith(enc)), None)
+                      if (store_of(s) or "").endswith(enc)), None)
         if store:
             ceilings[enc] = decode_ceiling(store, fast, args.epochs, not args.no_check,
                                            args.min_seconds)
@@ -774,12 +912,36 @@ def _sweep(system: str, src: str, work: str, workers_list: list[int], threads_li
 
     runs = []
     check = not args.no_check
-    if system == "imagefolder":
-        dataset, label = baseline_dataset(src)
-        _log(f"imagefolder: {label}")
-        settings = [("workers", w, 0) for w in workers_list]
+    label: str | None = None
+    if system in ("imagefolder", "recipe-imagefolder"):
+        if system == "imagefolder":
+            dataset, label = baseline_dataset(src)
+            settings = [("workers", w, 0) for w in workers_list]
+        else:
+            dataset, label = recipe_baseline(src, torchvision_version() is not None)
+            settings = [("workers", w, 0) for w in args.recipe_workers]
         make = lambda mode, w, t: _loader(dataset, w, args.prefetch, None, None, args.seed)  # noqa: E731
         bytes_per_image = source_bytes
+    elif system in RECIPE_SYSTEMS:
+        path = store_path(work, system)
+        settings = [("workers", w, 0) for w in args.recipe_workers]
+        collate_fn = None if system == "random-crop/default-collate" else collate
+        kwargs: dict[str, Any]
+        if system == "recipe-transform":
+            transform, name = recipe_transform(torchvision_version() is not None)
+            kwargs = {"transform": transform}
+            label = f"ShardDataset(transform=...), shardkit.collate; transform: {name}"
+        else:
+            kwargs = ({"crop": CROP, "crop_mode": "random_resized", "flip": 0.5}
+                      if system == "recipe-decode" else {"crop": CROP, "crop_mode": "random"})
+            label = (f"ShardDataset({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}), "
+                     + ("shardkit.collate" if collate_fn else
+                        "no collate_fn (the default collate)"))
+
+        def make(mode: str, w: int, t: int) -> Any:
+            ds = ShardDataset(path, fast_decode=fast, **kwargs)
+            return _loader(ds, w, args.prefetch, collate_fn, worker_init_fn, args.seed)
+        bytes_per_image = _disk_bytes(path) / max(1, len(ShardDataset(path)))
     else:
         path = store_path(work, system)
         threaded = system.endswith("/threads")
@@ -791,15 +953,19 @@ def _sweep(system: str, src: str, work: str, workers_list: list[int], threads_li
             ds = ShardDataset(path, crop=CROP, threads=t, fast_decode=fast)
             return _loader(ds, w, args.prefetch, collate, worker_init_fn, args.seed)
         bytes_per_image = store_bytes / max(1, len(ShardDataset(path)))
+    if label:
+        _log(f"{system}: {label}")
     for mode, w, t in settings:
         loader = make(mode, w, t)
         try:
             run = measure(system, loader, mode=mode, num_workers=w, threads=t,
                           prefetch=args.prefetch if w > 0 else None, epochs=args.epochs,
                           min_seconds=args.min_seconds,
-                          step=step, bytes_per_image=bytes_per_image, check=check)
+                          step=step, bytes_per_image=bytes_per_image, check=check,
+                          seed=args.seed)
         finally:
             _shutdown(loader)
+        run.implementation = label
         wait = "" if run.data_wait_share is None else f", data wait {run.data_wait_share:.0%}"
         _log(f"{system:18s} {run.setting:10s} {run.images_per_s:8.0f} images/s{wait}")
         runs.append(run)
@@ -809,7 +975,18 @@ def _sweep(system: str, src: str, work: str, workers_list: list[int], threads_li
 # -- results ---------------------------------------------------------------------------------------
 
 def _encoding(system: str) -> str | None:
-    return None if system == "imagefolder" else system.split("/")[0].split("-")[1]
+    """The encoding of the store a system reads (None: an image folder)."""
+    store = store_of(system)
+    return None if store is None else store.split("-")[1]
+
+
+def _pixel_group(run: Run) -> str:
+    """Runs that must deliver the same pixels: one encoding's centre crops, or random crops of
+    one group at one setting."""
+    group = PIXEL_GROUPS.get(run.system)
+    if group is not None:
+        return f"{group} {run.setting}"
+    return _encoding(run.system) or "imagefolder"
 
 
 def consistency(runs: list[Run], ceilings: dict[str, dict]) -> dict[str, Any]:
@@ -817,11 +994,15 @@ def consistency(runs: list[Run], ceilings: dict[str, dict]) -> dict[str, Any]:
     problems = []
     pixel_groups: dict[str, set[str]] = {}
     labels = set()
+    expected = f"torch.uint8 3x{CROP}x{CROP}"
     for run in runs:
+        if run.outputs is not None and run.outputs != [expected]:
+            problems.append(f"{run.system} {run.setting} delivered {', '.join(run.outputs)}, "
+                            f"not {expected}")
         if run.digest is None:
             continue
         labels.add(run.labels_digest)
-        key = _encoding(run.system) or "imagefolder"
+        key = _pixel_group(run)
         pixel_groups.setdefault(key, set()).add(run.digest)
     for enc, c in ceilings.items():
         if c.get("digest"):
@@ -901,6 +1082,26 @@ def summarize(runs: list[Run], ceilings: dict[str, dict], pack: dict[str, Any],
     raw, jpeg = _best_of(runs, ("lmdb-raw", "lmdb-raw/threads")), lmdb_jpeg
     if raw and jpeg:
         out["raw_vs_jpeg"] = {"ratio": raw.images_per_s / jpeg.images_per_s, "target": 3.0}
+
+    def at(system: str, setting: str) -> Run | None:
+        return next((r for r in runs if r.system == system and r.setting == setting), None)
+
+    # Side by side at one setting: the recipe at decode's best, the random crop's best.
+    decode = _best(runs, "recipe-decode")
+    for key, other, target in (("recipe_decode_vs_random_crop", "random-crop", 0.75),
+                               ("recipe_decode_vs_transform", "recipe-transform", 1.5),
+                               ("recipe_decode_vs_imagefolder", "recipe-imagefolder", None)):
+        them = decode and at(other, decode.setting)
+        if them:
+            out[key] = {"ratio": decode.images_per_s / them.images_per_s, "target": target,
+                        "setting": decode.setting, "images_per_s": decode.images_per_s,
+                        "other_images_per_s": them.images_per_s}
+    plain = _best(runs, "random-crop")
+    default = plain and at("random-crop/default-collate", plain.setting)
+    if default:
+        out["default_collate_vs_collate"] = {
+            "ratio": default.images_per_s / plain.images_per_s, "setting": plain.setting,
+            "images_per_s": default.images_per_s, "other_images_per_s": plain.images_per_s}
     if step_ms > 0:
         out["data_wait"] = {s: (lambda b: None if b is None else
                                 {"setting": b.setting, "share": b.data_wait_share})(_best(runs, s))
@@ -936,23 +1137,27 @@ def format_table(runs: list[Run], ceilings: dict[str, dict], report: dict[str, A
              f"{', '.join(f'{x:.1f}' for x in m['load_average'] or [])}",
              f"input: {inp['images']} images, {inp['classes']} classes, mean "
              f"{inp['mean_bytes'] / 1e3:.0f} KB, {inp['mean_width']:.0f}x{inp['mean_height']:.0f}"
-             f" px; batch {BATCH}, uint8 3x{CROP}x{CROP} centre "
-             f"crops; median of >= {report['settings']['epochs']} epochs (more until "
+             f" px; batch {BATCH}, uint8 3x{CROP}x{CROP} centre crops (random and "
+             f"RandomResizedCrop+flip for the recipe rows); median of >= "
+             f"{report['settings']['epochs']} epochs (more until "
              f"{report['settings']['min_seconds']:g} s) after a warm-up"
              + (f"; step {report['settings']['step_ms']:g} ms "
                 f"({'busy CPU' if report['settings']['step_cpu'] else 'sleep'})"
                 if report['settings']['step_ms'] else ""), ""]
-    base = _best(runs, "imagefolder")
-    header = (f"{'system':18s} {'setting':10s} {'images/s':>9s} {'MB/s':>7s} {'wait':>5s} "
+    bases = {"": _best(runs, "imagefolder"), "recipe-": _best(runs, "recipe-imagefolder")}
+    width = max([18, *(len(r.system) for r in runs)])
+    header = (f"{'system':{width}s} {'setting':10s} {'images/s':>9s} {'MB/s':>7s} {'wait':>5s} "
               f"{'x ceil':>6s} {'x base':>6s} {'CPU us/img':>10s} {'PrivDirty MB':>12s} "
               f"{'(+growth)':>9s} {'USS MB':>7s} {'PSS MB':>7s}")
     lines += [header, "-" * len(header)]
     for r in runs:
-        enc = _encoding(r.system)
+        recipe = r.system.startswith("recipe-")  # resized crops: x base against the same recipe
+        enc = None if recipe else _encoding(r.system)
         ceil = ceilings.get(enc, {}).get("images_per_s") if enc else None
+        base = bases["recipe-" if recipe else ""]
         tot = r.memory.get("total", {})
         lines.append(
-            f"{r.system:18s} {r.setting:10s} {r.images_per_s:9.0f} {r.mb_per_s:7.1f} "
+            f"{r.system:{width}s} {r.setting:10s} {r.images_per_s:9.0f} {r.mb_per_s:7.1f} "
             f"{'-' if r.data_wait_share is None else format(r.data_wait_share, '.0%'):>5s} "
             f"{'-' if not ceil else format(r.images_per_s / ceil, '.2f'):>6s} "
             f"{'-' if not base else format(r.images_per_s / base.images_per_s, '.1f'):>6s} "
@@ -962,6 +1167,12 @@ def format_table(runs: list[Run], ceilings: dict[str, dict], report: dict[str, A
             f"{_mb(tot.get('uss_mb')):>7s} {_mb(tot.get('pss_mb')):>7s}")
     lines.append("(CPU us/img: main process and workers together, timed epochs; memory: worker "
                  "processes' totals after the run, the main process for num_workers=0 and threads)")
+    described = {r.system: r.implementation for r in runs
+                 if r.system in RECIPE_SYSTEMS and r.implementation}
+    if described:
+        lines.append(f"training recipe, RandomResizedCrop({CROP}) + RandomHorizontalFlip(0.5), "
+                     f"{RECIPE_STORE} store (recipe-* rows: x base against recipe-imagefolder):")
+        lines += [f"  {system}: {text}" for system, text in described.items()]
     lines.append("")
     for enc, c in ceilings.items():
         par = c.get("parallel_images_per_s")
@@ -980,8 +1191,12 @@ def format_table(runs: list[Run], ceilings: dict[str, dict], report: dict[str, A
     lines += _target_lines(report["summary"], targets)
     checks = report["checks"]
     if checks["checked"]:
-        lines.append("same output: " + ("yes (every system and setting delivered the same "
-                                        "pixels per encoding and the same labels)"
+        groups = {k.split()[0] for k in checks["pixel_digests"]}
+        random = ("; at each setting, the recipe at decode the same as the per-sample transform"
+                  if "recipe" in groups else "") + (
+                  "; random crops the same with either collate" if "random-crop" in groups else "")
+        lines.append("same output: " + (f"yes (every system and setting delivered the same "
+                                        f"pixels per encoding{random}; the same labels)"
                                         if checks["ok"] else "NO: " + "; ".join(checks["problems"])))
     return "\n".join(lines)
 
@@ -1037,6 +1252,20 @@ def _target_lines(summary: dict[str, Any], targets: bool = False) -> list[str]:
     s = summary.get("raw_vs_jpeg")
     if s:
         lines.append(line(f"raw best = {s['ratio']:.1f} x jpeg best", ">= 3", s["ratio"] >= 3))
+    for key, what in (("recipe_decode_vs_random_crop", "recipe at decode = {:.2f} x the plain "
+                       "random crop"),
+                      ("recipe_decode_vs_transform", "recipe at decode = {:.2f} x the recipe as a "
+                       "per-sample transform"),
+                      ("recipe_decode_vs_imagefolder", "recipe at decode = {:.2f} x ImageFolder "
+                       "with the recipe"),
+                      ("default_collate_vs_collate", "random crop without collate_fn (the "
+                       "default collate) = {:.2f} x with shardkit.collate")):
+        s = summary.get(key)
+        if s:
+            text = (what.format(s["ratio"]) + f" ({s['setting']}: {s['images_per_s']:.0f} "
+                    f"against {s['other_images_per_s']:.0f} images/s)")
+            lines.append(line(text, f">= {s['target']:g}", s["ratio"] >= s["target"])
+                         if s.get("target") else text)
     s = summary.get("data_wait")
     if s:
         parts = [f"{k} {v['share']:.0%} ({v['setting']})" for k, v in s.items()
@@ -1051,8 +1280,28 @@ def _target_lines(summary: dict[str, Any], targets: bool = False) -> list[str]:
 
 
 def recommend(runs: list[Run], args: argparse.Namespace, work: str) -> str:
-    """Paste-able DataLoader code for the fastest setting with the fewest workers."""
-    stores = [s.split("/")[0] for s in args.systems if s != "imagefolder"]
+    """Paste-able DataLoader code: for the fastest setting with the fewest workers of the first
+    store measured, and for the fastest way measured to run the training recipe."""
+    parts = [_recommend_store(runs, args), _recommend_recipe(runs, args)]
+    return "\n\n".join(p for p in parts if p)
+
+
+def _loader_code(workers: int, threads: int, prefetch: int) -> list[str]:
+    if threads:
+        return [f"loader = DataLoader(dataset, batch_size={BATCH}, shuffle=True, num_workers=0,",
+                "                    collate_fn=collate, pin_memory=torch.cuda.is_available())",
+                "# decode threads run in the main process: if your training step needs the "
+                "CPU, use worker processes instead"]
+    lines = [f"loader = DataLoader(dataset, batch_size={BATCH}, shuffle=True, "
+             f"num_workers={workers},"]
+    if workers > 0:
+        lines += [f"                    prefetch_factor={prefetch}, "
+                  "persistent_workers=True, worker_init_fn=worker_init_fn,"]
+    return lines + ["                    collate_fn=collate, pin_memory=torch.cuda.is_available())"]
+
+
+def _recommend_store(runs: list[Run], args: argparse.Namespace) -> str:
+    stores = [s.split("/")[0] for s in args.systems if store_of(s) and s not in RECIPE_SYSTEMS]
     if not stores:
         return "--recommend: no ShardDataset system was measured"
     store = stores[0]
@@ -1071,19 +1320,35 @@ def recommend(runs: list[Run], args: argparse.Namespace, work: str) -> str:
              "",
              f"dataset = ShardDataset(\"YOUR_STORE\", crop={CROP}, crop_mode=\"random\"{fast}"
              + (f", threads={pick.threads})" if pick.mode == "threads" else ")")]
-    if pick.mode == "threads":
-        lines += [f"loader = DataLoader(dataset, batch_size={BATCH}, shuffle=True, num_workers=0,",
-                  "                    collate_fn=collate, pin_memory=torch.cuda.is_available())",
-                  "# decode threads run in the main process: if your training step needs the "
-                  "CPU, use worker processes instead"]
+    return "\n".join(lines + _loader_code(pick.num_workers, pick.threads, args.prefetch))
+
+
+def _recommend_recipe(runs: list[Run], args: argparse.Namespace) -> str | None:
+    """The training recipe: at decode when that measured fastest, else what was faster."""
+    measured = [b for b in (_best(runs, s) for s in ("recipe-decode", "recipe-transform",
+                                                     "recipe-imagefolder")) if b]
+    if not any(r.system != "recipe-imagefolder" for r in measured):
+        return None
+    pick = max(measured, key=lambda r: r.images_per_s)
+    others = ", ".join(f"{r.system} {r.images_per_s:.0f}" for r in measured if r is not pick)
+    lines = [f"# shardkit bench --recommend: training, RandomResizedCrop({CROP}) + "
+             f"RandomHorizontalFlip(): fastest measured {pick.system} {pick.setting}, "
+             f"{pick.images_per_s:.0f} images/s" + (f" ({others})" if others else "")]
+    if pick.system == "recipe-imagefolder":
+        return "\n".join(lines + ["# ImageFolder was the fastest here: keep it"])
+    fast = "" if args.exact_decode else ", fast_decode=True"
+    lines += ["import torch", "from torch.utils.data import DataLoader",
+              "from shardkit import ShardDataset, collate, normalize, worker_init_fn"]
+    if pick.system == "recipe-decode":
+        lines += ["", f"dataset = ShardDataset(\"YOUR_STORE\", crop={CROP}, "
+                      f"crop_mode=\"random_resized\", flip=0.5{fast})"]
     else:
-        lines += [f"loader = DataLoader(dataset, batch_size={BATCH}, shuffle=True, "
-                  f"num_workers={pick.num_workers},"]
-        if pick.num_workers > 0:
-            lines += [f"                    prefetch_factor={args.prefetch}, "
-                      "persistent_workers=True, worker_init_fn=worker_init_fn,"]
-        lines += ["                    collate_fn=collate, pin_memory=torch.cuda.is_available())"]
-    return "\n".join(lines)
+        lines += ["from torchvision.transforms import v2", "",
+                  f"recipe = v2.Compose([v2.RandomResizedCrop({CROP}, antialias=True), "
+                  "v2.RandomHorizontalFlip()])",
+                  f"dataset = ShardDataset(\"YOUR_STORE\", transform=recipe{fast})"]
+    return "\n".join(lines + _loader_code(pick.num_workers, 0, args.prefetch) + [
+        "# per batch, on the GPU: images = normalize(images.cuda(non_blocking=True), mean, std)"])
 
 
 def plot(runs: list[Run], ceilings: dict[str, dict], path: str, step_ms: float = 0.0,
@@ -1097,13 +1362,16 @@ def plot(runs: list[Run], ceilings: dict[str, dict], path: str, step_ms: float =
         import matplotlib.ticker
     except ImportError:
         return "no plot: matplotlib is not installed (pip install matplotlib)"
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     for system in dict.fromkeys(r.system for r in runs):
         mine = [r for r in runs if r.system == system]
         xs = [r.threads if r.mode == "threads" else r.num_workers for r in mine]
         label = system + (" (x = threads, num_workers=0)" if mine[0].mode == "threads" else "")
-        ax.plot(xs, [r.images_per_s for r in mine], marker="o",
-                linestyle="--" if mine[0].mode == "threads" else "-", label=label)
+        recipe = system in RECIPE_SYSTEMS
+        ax.plot(xs, [r.images_per_s for r in mine], marker="s" if recipe else "o",
+                markersize=8 if recipe else 6,
+                linestyle="-." if recipe else "--" if mine[0].mode == "threads" else "-",
+                label=label)
     c = ceilings.get("jpeg")
     if c:
         ax.axhline(c["images_per_s"], color="grey", linestyle=":",
@@ -1112,12 +1380,13 @@ def plot(runs: list[Run], ceilings: dict[str, dict], path: str, step_ms: float =
     ax.set_xlabel("num_workers (threads for /threads systems)")
     ax.set_ylabel("images/s")
     ax.set_yscale("log")
-    title = f"DataLoader throughput, batch {BATCH}, uint8 {CROP}x{CROP} centre crops"
+    title = (f"DataLoader throughput, batch {BATCH}, uint8 {CROP}x{CROP} centre crops\n"
+             f"(recipe-*: RandomResizedCrop({CROP}) + flip; random-crop: RandomCrop({CROP}))")
     if step_ms:
         title += f"\nwith a {step_ms:g} ms {'CPU' if step_cpu else 'sleeping'} step per batch"
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside: no overlap
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -1151,7 +1420,7 @@ def memory_main(args: argparse.Namespace) -> int:
     then read them all through a DataLoader and report each worker's memory growth."""
     count = args.memory_records
     workers = [w for w in (args.workers_list or [2]) if w > 0] or [2]
-    formats = sorted({s.split("/")[0].split("-")[0] for s in args.systems if s != "imagefolder"},
+    formats = sorted({store_of(s).split("-")[0] for s in args.systems if store_of(s)},
                      key=FORMATS.index) or list(FORMATS)
     work = args.work_dir or tempfile.mkdtemp(prefix="shardkit-mem-")
     os.makedirs(work, exist_ok=True)

@@ -534,3 +534,281 @@ def test_make_sample_varies_images_by_output_folder(tmp_path):
                             env=dict(os.environ, PYTHONPATH=REPO))
     assert helped.returncode == 0 and "derived from OUT's absolute path" in " ".join(
         helped.stdout.split())
+
+
+# -- the training recipe rows --------------------------------------------------------------------
+
+RECIPE = ["recipe-imagefolder", "recipe-transform", "recipe-decode", "random-crop",
+          "random-crop/default-collate"]
+TV_PYTHON = os.environ.get("SHARDKIT_TV_PYTHON") or os.path.join(REPO, ".venv-tv", "bin",
+                                                                  "python")
+
+
+@pytest.fixture(scope="module")
+def recipe_run(sample, tmp_path_factory):
+    """The recipe rows at num_workers 0 and 2, two timed epochs each, in this interpreter."""
+    out = str(tmp_path_factory.mktemp("recipe-out"))
+    work = str(tmp_path_factory.mktemp("recipe-work"))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        rc = benchmark.main([sample, "--systems", ",".join(RECIPE), "--recipe-workers", "0,2",
+                             "--epochs", "2", "--min-seconds", "0", "--pack-workers", "0",
+                             "--no-pack-figures", "--out-dir", out, "--work-dir", work,
+                             "--recommend"])
+    with open(os.path.join(out, "throughput.json")) as f:
+        report = json.load(f)
+    return rc, report, work, printed.getvalue()
+
+
+def _digest(batches) -> str:
+    """The benchmark's pixel digest, computed here: sorted CRC32s of HxWxC images + label."""
+    crcs = []
+    for images, labels in batches:
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, 224, 224)
+        for img, label in zip(images.permute(0, 2, 3, 1).numpy(), labels.tolist()):
+            crcs.append(zlib.crc32(int(label).to_bytes(8, "little", signed=True),
+                                   zlib.crc32(np.ascontiguousarray(img))))
+    return f"{zlib.crc32(np.sort(np.asarray(crcs, dtype=np.uint64)).tobytes()):08x}"
+
+
+def _seeded_epoch(dataset, collate_fn) -> str:
+    """One num_workers=0 epoch as the benchmark's warm-up runs it: the loader's generator and
+    torch's global RNG both seeded with 0."""
+    loader = DataLoader(dataset, batch_size=64, shuffle=True, collate_fn=collate_fn,
+                        generator=torch.Generator().manual_seed(0))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return _digest((x.clone(), y) for x, y in loader)
+
+
+def test_recipe_rows_count_every_image_of_every_epoch(recipe_run, sample):
+    """Each recipe row, at each --recipe-workers setting: every image once per timed epoch,
+    uint8 3x224x224, rate = images / median epoch; the table shows the JSON's rows and says
+    which implementation of the recipe ran."""
+    rc, report, work, printed = recipe_run
+    assert rc == 0
+    assert report["settings"]["recipe_workers"] == [0, 2]
+    runs = report["runs"]
+    assert {(r["system"], r["setting"]) for r in runs} == {
+        (s, f"workers={w}") for s in RECIPE for w in (0, 2)}
+    store = os.path.join(work, "lmdb-jpeg.lmdb")
+    per_image = {"recipe-imagefolder": statistics.mean(_source_sizes(sample))}
+    for r in runs:
+        assert r["images"] == len(ShardDataset(store)) == 40
+        assert len(r["epochs_s"]) == 2 and r["images_timed"] == 40 * 2
+        assert r["images_per_s"] == pytest.approx(40 / statistics.median(r["epochs_s"]))
+        assert r["mb_per_s"] == pytest.approx(
+            r["images_per_s"] * per_image.get(r["system"], _disk_bytes(store) / 40) / 1e6)
+        assert r["outputs"] == ["torch.uint8 3x224x224"]
+        pids = [p["pid"] for p in r["memory"]["processes"]]
+        if r["num_workers"]:
+            assert len(set(pids)) == r["num_workers"] and os.getpid() not in pids
+        else:
+            assert pids == [os.getpid()]
+    rows = {tuple(words[:2]): words[2] for words in map(str.split, printed.splitlines())
+            if len(words) > 2 and words[0] in RECIPE and words[1].startswith("workers=")}
+    assert rows == {(r["system"], r["setting"]): f"{r['images_per_s']:.0f}" for r in runs}
+
+    labels = {r["system"]: r["implementation"] for r in runs}
+    tv = benchmark.torchvision_version()
+    for system in ("recipe-imagefolder", "recipe-transform"):
+        assert (f"torchvision {tv}" if tv else "torchvision not installed") in labels[system]
+    assert labels["recipe-decode"] == ("ShardDataset(crop=224, crop_mode='random_resized', "
+                                       "flip=0.5), shardkit.collate")
+    assert labels["random-crop"].endswith("shardkit.collate")
+    assert labels["random-crop/default-collate"].endswith("no collate_fn (the default collate)")
+    for system, label in labels.items():
+        assert f"  {system}: {label}\n" in printed
+
+
+def test_recipe_at_decode_delivers_the_per_sample_transforms_pixels(recipe_run, sample):
+    """Under one seed the recipe at decode and the recipe as a per-sample transform deliver the
+    same images at each setting (the benchmark checks it); the digests are those of the
+    recipe's random crops, recomputed here, not of centre crops."""
+    _, report, work, printed = recipe_run
+    checks = report["checks"]
+    assert checks["ok"], checks["problems"]
+    digest = {(r["system"], r["setting"]): r["digest"] for r in report["runs"]}
+    groups = checks["pixel_digests"]
+    assert sorted(groups) == sorted(["jpeg", *(f"{g} workers={w}" for w in (0, 2) for g in
+                                               ("recipe", "recipe-imagefolder", "random-crop"))])
+    for w in ("workers=0", "workers=2"):
+        assert digest["recipe-decode", w] == digest["recipe-transform", w]
+        assert digest["random-crop", w] == digest["random-crop/default-collate", w]
+        assert groups[f"recipe {w}"] == [digest["recipe-decode", w]]
+    assert len({d[0] for d in groups.values()}) == len(groups)  # crops differ between groups
+    assert "the recipe at decode the same as the per-sample transform" in printed
+
+    store = os.path.join(work, "lmdb-jpeg.lmdb")
+    decode = ShardDataset(store, crop=224, crop_mode="random_resized", flip=0.5,
+                          fast_decode=True)
+    assert _seeded_epoch(decode, collate) == digest["recipe-decode", "workers=0"]
+    plain = ShardDataset(store, crop=224, crop_mode="random", fast_decode=True)
+    assert _seeded_epoch(plain, collate) == digest["random-crop", "workers=0"]
+    folder = benchmark.PilImageFolder(sample, transform=benchmark.PilRecipe())
+    assert _seeded_epoch(folder, None) == digest["recipe-imagefolder", "workers=0"]
+
+
+def test_consistency_flags_a_recipe_row_with_other_pixels_or_shape():
+    def run(system: str, digest: str, outputs=("torch.uint8 3x224x224",)) -> benchmark.Run:
+        return benchmark.Run(system, "workers", 2, 0, 2, [1.0], 1, 1.0, 1.0, 1.0, None, 1.0,
+                             None, digest, "l", outputs=list(outputs))
+
+    assert benchmark.consistency([run("recipe-decode", "a"), run("recipe-transform", "a"),
+                                  run("recipe-imagefolder", "b"), run("random-crop", "c")],
+                                 {})["ok"]
+    bad = benchmark.consistency([run("recipe-decode", "a"), run("recipe-transform", "b")], {})
+    assert bad["problems"] == ["recipe workers=2: systems/settings delivered different pixels "
+                               "(a, b)"]
+    bad = benchmark.consistency([run("recipe-decode", "a", ["torch.uint8 3x256x256"])], {})
+    assert bad["problems"] == ["recipe-decode workers=2 delivered torch.uint8 3x256x256, not "
+                               "torch.uint8 3x224x224"]
+
+
+def test_recipe_ratios_are_the_rows_side_by_side(recipe_run):
+    """The recipe at decode against the random crop, the per-sample transform and ImageFolder,
+    and the default collate against shardkit.collate: quotients of the rows' own figures at one
+    setting, printed as such (no acceptance targets in ``shardkit bench``)."""
+    _, report, _, printed = recipe_run
+    rate = {(r["system"], r["setting"]): r["images_per_s"] for r in report["runs"]}
+    summary = report["summary"]
+
+    def best(system: str) -> str:
+        return max((s for n, s in rate if n == system), key=lambda s: rate[system, s])
+
+    at = best("recipe-decode")
+    for key, other in (("recipe_decode_vs_random_crop", "random-crop"),
+                       ("recipe_decode_vs_transform", "recipe-transform"),
+                       ("recipe_decode_vs_imagefolder", "recipe-imagefolder")):
+        s = summary[key]
+        assert s["setting"] == at
+        assert (s["images_per_s"], s["other_images_per_s"]) == (rate["recipe-decode", at],
+                                                                rate[other, at])
+        assert s["ratio"] == pytest.approx(rate["recipe-decode", at] / rate[other, at])
+    assert (summary["recipe_decode_vs_random_crop"]["target"],
+            summary["recipe_decode_vs_transform"]["target"]) == (0.75, 1.5)
+    s = summary["default_collate_vs_collate"]
+    plain = best("random-crop")
+    assert s["setting"] == plain and s["ratio"] == pytest.approx(
+        rate["random-crop/default-collate", plain] / rate["random-crop", plain])
+    s = summary["recipe_decode_vs_transform"]
+    assert (f"recipe at decode = {s['ratio']:.2f} x the recipe as a per-sample transform "
+            f"({at}: {s['images_per_s']:.0f} against {s['other_images_per_s']:.0f} images/s)"
+            in printed)
+    s = summary["default_collate_vs_collate"]
+    assert (f"random crop without collate_fn (the default collate) = {s['ratio']:.2f} x with "
+            f"shardkit.collate ({plain}:" in printed)
+    assert "target" not in printed
+
+
+def _rate_run(system: str, workers: int, rate: float) -> benchmark.Run:
+    return benchmark.Run(system, "workers", workers, 0, 2, [1.0], 64, rate, 1.0, 1.0, None, 1.0)
+
+
+def test_recommend_picks_the_recipe_at_decode_when_fastest(recipe_run):
+    """--recommend gives training code for the fastest way the recipe ran, at its setting; the
+    code runs as printed and delivers the recipe's crops."""
+    _, _, work, printed = recipe_run
+    assert "# shardkit bench --recommend: training, RandomResizedCrop(224)" in printed
+    args = benchmark.build_parser().parse_args(["--sample", "1", "--systems", ",".join(RECIPE)])
+    runs = [_rate_run("recipe-imagefolder", 2, 500), _rate_run("recipe-transform", 2, 3000),
+            _rate_run("recipe-decode", 0, 4000), _rate_run("recipe-decode", 2, 5900)]
+    text = benchmark.recommend(runs, args, work)
+    assert ("fastest measured recipe-decode workers=2, 5900 images/s (recipe-transform 3000, "
+            "recipe-imagefolder 500)") in text
+    code = text[text.index("# shardkit bench --recommend: training"):]
+    assert ('dataset = ShardDataset("YOUR_STORE", crop=224, crop_mode="random_resized", '
+            'flip=0.5, fast_decode=True)') in code and "num_workers=2," in code
+    assert "v2" not in code
+    scope: dict = {}
+    exec(code.replace("YOUR_STORE", os.path.join(work, "lmdb-jpeg.lmdb")), scope)
+    loader = scope["loader"]
+    assert loader.collate_fn is collate and loader.worker_init_fn is worker_init_fn
+    ds = loader.dataset
+    assert (ds.crop, ds.crop_mode, ds.flip, ds.fast_decode) == (224, "random_resized", 0.5, True)
+    assert scope["normalize"] is __import__("shardkit").augment.normalize
+    images, labels = next(iter(loader))
+    assert images.shape == (40, 3, 224, 224) and images.dtype == torch.uint8 and len(labels) == 40
+    del images, labels
+    benchmark._shutdown(loader)
+
+    runs[1] = _rate_run("recipe-transform", 2, 7000)  # the transform faster: that code instead
+    text = benchmark.recommend(runs, args, work)
+    code = text[text.index("# shardkit bench --recommend: training"):]
+    assert "fastest measured recipe-transform workers=2, 7000 images/s" in code
+    assert ("recipe = v2.Compose([v2.RandomResizedCrop(224, antialias=True), "
+            "v2.RandomHorizontalFlip()])") in code and "random_resized" not in code
+    slow = [_rate_run("recipe-imagefolder", 2, 9000), _rate_run("recipe-decode", 2, 10)]
+    assert benchmark.recommend(slow, args, work).endswith(
+        "# ImageFolder was the fastest here: keep it")
+
+
+def test_shardkit_exports_normalize():
+    import shardkit
+    from shardkit import augment
+
+    assert shardkit.normalize is augment.normalize and "normalize" in shardkit.__all__
+
+
+TV_CHECK = r"""
+import contextlib, io, json, sys, torch
+from shardkit import ShardDataset, benchmark
+
+root, store, out, work = sys.argv[1:]
+result = {"version": benchmark.torchvision_version()}
+pairs = {"imagefolder": (benchmark.recipe_baseline(root, True)[0],
+                         benchmark.recipe_baseline(root, False)[0]),
+         "transform": (benchmark.recipe_transform(True)[0], benchmark.recipe_transform(False)[0])}
+full = ShardDataset(store)
+for name, (tv, ours) in pairs.items():
+    samples = differing = 0
+    for seed in range(6):
+        got = []
+        for impl in (tv, ours):
+            torch.manual_seed(seed)
+            if name == "imagefolder":
+                got.append([impl[i] for i in range(len(impl))])
+            else:
+                got.append([(impl(full[i][0]), full[i][1]) for i in range(len(full))])
+        for (a, la), (b, lb) in zip(*got):
+            samples += 1
+            differing += not (la == lb and a.dtype == b.dtype == torch.uint8
+                              and a.shape == b.shape == (3, 224, 224) and torch.equal(a, b))
+    result[name] = [samples, differing]
+with contextlib.redirect_stdout(io.StringIO()):
+    result["rc"] = benchmark.main([root, "--systems", "recipe-imagefolder,recipe-transform,"
+                                   "recipe-decode", "--recipe-workers", "2", "--epochs", "1",
+                                   "--min-seconds", "0", "--pack-workers", "0",
+                                   "--no-pack-figures", "--out-dir", out, "--work-dir", work])
+print(json.dumps(result))
+"""
+
+
+def test_shardkit_recipe_equals_torchvision_and_bench_uses_torchvision_there(recipe_run, sample,
+                                                                             tmp_path):
+    """In the torchvision environment (.venv-tv): the fallbacks the rows use without torchvision
+    give torchvision's pixels (v1 on PIL images for the ImageFolder row, v2 on uint8 tensors for
+    the per-sample transform), sample by sample under six seeds; and there the benchmark runs
+    torchvision's own transforms, whose per-sample v2 pixels equal the recipe at decode's."""
+    if not os.path.exists(TV_PYTHON):
+        message = f"no torchvision environment at {TV_PYTHON} (scripts/torchvision_venv.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(message + "; CI builds it")
+        pytest.skip(message)
+    _, _, work, _ = recipe_run
+    out = str(tmp_path / "out")
+    done = subprocess.run([TV_PYTHON, "-c", TV_CHECK, sample, os.path.join(work, "lmdb-jpeg.lmdb"),
+                           out, str(tmp_path / "work")], capture_output=True, text=True,
+                          timeout=900, env=dict(os.environ, PYTHONPATH=REPO))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["version"] and result["rc"] == 0
+    assert result["imagefolder"] == [40 * 6, 0] and result["transform"] == [40 * 6, 0]
+    with open(os.path.join(out, "throughput.json")) as f:
+        report = json.load(f)
+    assert report["checks"]["ok"], report["checks"]["problems"]
+    runs = {r["system"]: r for r in report["runs"]}
+    assert runs["recipe-transform"]["digest"] == runs["recipe-decode"]["digest"]
+    assert runs["recipe-transform"]["outputs"] == ["torch.uint8 3x224x224"]
+    for system in ("recipe-imagefolder", "recipe-transform"):
+        assert f"torchvision {result['version']}" in runs[system]["implementation"]
