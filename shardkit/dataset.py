@@ -9,6 +9,7 @@ batch buffer (shared memory inside a worker) that ``shardkit.collate`` hands on 
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import threading
@@ -18,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from . import augment, batchpool, codec
@@ -63,7 +64,9 @@ class ShardDataset(Dataset):
     """Images and labels from a shardkit store, with ImageFolder's ``classes``/``class_to_idx``/``targets``.
 
     Args:
-        path: a single-file store or a multi-shard store folder.
+        path: a single-file store, a multi-shard store folder, or the URL of a folder store in
+            object storage (``s3://bucket/prefix``, any fsspec URL; ``pip install
+            'shardkit[remote]'``), read through a local cache (see ``cache_dir``).
         transform: applied to each image (after ``crop``), e.g. torchvision transforms.
         target_transform: applied to each label.
         output: ``"tensor"`` (uint8 CxHxW, a view of HxWxC memory), ``"numpy"`` (HxWxC uint8),
@@ -86,7 +89,19 @@ class ShardDataset(Dataset):
         fast_decode: libjpeg-turbo's fast DCT and upsampling (a few % faster, slightly less exact).
         max_open_shards: shards kept open per process (one file descriptor each); the least
             recently used is closed when another must open. None: a quarter of the process's
-            open-file limit (``ulimit -n``), within 8..4096.
+            open-file limit (``ulimit -n``), within 8..4096; for a remote store with
+            ``cache_limit``, as many shards as that limit holds (an open shard is never evicted).
+        cache_dir: where a remote store's shards are cached, shared by every process on the
+            machine (each shard is downloaded once). None: ``$SHARDKIT_CACHE_DIR``, else
+            ``$XDG_CACHE_HOME/shardkit``, else ``~/.cache/shardkit``. Ignored for a local path.
+        cache_limit: bytes the whole ``cache_dir`` may hold; least recently used shards that no
+            process has open are deleted to make room. Shards open at once are never deleted
+            (the cache then exceeds the limit by them), so size it to at least the shards open
+            at once on the machine (each DataLoader worker's ``max_open_shards``) plus one
+            prefetched shard per worker. None: no limit.
+        storage_options: options for the fsspec filesystem (e.g. ``{"profile": "research"}``,
+            ``{"endpoint_url": ...}`` for s3fs); credentials and endpoint otherwise come from the
+            environment (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ...).
     """
 
     def __init__(self, path: str | os.PathLike, transform: Callable | None = None,
@@ -96,7 +111,9 @@ class ShardDataset(Dataset):
                  max_open_shards: int | None = None,
                  scale: Sequence[float] = (0.08, 1.0),
                  ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip: float = 0.0,
-                 dct_scale: bool = True) -> None:
+                 dct_scale: bool = True, cache_dir: str | os.PathLike | None = None,
+                 cache_limit: int | None = None,
+                 storage_options: dict[str, Any] | None = None) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
         if crop_mode not in codec.CROP_MODES:
@@ -108,7 +125,8 @@ class ShardDataset(Dataset):
         if threads < 0:
             raise ValueError("threads must be >= 0")
         recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale)
-        self.store = Store(path, max_open_shards)
+        self.store = Store(path, max_open_shards, cache_dir=cache_dir, cache_limit=cache_limit,
+                           storage_options=storage_options)
         self.root = self.store.path
         self.transform = transform
         self.target_transform = target_transform
@@ -374,6 +392,25 @@ class ShardDataset(Dataset):
                         else default_collate(label_list))
         return batch
 
+    def loader(self, batch_size: int | None = 1, **kwargs: Any) -> DataLoader:
+        """A ``torch.utils.data.DataLoader`` over this dataset, set up as documented:
+        ``collate_fn=shardkit.collate``, ``worker_init_fn=shardkit.worker_init_fn`` (then yours,
+        if you pass one) and ``persistent_workers=True`` when ``num_workers > 0``.
+
+        Every other DataLoader argument passes through as given (``shuffle``, ``sampler``,
+        ``batch_sampler``, ``num_workers``, ``pin_memory``, ``drop_last``, ``timeout``,
+        ``prefetch_factor``, ``multiprocessing_context``, ``generator``, ...); a ``collate_fn`` or
+        ``persistent_workers`` of yours replaces the default.
+        """
+        kwargs.setdefault("collate_fn", collate)
+        kwargs.setdefault("persistent_workers", bool(kwargs.get("num_workers")))
+        user_init = kwargs.get("worker_init_fn")
+        if user_init is None or user_init is worker_init_fn:
+            kwargs["worker_init_fn"] = worker_init_fn
+        else:
+            kwargs["worker_init_fn"] = functools.partial(_init_then, user_init)
+        return DataLoader(self, batch_size=batch_size, **kwargs)
+
     def __repr__(self) -> str:
         return (f"ShardDataset({self.root!r}, records={len(self)}, classes={len(self.classes)}, "
                 f"encoding={self.encoding!r}, output={self.output!r}, crop={self.crop})")
@@ -393,6 +430,13 @@ def _find_shard_datasets(dataset: Any, seen: set[int] | None = None) -> list[Sha
     for inner in getattr(dataset, "datasets", ()) or ():
         found += _find_shard_datasets(inner, seen)
     return found
+
+
+def _init_then(user_init: Callable[[int], None], worker_id: int) -> None:
+    """``worker_init_fn``, then the user's own (``ShardDataset.loader``; a partial of this
+    pickles for spawned workers whenever the user's function does)."""
+    worker_init_fn(worker_id)
+    user_init(worker_id)
 
 
 def worker_init_fn(worker_id: int) -> None:

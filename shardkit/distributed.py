@@ -3,8 +3,10 @@
 Each task runs :func:`shardkit.packer.pack_shard` on a worker, writing its shard file straight into
 the pack's partial folder, which must be on a filesystem every worker shares. The client collects
 each shard's manifest entry as the task finishes and hands it to ``on_shard_done`` (which records
-it for ``--resume``); the caller then merges the manifest. Without a scheduler address a
-``LocalCluster`` of worker processes on 127.0.0.1 is started for the duration of the pack.
+it for ``--resume``); the caller then merges the manifest. For a URL OUT each task uploads its
+own shard and deletes the local file, so the staging folder need not be shared. Without a
+scheduler address a ``LocalCluster`` of worker processes on 127.0.0.1 is started for the
+duration of the pack.
 
 Dask is an optional extra (``pip install 'dask[distributed]'``); nothing here is imported by the
 default engine.
@@ -47,7 +49,8 @@ def _absolute(plan: Plan) -> Plan:
 
 def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: str | None = None,
              workers: int = 1, progress: bool = True, on_shard_done: ShardDone,
-             strict: bool = False, on_start: Callable[[], None] = lambda: None) -> None:
+             strict: bool = False, on_start: Callable[[], None] = lambda: None,
+             upload: Any = None) -> None:
     """Pack ``shards`` of ``plan`` on a Dask cluster, one task per shard.
 
     Args:
@@ -62,6 +65,7 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
             completion order.
         strict: fail on the first unusable image instead of skipping it.
         on_start: called once the tasks are submitted.
+        upload: a :class:`shardkit.remote.Uploader` for a URL OUT: each task uploads its shard.
 
     A failing task (or a worker lost more often than Dask's retry limit: ``KilledWorker``, raised
     as a one-line PackError) cancels the remaining tasks and raises; shards that finished stay
@@ -93,7 +97,8 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         [plan_future] = client.scatter([plan], broadcast=True, hash=False)
         token = uuid.uuid4().hex[:12]
         futures = [client.submit(packer.pack_shard, plan_future, k, dest[k], strict=strict,
-                                 key=f"shardkit-shard-{k:05d}-{token}", pure=False)
+                                 upload=upload, key=f"shardkit-shard-{k:05d}-{token}",
+                                 pure=False)
                    for k in shards]
         shard_of = {future.key: k for future, k in zip(futures, shards)}
         on_start()

@@ -13,20 +13,27 @@ import numpy as np
 from . import codec
 from .errors import StoreError
 from .store import Store, sha256_file
+from .urls import is_url
 
 MAX_FAULTS = 100
 
 
-def _disk_bytes(path: str) -> int:
+def _disk_bytes(store: Store) -> int:
+    if store.cache is not None:  # a remote store: what its objects hold, from the manifest
+        return (sum(e.bytes for e in store.shards) + os.path.getsize(store.cache.labels())
+                + store.cache.remote.manifest_bytes)
+    path = store.path
     if os.path.isdir(path):
         return sum(os.path.getsize(os.path.join(path, name)) for name in os.listdir(path)
                    if os.path.isfile(os.path.join(path, name)))
     return os.path.getsize(path)
 
 
-def info(path: str | os.PathLike) -> dict[str, Any]:
-    """A summary of a store, from its metadata alone (records are not read)."""
-    store = Store(path)
+def info(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
+         storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A summary of a store, from its metadata alone (records are not read; a remote store's
+    manifest and labels are fetched, into ``cache_dir``)."""
+    store = Store(path, cache_dir=cache_dir, storage_options=storage_options)
     meta, settings = store.meta, store.settings
     return {
         "path": store.path,
@@ -41,7 +48,7 @@ def info(path: str | os.PathLike) -> dict[str, Any]:
         "size": settings["size"],
         "quality": settings["quality"],
         "shards": len(store.shards),
-        "bytes_on_disk": _disk_bytes(store.path),
+        "bytes_on_disk": _disk_bytes(store),
         "skipped": len(store.skipped),
     }
 
@@ -57,15 +64,20 @@ class VerifyReport:
         return not self.faults
 
 
-def verify(path: str | os.PathLike, progress: bool = False) -> VerifyReport:
+def verify(path: str | os.PathLike, progress: bool = False, *,
+           cache_dir: str | os.PathLike | None = None,
+           storage_options: dict[str, Any] | None = None) -> VerifyReport:
     """Check checksums of shard files, metadata consistency, and decode every record.
 
     Faults are collected (up to ``MAX_FAULTS``) rather than raised, so one run lists them all.
-    A store that cannot be opened at all raises ``StoreError``.
+    A store that cannot be opened at all raises ``StoreError``. A remote store's shards are
+    fetched into ``cache_dir`` one at a time (each released before the next).
     """
     from tqdm import tqdm
 
-    store = Store(path)
+    remote = is_url(path)
+    store = Store(path, 1 if remote else None, cache_dir=cache_dir,
+                  storage_options=storage_options)
     report = VerifyReport(store.path)
 
     def fault(msg: str) -> None:
@@ -80,6 +92,13 @@ def verify(path: str | os.PathLike, progress: bool = False) -> VerifyReport:
         store.attach()  # a folder store: its lock keeps the files read below in place
         for k, entry in enumerate(store.shards):
             where = f"shard {k} ({entry.path})"
+            if remote:
+                where = f"shard {k} ({store.path}/{os.path.basename(entry.path)})"
+                try:
+                    store.shard(k)  # downloaded and checked against the manifest's SHA-256
+                except StoreError as exc:
+                    fault(str(exc))
+                    continue
             if entry.sha256 is not None:
                 try:
                     if sha256_file(entry.path) != entry.sha256:

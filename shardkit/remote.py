@@ -58,7 +58,7 @@ from .store import sha256_file
 from .urls import is_url
 
 __all__ = ["is_url", "RemoteFolder", "ShardCache", "Uploader", "upload_folder_store",
-           "default_cache_dir", "ObjectNotFound"]
+           "check_target", "default_cache_dir", "ObjectNotFound"]
 
 RETRY_DELAYS = (1.0, 2.0)  # seconds slept between the attempts of one remote call
 RECORDS = ".shardkit-upload"
@@ -133,8 +133,10 @@ class _Remote:
                     # with timeouts that multiplies to many minutes. This instance is ours.
                     self._fs.retries = 1
             except (ImportError, ValueError) as exc:
-                raise ShardkitError(f"{self.url}: {_describe(exc)}; remote stores need "
-                                    "pip install 'shardkit[remote]'") from None
+                need = ("pip install 'shardkit[remote]'" if _is_s3(self.url) else
+                        "fsspec and the package for this protocol")
+                raise ShardkitError(f"{self.url}: {_describe(exc)} (remote stores need "
+                                    f"{need})") from None
             self._fs_pid = os.getpid()
         return self._fs
 
@@ -183,6 +185,7 @@ class RemoteFolder(_Remote):
                              "that did not finish") from None
         self.meta = metadata.parse_manifest(raw, self.where(name))
         self.manifest_sha256 = hashlib.sha256(raw).hexdigest()
+        self.manifest_bytes = len(raw)
 
     def get(self, name: str, local_path: str) -> None:
         """Download object ``name`` to ``local_path`` (retried)."""
@@ -402,10 +405,7 @@ class Uploader:
         self.remote = _Remote(url, storage_options)
         self.resume = resume
         manifest = metadata.MANIFEST_NAME
-        if self.remote.retry(manifest, lambda: self.remote.fs.exists(self.remote.path(manifest))):
-            if not overwrite:
-                raise PackError(f"{self.remote.url} already holds a store ({manifest}); "
-                                "pass overwrite=True to replace it")
+        if _holds_store(self.remote, overwrite):
             self.remote.retry(manifest, lambda: self.remote.fs.rm_file(self.remote.path(manifest)))
         if not resume:
             self._remove_records()
@@ -459,6 +459,24 @@ class Uploader:
             self.remote.retry(RECORDS, lambda: fs.rm(path, recursive=True))
         except ObjectNotFound:
             pass
+
+
+def _holds_store(remote: _Remote, overwrite: bool) -> bool:
+    """Does ``remote`` hold a store (refused unless ``overwrite``)?"""
+    manifest = metadata.MANIFEST_NAME
+    if remote.retry(manifest, lambda: remote.fs.exists(remote.path(manifest))):
+        if not overwrite:
+            raise PackError(f"{remote.url} already holds a store ({manifest}); pass "
+                            "`overwrite=True` to replace it")
+        return True
+    return False
+
+
+def check_target(url: str | os.PathLike, storage_options: dict[str, Any] | None = None,
+                 overwrite: bool = False) -> None:
+    """Refuse an upload target before any work (its filesystem unavailable, unreachable, or
+    holding a store without ``overwrite``); changes nothing."""
+    _holds_store(_Remote(url, storage_options), overwrite)
 
 
 def upload_folder_store(local_folder: str | os.PathLike, url: str | os.PathLike,

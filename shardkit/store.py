@@ -13,6 +13,14 @@ At most ``max_open_shards`` shards are open per process (the least recently used
 first; by default a quarter of the open-file limit), one descriptor each. Index arrays are
 memory-mapped views of the shard file, never Python objects: a worker's private memory does not
 grow with the number of records.
+
+A URL (``s3://bucket/prefix``, any fsspec URL) is a folder store in object storage, read through
+a local :class:`shardkit.remote.ShardCache`: the manifest and ``labels.npy`` are fetched at
+construction; a shard is downloaded (once per machine, SHA-256 checked) when a process first
+opens it, and released to the cache's LRU eviction when it is closed. Nothing is pinned: a cached
+shard never changes (its folder is keyed by the manifest's SHA-256). When a process opens shard k
+as its first shard, or right after k-1 (reading in order), shard k+1 is downloaded in the
+background; shards opened out of order (a ``ShardSampler`` rank's shuffled run) prefetch nothing.
 """
 
 from __future__ import annotations
@@ -178,16 +186,20 @@ class Store:
     use (and refuses a store replaced since this one was created).
     """
 
-    def __init__(self, path: str | os.PathLike, max_open_shards: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, max_open_shards: int | None = None, *,
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None,
+                 storage_options: dict[str, Any] | None = None) -> None:
         if max_open_shards is not None and (isinstance(max_open_shards, bool) or not isinstance(
                 max_open_shards, int) or max_open_shards < 1):
             raise ValueError("max_open_shards must be a positive integer or None, "
                              f"got {max_open_shards!r}")
         self.path = os.fspath(path)
-        if is_url(self.path):
-            raise StoreError(f"remote stores are not supported yet: {self.path}")
         self.max_open_shards = max_open_shards
-        if os.path.isdir(self.path):
+        #: The local cache of a remote store (None for a local one).
+        self.cache: Any = None
+        if is_url(self.path):
+            self._init_remote(cache_dir, cache_limit, storage_options)
+        elif os.path.isdir(self.path):
             self._init_sharded()
         elif os.path.exists(self.path):
             self._init_single()
@@ -252,6 +264,24 @@ class Store:
         self._labels_file = os.path.join(self.path, self.meta["labels"]["file"])
         self._real = os.path.realpath(self.path)
 
+    def _init_remote(self, cache_dir: str | os.PathLike | None, cache_limit: int | None,
+                     storage_options: dict[str, Any] | None) -> None:
+        from .remote import RemoteFolder, ShardCache
+
+        self.cache = cache = ShardCache(RemoteFolder(self.path, storage_options), cache_dir,
+                                        cache_limit)
+        if cache_limit is not None and self.max_open_shards is None:
+            # Open shards are in use and never evicted: a process holds no more than fit.
+            largest = max((e["bytes"] for e in cache.remote.meta["shards"]), default=1)
+            self.max_open_shards = max(1, cache_limit // max(largest, 1))
+        self.path = cache.remote.url
+        self.meta = cache.remote.meta
+        self._identity = cache.remote.manifest_sha256
+        self.shards = [ShardEntry(cache.path(k), e["format"], e["start"], e["count"], e["bytes"],
+                                  e["sha256"])
+                       for k, e in enumerate(self.meta["shards"])]
+        self._labels_file = cache.labels()  # so len, targets and classes need no shard
+
     def _here(self, path: str) -> str:
         """``path`` (a file of this folder store) in the folder that now holds the manifest this
         process pinned: a store moved aside by ``pack --overwrite`` (replaced by a single file)
@@ -279,7 +309,8 @@ class Store:
         if self._labels_file is None:
             return np.array(self.shard(0).labels)
         self.attach()  # the manifest's lock keeps labels.npy from being replaced under us
-        labels_file = self._here(self._labels_file)
+        labels_file = (self.cache.labels() if self.cache is not None
+                       else self._here(self._labels_file))
         expected = self.meta["labels"]["sha256"]
         try:
             # Checked against the manifest first: a damaged label would be silently wrong data.
@@ -321,13 +352,14 @@ class Store:
         if self._pin is not None and not self._pin.adopt():
             self._pin = None
         self._limit = self.max_open_shards or default_max_open_shards()
+        self._last_opened: int | None = None  # a remote store prefetches while this goes k-1, k
         self._pid = pid
 
     def attach(self) -> None:
         """Pin, in this process, the store this metadata came from (done by the first use), or
         raise ``StoreError`` if it was replaced since."""
         self._claim()
-        if self._pin is not None:
+        if self._pin is not None or self.cache is not None:
             return
         pin = None
         try:
@@ -360,15 +392,35 @@ class Store:
             return shard
         self.attach()
         while len(self._open) >= self._limit:
-            self._open.popitem(last=False)[1].close()
+            self._close_shard(*self._open.popitem(last=False))
         if self._labels_file is None:
             shard = OpenShard(self.shards[k], k, self.meta, self._pin)
+        elif self.cache is not None:
+            shard = self._open_cached(k)
         else:
             entry = self.shards[k]
             shard = OpenShard(dataclasses.replace(entry, path=self._here(entry.path)), k,
                               self.meta)
         self._open[k] = shard
         return shard
+
+    def _open_cached(self, k: int) -> OpenShard:
+        """Shard ``k`` of a remote store: fetched into the cache (in use until closed), opened."""
+        self.cache.fetch(k)
+        try:
+            shard = OpenShard(self.shards[k], k, self.meta)
+        except BaseException:
+            self.cache.release(k)
+            raise
+        if self._last_opened in (None, k - 1) and k + 1 < len(self.shards):
+            self.cache.prefetch(k + 1)
+        self._last_opened = k
+        return shard
+
+    def _close_shard(self, k: int, shard: OpenShard) -> None:
+        shard.close()
+        if self.cache is not None:
+            self.cache.release(k)  # it may be evicted now
 
     def open(self) -> None:
         """Open in this process: pin the store now, and a single-shard store's file too."""
@@ -379,8 +431,8 @@ class Store:
     def close(self) -> None:
         """Release every descriptor and lock this process holds for the store."""
         self._claim()
-        for shard in self._open.values():
-            shard.close()
+        for k, shard in self._open.items():
+            self._close_shard(k, shard)
         self._open = OrderedDict()
         if self._pin is not None:
             self._pin.close()
@@ -396,6 +448,7 @@ class Store:
         state["_pin"] = None
         state.pop("_labels", None)
         state.pop("_limit", None)  # per process: the receiver's own open-file limit
+        state.pop("_last_opened", None)
         return state
 
     def __len__(self) -> int:

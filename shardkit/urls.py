@@ -1,4 +1,4 @@
-"""Store addresses with a URL scheme (``s3://bucket/key``), recognised so they can be refused.
+"""Store addresses with a URL scheme (``s3://bucket/key``): remote stores (:mod:`shardkit.remote`).
 
 Without this check ``s3://bucket/x`` is a relative local path: a folder named ``s3:`` appears.
 """

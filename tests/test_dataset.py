@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import shardkit
 from helpers import flip_byte_in_file, reference_center_crop
 from shardkit import Batch, ShardDataset
-from shardkit.errors import StoreError
+from shardkit.errors import ShardkitError, StoreError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
 
@@ -126,9 +126,14 @@ def test_arguments_that_could_only_fail_later_are_refused_up_front(photo_store, 
         with pytest.raises(ValueError, match="max_open_shards must be a positive integer"):
             ShardDataset(photo_store, max_open_shards=bad)
     monkeypatch.chdir(tmp_path)
-    for url in ("s3://bucket/train.lmdb", "gs://b/store/", "HTTPS://host/x.h5", "file:///x"):
-        expected = f"^remote stores are not supported yet: {re.escape(url)}$"
-        with pytest.raises(StoreError, match=expected):
+    monkeypatch.setenv("SHARDKIT_CACHE_DIR", str(tmp_path / "cache"))
+    # A URL is a remote store (tests/test_remote_store.py), never a local folder named "s3:".
+    for url, error, expected in (
+            ("nosuch://b/store/", ShardkitError, "nosuch://b/store: ValueError: Protocol not "
+             "known: nosuch (remote stores need fsspec and the package for this protocol)"),
+            (f"file://{tmp_path}/none", StoreError, f"file://{tmp_path}/none has no "
+             "manifest.json: not a shardkit store, or a pack that did not finish")):
+        with pytest.raises(error, match=f"^{re.escape(expected)}$"):
             ShardDataset(url)
     assert os.listdir(tmp_path) == []
 

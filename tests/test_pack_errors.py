@@ -80,16 +80,50 @@ def test_pack_refuses_options_before_any_work(tmp_path, kwargs, message):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("out", ["s3://bucket/train", "gs://bucket/train", "file:///tmp/train",
-                                 "hdfs://namenode:8020/train.lmdb"])
-def test_remote_out_is_refused(src, tmp_path, out):
-    """Not a local folder named ``s3:``: a clear refusal until remote stores exist."""
-    proc = run_cli("pack", src, out, "--num-shards", "2", "-q", cwd=str(tmp_path))
+@pytest.mark.parametrize("args, message", [
+    (["nosuch://bucket/train", "--num-shards", "2"],
+     "nosuch://bucket/train: ValueError: Protocol not known: nosuch (remote stores need fsspec "
+     "and the package for this protocol)"),
+    (["s3://bucket/train"],
+     "s3://bucket/train: a remote OUT is a folder store: give --shard-size or --num-shards"),
+    (["s3://bucket/train", "--num-shards", "2", "--num-nodes", "2"],
+     "s3://bucket/train: --num-nodes needs a local OUT that every node shares; pack to a URL "
+     "from one machine, or with --engine dask"),
+    (["s3://bucket/train", "--num-shards", "2", "--file-list", "s3://bucket/list.csv"],
+     "s3://bucket/list.csv: --file-list must be a local path (only OUT may be a URL)"),
+], ids=["unknown-protocol", "single-file", "num-nodes", "file-list"])
+def test_remote_out_refusals_are_one_line(src, tmp_path, args, message):
+    """Not a local folder named ``s3:``, and no request sent: refused before any work."""
+    cache = tmp_path.parent / f"{tmp_path.name}-cache"
+    proc = run_cli("pack", src, *args, "-q", cwd=str(tmp_path),
+                   env={"SHARDKIT_CACHE_DIR": str(cache), "AWS_ENDPOINT_URL": "http://0.0.0.0:9"})
     assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
-    assert f"{out}: remote stores are not supported yet" in proc.stderr
-    proc = run_cli("merge", out, cwd=str(tmp_path))
-    assert proc.returncode == 1 and "remote stores are not supported yet" in proc.stderr
-    assert os.listdir(tmp_path) == []
+    assert proc.stderr.strip() == f"shardkit pack: error: {message}"
+    assert os.listdir(tmp_path) == [] and not cache.exists()
+
+
+def test_remote_store_without_s3fs_is_one_line(src, tmp_path):
+    """s3fs missing (an import that fails, as on a core install): every command says what to
+    install, in one line."""
+    hide = tmp_path / "hide" / "s3fs"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text("raise ImportError('No module named s3fs')\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    path = os.pathsep.join(p for p in (str(tmp_path / "hide"), os.environ.get("PYTHONPATH"))
+                           if p)
+    env = {"PYTHONPATH": path, "SHARDKIT_CACHE_DIR": str(tmp_path / "cache")}
+    need = ("s3://bucket/train: ImportError: Install s3fs to access S3 (remote stores need pip "
+            "install 'shardkit[remote]')")
+    for args in (["pack", src, "s3://bucket/train", "--num-shards", "2", "-q"],
+                 ["info", "s3://bucket/train"], ["verify", "s3://bucket/train"]):
+        proc = run_cli(*args, cwd=str(work), env=env)
+        assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+        assert proc.stderr.strip() == f"shardkit {args[0]}: error: {need}"
+    proc = run_cli("merge", "s3://bucket/train", cwd=str(work), env=env)
+    assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+    assert "`merge` finishes a multi-node pack into a local folder" in proc.stderr
+    assert os.listdir(work) == [] and not (tmp_path / "cache").exists()
 
 
 def test_is_url():

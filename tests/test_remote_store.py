@@ -1,0 +1,397 @@
+"""Remote stores end to end: ``pack`` to a URL, ``ShardDataset(url)`` in DataLoader workers,
+``info``/``verify`` on a URL, against a real S3-protocol server (moto) on 127.0.0.1.
+
+Downloads and uploads are counted on the server's side (``tests/s3server.py``). Every read is
+compared with a local pack of the same folder: the same records, labels and manifest.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import boto3
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import shardkit
+import shardkit.remote
+from helpers import one_line_error, photo_folder, run_cli
+from s3server import DUMMY_ENV, S3Server
+from shardkit import ShardDataset, metadata
+from shardkit.errors import PackError, StoreError
+from shardkit.packer import staging_path
+from shardkit.remote import RemoteFolder, upload_folder_store
+
+SHARDS = 8
+# Fail fast once the server is gone: one botocore attempt per call (shardkit still retries),
+# and short timeouts (a stopped moto server leaves kept-alive connections open, unanswered).
+FAST = {"config_kwargs": {"connect_timeout": 1, "read_timeout": 1,
+                          "retries": {"total_max_attempts": 1}}}
+
+
+class Server(S3Server):
+    """``S3Server`` that also calls ``put_hooks`` with each PUT's path before serving it."""
+
+    def start(self) -> "Server":
+        super().start()
+        self.put_hooks: list = []
+        wsgi = self._moto._server
+        inner = wsgi.app
+
+        def app(environ, start_response):
+            if environ["REQUEST_METHOD"] == "PUT":
+                for hook in list(self.put_hooks):
+                    hook(environ["PATH_INFO"])
+            return inner(environ, start_response)
+
+        wsgi.app = app
+        return self
+
+
+def _serve(mp: pytest.MonkeyPatch, cache: str):
+    for name, value in DUMMY_ENV.items():
+        mp.setenv(name, value)
+    mp.setenv("SHARDKIT_CACHE_DIR", cache)  # pack staging, and any default cache
+    server = Server().start()
+    mp.setenv("AWS_ENDPOINT_URL", server.endpoint)  # inherited by workers and the CLI
+    return server
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> str:
+    root = str(tmp_path_factory.mktemp("remote-store") / "src")
+    photo_folder(root, count=32, classes=4, seed=11)
+    return root
+
+
+@pytest.fixture(scope="module")
+def local(src, tmp_path_factory) -> str:
+    """``src`` packed locally: the reference every remote read is compared with."""
+    out = str(tmp_path_factory.mktemp("remote-store-local") / "train")
+    shardkit.pack(src, out, num_shards=SHARDS, workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def packed(src, local, tmp_path_factory):
+    """(server, url, staging listings): ``src`` packed to a bucket with ``pack(..., url)``.
+
+    At each shard's upload the staging folder is listed (the packer waits on that PUT)."""
+    with pytest.MonkeyPatch.context() as mp:
+        server = _serve(mp, str(tmp_path_factory.mktemp("remote-store-cache")))
+        try:
+            url = f"s3://{server.new_bucket()}/train"
+            staging = staging_path(url)
+            listings: dict[str, list[str]] = {}
+
+            def look(path: str) -> None:
+                name = path.rsplit("/", 1)[-1]
+                if path.startswith(key(url, "shard-")):
+                    listings[name] = sorted(os.listdir(staging))
+
+            server.put_hooks.append(look)
+            result = shardkit.pack(src, url, num_shards=SHARDS, workers=2, progress=False)
+            server.put_hooks.remove(look)
+            assert result.out == url and result.count == 32 and result.shards == SHARDS
+            yield server, url, listings, staging
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def s3(monkeypatch, tmp_path):
+    server = _serve(monkeypatch, str(tmp_path / "default-cache"))
+    yield server
+    server.stop()
+
+
+def key(url: str, name: str) -> str:
+    """The server-side request path of object ``name`` under ``url``."""
+    return "/" + url.removeprefix("s3://") + "/" + name
+
+
+def shard_names(folder: str) -> list[str]:
+    with open(os.path.join(folder, metadata.MANIFEST_NAME), "rb") as f:
+        return [e["file"] for e in metadata.parse_manifest(f.read(), folder)["shards"]]
+
+
+def gets(server: S3Server, url: str, names: list[str]) -> list[int]:
+    return [server.count("GET", key(url, name)) for name in names]
+
+
+def objects(url: str) -> dict[str, bytes]:
+    """Every object under ``url``, read with boto3 (not shardkit)."""
+    bucket, prefix = url.removeprefix("s3://").split("/", 1)
+    client = boto3.client("s3")
+    listing = client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])
+    return {o["Key"][len(prefix) + 1:]: client.get_object(Bucket=bucket, Key=o["Key"])[
+        "Body"].read() for o in listing}
+
+
+def files(folder: str) -> dict[str, bytes]:
+    out = {}
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+def read_epoch(ds: ShardDataset, method: str | None, order=None, workers: int = 2) -> list:
+    """Every (record bytes, label) a DataLoader delivers, in order."""
+    loader = DataLoader(ds, batch_size=2, sampler=order, num_workers=workers,
+                        multiprocessing_context=method if workers else None,
+                        worker_init_fn=shardkit.worker_init_fn)
+    return [(bytes(b), int(t)) for images, labels in loader for b, t in zip(images, labels)]
+
+
+def cached_bytes(ds: ShardDataset) -> int:
+    folder = ds.store.cache.folder
+    return sum(os.path.getsize(e.path) for e in ds.store.shards if os.path.exists(e.path)) \
+        if os.path.isdir(folder) else 0
+
+
+def damage(url: str, name: str) -> None:
+    bucket, prefix = url.removeprefix("s3://").split("/", 1)
+    client = boto3.client("s3")
+    body = bytearray(client.get_object(Bucket=bucket, Key=f"{prefix}/{name}")["Body"].read())
+    body[len(body) // 2] ^= 0xFF  # same size, one byte different
+    client.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=bytes(body))
+
+
+# -- pack to a URL ----------------------------------------------------------------------------
+
+def test_pack_to_url_uploads_the_local_pack_byte_for_byte(packed, local):
+    server, url, listings, staging = packed
+    assert objects(url) == files(local)  # same shards, labels and manifest; no records left
+    puts = [path for method, path in server.requests if method == "PUT"]
+    assert puts[-1] == key(url, "manifest.json")  # the manifest goes up last
+    # Staging is bounded: when a shard is uploaded, no other shard file is left there.
+    names = shard_names(local)
+    assert sorted(listings) == names
+    for name in names:
+        assert [n for n in listings[name] if n.startswith("shard-") and
+                not n.endswith(".json")] == [name]
+    assert not os.path.exists(staging)
+
+
+def test_pack_refuses_a_prefix_holding_a_store_before_any_work(packed, src):
+    server, url, _, _ = packed
+    before = len(server.requests)
+    with pytest.raises(PackError, match=f"^{url} already holds a store .*`overwrite=True`"):
+        shardkit.pack(src, url, num_shards=SHARDS, workers=1, progress=False)
+    assert [m for m, _ in server.requests[before:]] == ["HEAD"]  # looked, changed nothing
+    assert not os.path.exists(staging_path(url))
+
+
+def test_pack_with_dask_workers_uploading_their_shards(s3, src, local):
+    url = f"s3://{s3.new_bucket()}/train"
+    shardkit.pack(src, url, num_shards=SHARDS, workers=2, engine="dask", progress=False)
+    assert objects(url) == files(local)
+    assert not os.path.exists(staging_path(url))
+
+
+def test_pack_to_a_file_url_is_a_folder_store(src, local, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDKIT_CACHE_DIR", str(tmp_path / "cache"))
+    shardkit.pack(src, f"file://{tmp_path}/out", num_shards=SHARDS, workers=1, progress=False)
+    assert files(str(tmp_path / "out")) == files(local)
+    ds = ShardDataset(f"file://{tmp_path}/out", output="bytes")
+    assert read_epoch(ds, None, workers=0) == read_epoch(ShardDataset(local, output="bytes"),
+                                                         None, workers=0)
+
+
+# -- reading in DataLoader workers ------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_read_the_local_records_and_download_each_shard_once(packed, local, tmp_path,
+                                                                     method):
+    server, url, _, _ = packed
+    names = shard_names(local)
+    before = gets(server, url, names)
+    ds = ShardDataset(url, output="bytes", cache_dir=tmp_path / "cache")
+    assert len(ds) == 32 and ds.classes == ShardDataset(local).classes
+    assert np.array_equal(ds.targets, ShardDataset(local).targets)
+    assert gets(server, url, names) == before  # len, classes, targets: no shard downloaded
+    want = read_epoch(ShardDataset(local, output="bytes"), None, workers=0)
+    assert read_epoch(ds, method) == want
+    # Both workers read every shard; each was downloaded once, into the shared cache.
+    assert [a - b for a, b in zip(gets(server, url, names), before)] == [1] * SHARDS
+    assert read_epoch(ds, method) == want  # the second epoch: from the cache
+    assert [a - b for a, b in zip(gets(server, url, names), before)] == [1] * SHARDS
+
+
+def test_cache_limit_smaller_than_the_store(packed, local, tmp_path):
+    server, url, _, _ = packed
+    names = shard_names(local)
+    largest = max(os.path.getsize(os.path.join(local, n)) for n in names)
+    limit = 2 * largest + largest // 2
+    ds = ShardDataset(url, output="bytes", cache_dir=tmp_path / "cache", cache_limit=limit)
+    assert ds.store.max_open_shards == 2  # a process holds open no more shards than fit
+    before = gets(server, url, names)
+    want = read_epoch(ShardDataset(local, output="bytes"), None, workers=0)
+    for _ in range(2):
+        assert read_epoch(ds, "fork") == want
+    downloads = [a - b for a, b in zip(gets(server, url, names), before)]
+    assert sum(downloads) > SHARDS and downloads[0] == 2  # shard 0 was evicted in epoch 1
+    missing = next(k for k in range(SHARDS) if not os.path.exists(ds.store.shards[k].path))
+    ds.store.shard(missing)  # a download with no other shard in use: the cache fits the limit
+    assert cached_bytes(ds) <= limit
+    ds.close()
+
+
+def test_eviction_under_load_never_breaks_a_read(packed, local, tmp_path):
+    """Shuffled batches touch many shards; two spawned workers open and close shards while
+    the cache evicts: every image is still the local store's."""
+    server, url, _, _ = packed
+    names = shard_names(local)
+    largest = max(os.path.getsize(os.path.join(local, n)) for n in names)
+    order = np.random.default_rng(5).permutation(32).tolist() * 2
+    before = gets(server, url, names)
+    ds = ShardDataset(url, crop=32, cache_dir=tmp_path / "cache", cache_limit=2 * largest)
+    loader = DataLoader(ds, batch_size=4, sampler=order, num_workers=2,
+                        multiprocessing_context="spawn", worker_init_fn=shardkit.worker_init_fn,
+                        collate_fn=shardkit.collate)
+    got = [(images.clone(), labels.clone()) for images, labels in loader]
+    reference = ShardDataset(local, crop=32)
+    want = [reference.__getitems__(order[i:i + 4]) for i in range(0, len(order), 4)]
+    assert len(got) == len(want)
+    for (images, labels), batch in zip(got, want):
+        assert torch.equal(images, batch.images) and torch.equal(labels, batch.labels)
+    assert sum(gets(server, url, names)) - sum(before) > SHARDS  # evicted, downloaded again
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+def test_server_stopped_mid_epoch_raises_store_error(s3, local, tmp_path, monkeypatch):
+    monkeypatch.setattr(shardkit.remote, "RETRY_DELAYS", (0.1, 0.1))  # inherited by forks
+    url = f"s3://{s3.new_bucket()}/train"
+    upload_folder_store(local, url)
+    ds = ShardDataset(url, output="bytes", cache_dir=tmp_path / "cache", storage_options=FAST)
+    loader = DataLoader(ds, batch_size=2, num_workers=2, worker_init_fn=shardkit.worker_init_fn,
+                        multiprocessing_context="fork")
+    batches = iter(loader)
+    next(batches)  # shard 0 is read; at most 2 batches per worker were asked for since
+    s3.stop()
+    last = shard_names(local)[-1]
+    with pytest.raises(StoreError, match=f"{url}/shard-0000[0-7].lmdb: .*gave up after 3") \
+            as info:
+        for _ in batches:
+            pass
+    failed = str(info.value).split(f"{url}/", 1)[1].split(":", 1)[0]
+    cached = os.listdir(ds.store.cache.folder)
+    assert failed not in cached and last not in cached
+
+
+@pytest.mark.parametrize("method", ["spawn"])
+def test_second_epoch_with_the_server_gone_is_served_from_the_cache(s3, local, tmp_path,
+                                                                    method, monkeypatch):
+    monkeypatch.setattr(shardkit.remote, "RETRY_DELAYS", (0.1, 0.1))
+    url = f"s3://{s3.new_bucket()}/train"
+    upload_folder_store(local, url)
+    ds = ShardDataset(url, output="bytes", cache_dir=tmp_path / "cache", storage_options=FAST)
+    first = read_epoch(ds, method)
+    s3.stop()
+    assert read_epoch(ds, method) == first == read_epoch(ShardDataset(local, output="bytes"),
+                                                         None, workers=0)
+    with pytest.raises(StoreError, match=f"{url}/manifest.json: .*gave up after 3"):
+        ShardDataset(url, cache_dir=tmp_path / "cache", storage_options=FAST)
+
+
+def test_damaged_or_missing_object(s3, local, tmp_path):
+    url = f"s3://{s3.new_bucket()}/train"
+    upload_folder_store(local, url)
+    names = shard_names(local)
+    damage(url, names[2])
+    ds = ShardDataset(url, output="bytes", cache_dir=tmp_path / "cache")
+    index = int(ds.store.starts[2])
+    with pytest.raises(StoreError, match=f"^{url}/{names[2]}: object is damaged or replaced"):
+        ds[index]
+    assert ds[0][1] == ShardDataset(local)[0][1]  # the other shards read as before
+    bucket, prefix = url.removeprefix("s3://").split("/", 1)
+    boto3.client("s3").delete_object(Bucket=bucket, Key=f"{prefix}/{names[5]}")
+    proc = run_cli("verify", url, "-q", "--cache-dir", str(tmp_path / "cli-cache"))
+    assert proc.returncode == 1, proc.stderr
+    faults = [line for line in proc.stderr.splitlines() if line.startswith("fault:")]
+    assert faults == [f"fault: {url}/{names[2]}: object is damaged or replaced: its size or "
+                      "SHA-256 differs from the manifest (3 downloads)",
+                      f"fault: {url}/{names[5]}: object not found"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_unreachable_endpoint_is_one_line(s3, src, tmp_path):
+    url = f"s3://{s3.new_bucket()}/train"
+    s3.stop()  # nothing listens on that port now
+    for args in (("info", url, "--cache-dir", str(tmp_path / "cache")),
+                 ("pack", src, url, "--num-shards", "2", "-q")):
+        proc = run_cli(*args)
+        assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+        assert f"{url}/manifest.json: " in proc.stderr and "gave up after 3 attempts" \
+            in proc.stderr
+    assert not os.path.exists(staging_path(url))
+
+
+# -- the command line -------------------------------------------------------------------------
+
+def test_cli_pack_info_verify_with_a_url(s3, src, local, tmp_path):
+    url = f"s3://{s3.new_bucket()}/train"
+    proc = run_cli("pack", src, url, "--shard-size", "60KB", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert f"packed 32 images into {url} (" in proc.stderr
+    remote = RemoteFolder(url)
+    assert len(remote.meta["shards"]) > 1
+    proc = run_cli("info", url, "--json", "--cache-dir", str(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    summary = json.loads(proc.stdout)
+    assert summary["count"] == 32 and summary["path"] == url
+    assert summary["bytes_on_disk"] == sum(len(v) for v in objects(url).values())
+    proc = run_cli("verify", url, "-q", "--cache-dir", str(tmp_path / "cache"))
+    assert proc.returncode == 0 and proc.stdout.strip() == f"ok: 32 records verified in {url}"
+    proc = run_cli("pack", src, url, "--shard-size", "60KB", "-q")
+    assert proc.returncode == 1 and one_line_error(proc.stderr)
+    assert f"{url} already holds a store (manifest.json); pass --overwrite to replace it" \
+        in proc.stderr
+    proc = run_cli("pack", src, url, "--num-shards", str(SHARDS), "--overwrite", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert objects(url) == files(local)
+
+
+def test_killed_pack_leaves_no_store_and_resume_finishes_it(s3, src, local):
+    url = f"s3://{s3.new_bucket()}/train"
+    names = shard_names(local)
+    reached, go = threading.Event(), threading.Event()
+
+    def hold(path: str) -> None:
+        if path == key(url, names[1]):  # the packer waits here, shard 0 being uploaded
+            reached.set()
+            go.wait()
+
+    s3.put_hooks.append(hold)
+    cmd = [sys.executable, "-m", "shardkit.cli", "pack", src, url, "--num-shards", str(SHARDS),
+           "-q", "--workers", "2"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        assert reached.wait(300), "the pack never uploaded its second shard"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        s3.put_hooks.remove(hold)
+        go.set()
+    with pytest.raises(StoreError, match=f"{url} has no manifest.json"):
+        RemoteFolder(url)
+    assert s3.count("PUT", key(url, names[0])) == 1
+    proc = run_cli("pack", src, url, "--num-shards", str(SHARDS), "-q", "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert s3.count("PUT", key(url, names[0])) == 1  # kept, not packed or uploaded again
+    assert objects(url) == files(local)
+    assert not os.path.exists(staging_path(url))
