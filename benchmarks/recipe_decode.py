@@ -11,12 +11,12 @@ Printed per configuration: the median images/s (wall clock) and the median CPU m
 process's CPU time: less sensitive than images/s to other load on the machine); for DCT scaling,
 the mean difference from decoding at full size, per image.
 
-Stores: ``--large`` photo-like 1600x1200 JPEGs (``shardkit.sample.photo_like``, quality 90)
+Stores: ``--large`` photo-like 1600x1200 JPEGs (``shardkit.bench.sample.photo_like``, quality 90)
 packed at size 0 (full size), and ``--sample`` ImageNet-like photos
-(``shardkit.sample.make_sample``) packed at 256 (the default). The per-sample transform is
+(``shardkit.bench.sample.make_sample``) packed at 256 (the default). The per-sample transform is
 torchvision v2's ``RandomResizedCrop(224, antialias=True)`` + ``RandomHorizontalFlip()`` when
 torchvision is installed, else shardkit's implementation of the same pixels
-(``shardkit.benchmark.TensorRecipe``); the output says which.
+(``shardkit.bench.benchmark.TensorRecipe``); the output says which.
 
     python benchmarks/recipe_decode.py > benchmarks/results/recipe_decode.txt
 """
@@ -40,8 +40,9 @@ try:
 except ImportError:  # run from a source checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import shardkit
-from shardkit import ShardDataset, augment, benchmark, collate
-from shardkit.sample import make_sample, photo_like
+from shardkit import ShardDataset, augment, collate
+from shardkit.bench import benchmark
+from shardkit.bench.sample import make_sample, photo_like
 
 BATCH = 64
 CROP = 224

@@ -5,7 +5,7 @@
     python benchmarks/remote_throughput.py --sample 2000 --shard-size 4MiB
 
 In one run: starts a local S3-protocol server (moto, 127.0.0.1), writes a photo-like sample
-(``shardkit.sample``), packs it to a local folder store and to ``s3://bench/train`` with
+(``shardkit.bench.sample``), packs it to a local folder store and to ``s3://bench/train`` with
 ``shardkit.pack``, then reads it through a real DataLoader (``--workers`` fork workers, batch
 ``--batch-size``, ``ShardDataset(crop=224)``, ``shardkit.collate``):
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         boto3.client("s3").create_bucket(Bucket="bench")
         src = os.path.join(work, "sample")
         if not os.path.isdir(src):
-            from shardkit.sample import make_sample
+            from shardkit.bench.sample import make_sample
 
             make_sample(src, args.sample, classes=10, seed=0)
         local, url = os.path.join(work, "local"), "s3://bench/train"

@@ -1,8 +1,8 @@
 """shardkit's pack-side resize against stock Pillow's BICUBIC: speed and pixel difference.
 
-Backs the README's figures for ``shardkit.resize.resize_rgb`` (torch's antialiased bicubic uint8
+Backs the README's figures for ``shardkit.packing.resize.resize_rgb`` (torch's antialiased bicubic uint8
 kernel). Both run on one thread, as in a pack's encoding workers, on photo-like images
-(``shardkit.sample.photo_like``) at the sizes a pack resizes to a 256-px shorter side: a
+(``shardkit.bench.sample.photo_like``) at the sizes a pack resizes to a 256-px shorter side: a
 full-size image under 512 px, or a JPEG that libjpeg-turbo decoded DCT-scaled to between 512 and
 1023 px. Timing rounds alternate the two resizers, so drift in the machine's speed hits both.
 Prints, per size, the median time per image of each, their ratio, and the largest and mean
@@ -24,8 +24,8 @@ import PIL
 import torch
 from PIL import Image
 
-from shardkit import resize
-from shardkit.sample import photo_like
+from shardkit.packing import resize
+from shardkit.bench.sample import photo_like
 
 SIZES = [(500, 375), (375, 500), (900, 675), (1024, 768), (1500, 1500)]  # (width, height)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Make a sample ImageFolder tree of photo-like JPEGs (ImageNet-like sizes and encodings).
 
-The generator lives in ``shardkit.sample`` (see its docstring for what the images look like).
+The generator lives in ``shardkit.bench.sample`` (see its docstring for what the images look like).
 Without ``--seed``, the seed comes from OUT_DIR's absolute path, so two folders (train, val) get
 different images and remaking one folder gives the same images.
 
@@ -15,10 +15,10 @@ import os
 import sys
 
 try:
-    from shardkit.sample import image_size, make_sample, path_seed, photo_like  # noqa: F401
+    from shardkit.bench.sample import image_size, make_sample, path_seed, photo_like  # noqa: F401
 except ImportError:  # run from a source checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from shardkit.sample import image_size, make_sample, path_seed, photo_like  # noqa: F401
+    from shardkit.bench.sample import image_size, make_sample, path_seed, photo_like  # noqa: F401
 
 __all__ = ["image_size", "main", "make_sample", "photo_like"]
 

@@ -15,9 +15,10 @@ _EXPORTS = {
     "ShardDataset": "dataset", "Batch": "dataset", "collate": "dataset",
     "worker_init_fn": "dataset", "normalize": "augment",
     "ShardSampler": "sampler",
-    "pack": "packer", "merge": "packer", "PackResult": "packer",
+    "pack": "packing.packer", "merge": "packing.packer", "PackResult": "packing.packer",
     "info": "inspection", "verify": "inspection",
-    "IMG_EXTENSIONS": "discovery", "find_classes": "discovery", "make_dataset": "discovery",
+    "IMG_EXTENSIONS": "packing.discovery", "find_classes": "packing.discovery",
+    "make_dataset": "packing.discovery",
     "ShardkitError": "errors", "PackError": "errors", "StoreError": "errors",
 }
 

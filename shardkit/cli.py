@@ -10,7 +10,7 @@ from typing import Sequence
 
 from ._version import __version__
 from .errors import Interrupted, ShardkitError
-from .imaging import PILLOW_PIXEL_LIMIT
+from .packing.imaging import PILLOW_PIXEL_LIMIT
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    from .packer import pack
+    from .packing.packer import pack
 
     result = pack(args.src, args.out, format=args.format, size=args.size, quality=args.quality,
                   encoding=args.encoding, workers=args.workers, strict=args.strict,
@@ -178,7 +178,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from .packer import merge
+    from .packing.packer import merge
 
     result = merge(args.out, overwrite=args.overwrite)
     print(f"merged {result.shards} shards, {result.count} images into {result.out}",
@@ -187,7 +187,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .benchmark import main as bench_main
+    from .bench.benchmark import main as bench_main
 
     return bench_main(args.bench_args)
 

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-import shardkit.packer as packer
+import shardkit.packing.packer as packer
 
 _BLOCK = os.environ.get("SHARDKIT_TEST_BLOCK")
 _EVENTS = os.environ.get("SHARDKIT_TEST_EVENTS")

@@ -337,7 +337,7 @@ def build_store_fast(out: str, count: int, fmt: str = "lmdb", classes: int = 10,
     """
     import simplejpeg
 
-    from shardkit.packer import PackSettings, Plan, ShardBuilder
+    from shardkit.packing.packer import PackSettings, Plan, ShardBuilder
 
     rng = np.random.default_rng(seed)
     payloads = [simplejpeg.encode_jpeg(rng.integers(0, 256, (side, side, 3), dtype=np.uint8),

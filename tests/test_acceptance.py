@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # helpers, when 
 
 from helpers import noise  # noqa: E402
 from shardkit.errors import PackError  # noqa: E402
-from shardkit.imaging import ImageRejected, load_rgb  # noqa: E402
-from shardkit.packer import pack  # noqa: E402
+from shardkit.packing.imaging import ImageRejected, load_rgb  # noqa: E402
+from shardkit.packing.packer import pack  # noqa: E402
 
 # ImageFolder's loader (torchvision.datasets.folder.pil_loader), run in a fresh interpreter that
 # never imports shardkit: Pillow's defaults, whatever the calling process has changed.
@@ -382,7 +382,7 @@ def tiff_bomb(width: int, height: int, tile: int) -> bytes:
 # regression fails the test rather than the machine.
 BOMB_PROBE = r"""
 import json, re, resource, sys
-from shardkit.imaging import ImageRejected, load_rgb
+from shardkit.packing.imaging import ImageRejected, load_rgb
 status = lambda key: int(re.search(key + r":\s+(\d+)", open("/proc/self/status").read()).group(1))
 cap = status("VmSize") * 1024 + (2 << 30)
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
@@ -431,11 +431,11 @@ def test_importing_shardkit_leaves_pillow_limits_alone(tmp_path):
     big.write_bytes(simplejpeg.encode_jpeg(np.zeros((10_000, 10_000, 3), np.uint8), quality=50,
                                            colorsubsampling="420"))
     code = ("import sys, warnings; from PIL import Image, ImageFile; import shardkit, "
-            "shardkit.packer, shardkit.imaging; "
+            "shardkit.packing.packer, shardkit.packing.imaging; "
             "assert Image.MAX_IMAGE_PIXELS == 89_478_485, Image.MAX_IMAGE_PIXELS; "
             "assert ImageFile.LOAD_TRUNCATED_IMAGES is False; "
             "warnings.simplefilter('error'); "
-            "print(shardkit.imaging.load_rgb(open(sys.argv[1], 'rb').read(), 256).shape)")
+            "print(shardkit.packing.imaging.load_rgb(open(sys.argv[1], 'rb').read(), 256).shape)")
     proc = subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -32,9 +32,13 @@ import simplejpeg
 import torch
 from torch.utils.data import DataLoader
 
-from shardkit import ShardDataset, batchpool, benchmark, collate, packbench, worker_init_fn
-from shardkit.packer import pack
-from shardkit.sample import make_sample
+from shardkit import ShardDataset, batchpool, collate, worker_init_fn
+
+from shardkit.bench import benchmark
+
+from shardkit.bench import packbench
+from shardkit.packing.packer import pack
+from shardkit.bench.sample import make_sample
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEMS = ["imagefolder", "lmdb-jpeg", "hdf5-jpeg", "lmdb-raw", "hdf5-raw", "lmdb-jpeg/threads"]
@@ -752,7 +756,8 @@ def test_shardkit_exports_normalize():
 
 TV_CHECK = r"""
 import contextlib, io, json, sys, torch
-from shardkit import ShardDataset, benchmark
+from shardkit import ShardDataset
+from shardkit.bench import benchmark
 
 root, store, out, work = sys.argv[1:]
 result = {"version": benchmark.torchvision_version()}

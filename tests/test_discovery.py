@@ -10,9 +10,9 @@ import pytest
 from helpers import (imagefolder_reference, jpeg_bytes, noise, one_line_error, relpaths, run_cli,
                      sources_of, write_bytes)
 from shardkit import ShardDataset
-from shardkit.discovery import IMG_EXTENSIONS, discover, read_file_list
+from shardkit.packing.discovery import IMG_EXTENSIONS, discover, read_file_list
 from shardkit.errors import PackError
-from shardkit.packer import pack
+from shardkit.packing.packer import pack
 
 
 def test_extension_list_is_imagefolders():

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import shardkit
-from shardkit.sample import make_sample
+from shardkit.bench.sample import make_sample
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "train_imagenet.py")

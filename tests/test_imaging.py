@@ -20,10 +20,10 @@ import simplejpeg
 from PIL import Image, ImageOps
 
 from helpers import all_records, jpeg_bytes, noise, write_bytes
-from shardkit.imaging import ImageRejected, decode_rgb, load_rgb
-from shardkit.packer import _chunk_bounds, _largest_chunk, PackSettings, pack
-from shardkit.resize import resize_rgb, target_size
-from shardkit.sample import photo_like
+from shardkit.packing.imaging import ImageRejected, decode_rgb, load_rgb
+from shardkit.packing.packer import _chunk_bounds, _largest_chunk, PackSettings, pack
+from shardkit.packing.resize import resize_rgb, target_size
+from shardkit.bench.sample import photo_like
 
 
 def _pil_reference(data: bytes, size: int) -> np.ndarray:
@@ -252,7 +252,7 @@ def test_pack_with_another_thread_running_spawns_workers_and_same_records(tmp_pa
         write_bytes(str(src / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(noise(rng, 300, 420), 90))
     plain = str(tmp_path / "plain.lmdb")
     # A fresh single-threaded process packs with fork.
-    script = ("import sys; from shardkit.packer import _start_method, pack; "
+    script = ("import sys; from shardkit.packing.packer import _start_method, pack; "
               "assert _start_method() == 'fork'; pack(sys.argv[1], sys.argv[2], workers=2, "
               "progress=False)")
     subprocess.run([sys.executable, "-c", script, str(src), plain], check=True, timeout=120)
@@ -260,7 +260,7 @@ def test_pack_with_another_thread_running_spawns_workers_and_same_records(tmp_pa
     other = threading.Thread(target=stop.wait, daemon=True)
     other.start()
     try:
-        from shardkit.packer import _start_method
+        from shardkit.packing.packer import _start_method
 
         assert _start_method() == "spawn"
         threaded = str(tmp_path / "threaded.lmdb")
@@ -279,7 +279,7 @@ def test_float_fallback_resize_agrees_with_the_uint8_kernel():
     """Older torch builds lack the uint8 kernel; the float path must give the same picture."""
     import torch
 
-    from shardkit import resize
+    from shardkit.packing import resize
 
     arr = noise(np.random.default_rng(7), 375, 500).copy()  # writable, as torch wants
     fast = resize.resize_rgb(arr, 341, 256)

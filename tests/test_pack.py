@@ -21,7 +21,7 @@ from shardkit import ShardDataset
 from shardkit.errors import PackError
 from shardkit.formats import detect_format
 from shardkit.inspection import info
-from shardkit.packer import pack, partial_path
+from shardkit.packing.packer import pack, partial_path
 from shardkit.store import Store
 
 JPEG_TOLERANCE = 12  # max |mean error| per channel over a flat region, after two JPEG encodes
@@ -274,7 +274,7 @@ def test_12000px_jpeg_packs_cheaply(huge_src, tmp_path):
     # VmHWM is this process image's peak RSS; ru_maxrss would carry over the (large) pytest
     # parent's RSS through fork+exec. The baseline is taken once the resize kernel (torch) is
     # loaded, so only what packing adds is counted.
-    code = ("import re, json; from shardkit import resize; from shardkit.packer import pack; "
+    code = ("import re, json; from shardkit.packing import resize; from shardkit.packing.packer import pack; "
             "resize.prepare(); status = lambda key: int(re.search(key + r':\\s+(\\d+)', "
             "open('/proc/self/status').read()).group(1)); base = status('VmRSS'); "
             f"r = pack({huge_src!r}, {out!r}, workers=1, progress=False); "

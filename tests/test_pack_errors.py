@@ -21,7 +21,7 @@ import pytest
 from helpers import all_records, one_line_error, run_cli
 from shardkit import ShardDataset
 from shardkit.errors import PackError
-from shardkit.packer import pack
+from shardkit.packing.packer import pack
 
 try:
     from ._scaleout import make_tree, partial_of, shard_digests
@@ -203,7 +203,7 @@ DISK_DRIVER = textwrap.dedent(r'''
     import errno, json, os, shutil, subprocess, sys
     from shardkit import PackError
     from shardkit.inspection import verify
-    from shardkit.packer import finalize_sharded, merge, pack
+    from shardkit.packing.packer import finalize_sharded, merge, pack
 
     src, disk, pristine = sys.argv[1:4]
     out, partial, filler = (os.path.join(disk, n) for n in ("out", ".out.partial", "filler"))

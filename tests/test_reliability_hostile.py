@@ -25,7 +25,7 @@ import pytest
 from PIL import Image
 
 from shardkit import ShardDataset
-from shardkit.packer import partial_path
+from shardkit.packing.packer import partial_path
 from shardkit.store import Store
 
 PACK_TIMEOUT = 90

@@ -35,7 +35,7 @@ import pytest
 from PIL import Image
 
 from shardkit.errors import StoreError
-from shardkit.packer import partial_path
+from shardkit.packing.packer import partial_path
 from shardkit.store import Store
 
 TRIALS_PER_CONFIG = int(os.environ.get("SHARDKIT_KILL_TRIALS", "5"))

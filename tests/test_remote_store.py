@@ -25,7 +25,7 @@ from helpers import one_line_error, photo_folder, run_cli
 from s3server import DUMMY_ENV, S3Server
 from shardkit import ShardDataset, metadata
 from shardkit.errors import PackError, StoreError
-from shardkit.packer import staging_path
+from shardkit.packing.packer import staging_path
 from shardkit.remote import RemoteFolder, upload_folder_store
 
 SHARDS = 8

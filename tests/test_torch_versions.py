@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 import shardkit
 from shardkit import ShardDataset
-from shardkit.sample import make_sample
+from shardkit.bench.sample import make_sample
 
 ROOT = Path(__file__).resolve().parents[1]
 TV_PYTHON = os.environ.get("SHARDKIT_TV_PYTHON") or str(ROOT / ".venv-tv" / "bin" / "python")

@@ -23,7 +23,7 @@ from PIL import Image
 
 import shardkit
 from shardkit import ShardDataset
-from shardkit.sample import make_sample, photo_like
+from shardkit.bench.sample import make_sample, photo_like
 
 ROOT = Path(__file__).resolve().parents[1]
 TV_PYTHON = os.environ.get("SHARDKIT_TV_PYTHON") or str(ROOT / ".venv-tv" / "bin" / "python")

@@ -24,7 +24,7 @@ import pytest
 from PIL import Image
 
 import shardkit
-from shardkit.packer import DECODE_BYTES_PER_PIXEL, DECODE_OVERHEAD, partial_path
+from shardkit.packing.packer import DECODE_BYTES_PER_PIXEL, DECODE_OVERHEAD, partial_path
 from shardkit.store import Store
 
 from helpers import jpeg_bytes, noise, one_line_error, write_bytes

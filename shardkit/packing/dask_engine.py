@@ -1,6 +1,6 @@
 """The Dask engine: one task per shard on a Dask cluster (``--engine dask``).
 
-Each task runs :func:`shardkit.packer.pack_shard` on a worker, writing its shard file straight into
+Each task runs :func:`shardkit.packing.packer.pack_shard` on a worker, writing its shard file straight into
 the pack's partial folder, which must be on a filesystem every worker shares. The client collects
 each shard's manifest entry as the task finishes and hands it to ``on_shard_done`` (which records
 it for ``--resume``); the caller then merges the manifest. For a URL OUT each task uploads its
@@ -20,7 +20,7 @@ import os
 import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
-from .errors import PackError
+from ..errors import PackError
 
 if TYPE_CHECKING:
     from .packer import Plan

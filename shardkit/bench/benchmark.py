@@ -243,7 +243,7 @@ class PilImageFolder:
 
     def __init__(self, root: str, size: int = SIZE, crop: int = CROP,
                  transform: Callable | None = None) -> None:
-        from .discovery import discover
+        from ..packing.discovery import discover
 
         found = discover(root)
         self.samples = found.samples
@@ -302,7 +302,7 @@ class PilRecipe:
     then torchvision's PIL path: crop, Pillow bilinear resize, transpose."""
 
     def __init__(self, crop: int = CROP) -> None:
-        from .augment import Recipe
+        from ..augment import Recipe
 
         self.crop = crop
         self.recipe = Recipe(crop, "random_resized", flip=0.5, dct_scale=False)
@@ -325,7 +325,7 @@ class TensorRecipe:
     resize, the pixels of torchvision v2 (tests/test_torchvision_parity.py, tests/test_bench.py)."""
 
     def __init__(self, crop: int = CROP) -> None:
-        from .augment import Recipe
+        from ..augment import Recipe
 
         self.crop = crop
         self.recipe = Recipe(crop, "random_resized", flip=0.5, dct_scale=False)
@@ -333,7 +333,7 @@ class TensorRecipe:
     def __call__(self, img: Any) -> Any:
         import torch
 
-        from . import augment
+        from .. import augment
 
         top, left, h, w, flip, _ = self.recipe.draw(img.shape[1], img.shape[2])
         box = img.permute(1, 2, 0).numpy()[top:top + h, left:left + w]
@@ -402,7 +402,7 @@ def store_path(work: str, system: str) -> str:
 def pack_stores(src: str, work: str, systems: Iterable[str], workers: int,
                 reuse: bool = False) -> list[PackFigure]:
     """Pack ``src`` once per (format, encoding) the systems need; returns pack timings."""
-    from .packer import pack
+    from ..packing.packer import pack
 
     figures = []
     for name in STORE_SYSTEMS:
@@ -610,8 +610,8 @@ def decode_ceiling(path: str, fast: bool, epochs: int, check: bool,
     Crops go to successive places of one batch-sized array, as any loader's must (one reused
     crop-sized buffer would stay in cache and flatter the loop). Also timed: decoding alone.
     """
-    from . import codec
-    from .store import Store
+    from .. import codec
+    from ..store import Store
 
     store = Store(path)
     records, shapes, labels = [], [], []
@@ -786,7 +786,7 @@ def main(argv: Sequence[str] | None = None, targets: bool = False) -> int:
     args = parser.parse_args(argv)
     args.argv, args.targets = argv, targets
     if args.memory_records is not None:
-        from .errors import ShardkitError
+        from ..errors import ShardkitError
 
         try:
             return memory_main(args)
@@ -811,7 +811,7 @@ def main(argv: Sequence[str] | None = None, targets: bool = False) -> int:
 
 
 def _bench(args: argparse.Namespace, work: str) -> int:
-    from .errors import ShardkitError
+    from ..errors import ShardkitError
 
     n_cores = cores()
     workers_list = args.workers_list or list(range(0, 2 * n_cores + 1))
@@ -891,7 +891,7 @@ def _bench(args: argparse.Namespace, work: str) -> int:
 def _describe_source(src: str) -> dict[str, Any]:
     from PIL import Image
 
-    from .discovery import discover
+    from ..packing.discovery import discover
 
     found = discover(src)
     sizes = [os.path.getsize(p) for p, _ in found.samples]
@@ -908,7 +908,7 @@ def _describe_source(src: str) -> dict[str, Any]:
 def _sweep(system: str, src: str, work: str, workers_list: list[int], threads_list: list[int],
            args: argparse.Namespace, step: Callable | None, fast: bool,
            source_bytes: float) -> list[Run]:
-    from .dataset import ShardDataset, collate, worker_init_fn
+    from ..dataset import ShardDataset, collate, worker_init_fn
 
     runs = []
     check = not args.no_check
@@ -1397,7 +1397,7 @@ def plot(runs: list[Run], ceilings: dict[str, dict], path: str, step_ms: float =
 
 def _pack_tiny(out: str, count: int, side: int, fmt: str) -> None:
     """A one-file store of ``count`` raw side x side records, via the packer's own builder."""
-    from .packer import PackSettings, Plan, ShardBuilder
+    from ..packing.packer import PackSettings, Plan, ShardBuilder
 
     classes = [f"c{i}" for i in range(10)]
     plan = Plan(root=os.path.dirname(out), classes=classes,
@@ -1462,7 +1462,7 @@ def _memory_pass(path: str, fmt: str, count: int, w: int, seed: int) -> dict[str
     import torch
     from torch.utils.data import DataLoader
 
-    from .dataset import ShardDataset, collate, worker_init_fn
+    from ..dataset import ShardDataset, collate, worker_init_fn
 
     loader = DataLoader(ShardDataset(path, crop=4), batch_size=256, shuffle=True, num_workers=w,
                         persistent_workers=True, collate_fn=collate, worker_init_fn=worker_init_fn,

@@ -47,7 +47,7 @@ def naive_pil(path: str) -> bytes:
     shorter side to 256, PIL JPEG encode at quality 90."""
     from PIL import Image
 
-    from .resize import target_size
+    from ..packing.resize import target_size
 
     with Image.open(path) as im:
         im = im.convert("RGB")
@@ -67,8 +67,8 @@ def one_process_rates(src: str, count: int = 0, naive: bool = True) -> dict[str,
     """
     import torch
 
-    from .discovery import discover
-    from .packer import PackSettings, encode_file
+    from ..packing.discovery import discover
+    from ..packing.packer import PackSettings, encode_file
 
     paths = [p for p, _ in discover(src).samples]
     if count > 0 and count < len(paths):
@@ -107,7 +107,7 @@ def parallel_rate(src: str, count: int, processes: int) -> float:
     is less than cores x one process alone."""
     import multiprocessing as mp
 
-    from .packer import _start_method
+    from ..packing.packer import _start_method
 
     ctx = mp.get_context(_start_method())
     queue = ctx.Queue()
@@ -139,7 +139,7 @@ def pack_figures(src: str, work: str, count: int, workers: int, packs: int = 3) 
     uses their mean), then the per-image path in ``workers`` processes at once."""
     import statistics
 
-    from .packer import pack
+    from ..packing.packer import pack
 
     before = one_process_rates(src, count)
     out = os.path.join(work, "pack-figure.lmdb")
@@ -166,7 +166,7 @@ def pack_figures(src: str, work: str, count: int, workers: int, packs: int = 3) 
             "processes_at_once": {"processes": workers, "images_per_s": together}}
 
 
-_CHILD = ("import json, sys; from shardkit.packbench import pack_figures; "
+_CHILD = ("import json, sys; from shardkit.bench.packbench import pack_figures; "
           "print(json.dumps(pack_figures(sys.argv[1], sys.argv[2], int(sys.argv[3]), "
           "int(sys.argv[4]))))")
 

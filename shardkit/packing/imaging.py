@@ -22,7 +22,7 @@ Rules, applied in this order:
    (I;16, I) is scaled from 0..65535 to 0..255; float grey (F) is clipped to 0..255. CMYK,
    YCbCr, LAB, HSV, 1, L and P use Pillow's conversion.
 6. The shorter side is resized to ``size`` with an anti-aliased bicubic filter
-   (:mod:`shardkit.resize`; torchvision's ``Resize`` size rule); smaller images are never
+   (:mod:`shardkit.packing.resize`; torchvision's ``Resize`` size rule); smaller images are never
    upscaled. ``size=0`` keeps the original size.
 """
 

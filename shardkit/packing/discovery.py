@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from .errors import PackError
+from ..errors import PackError
 
 IMG_EXTENSIONS: tuple[str, ...] = (
     ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",

@@ -25,16 +25,17 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from . import metadata
-from ._version import __version__
-from .codec import ENCODINGS, encode
+from .. import metadata
+from .._version import __version__
+from ..codec import ENCODINGS, encode
 from .discovery import Discovery, discover, read_file_list
-from .errors import Interrupted, PackError, ShardkitError
-from .formats import FORMATS, SUFFIXES, format_for_path, open_writer
+from ..errors import Interrupted, PackError, ShardkitError
+from ..formats import FORMATS, SUFFIXES, format_for_path, open_writer
 from .imaging import PILLOW_PIXEL_LIMIT, ImageRejected, load_rgb
-from . import resize, swap
-from .store import sha256_file
-from .urls import is_url
+from . import resize
+from .. import swap
+from ..store import sha256_file
+from ..urls import is_url
 
 PLAN_NAME = "plan.json"
 SIZE_SAMPLE = 32  # images encoded up front to estimate bytes per record for --shard-size
@@ -412,7 +413,7 @@ def _start_method() -> str:
 # A worker started as a fresh interpreter runs this, never the user's script: multiprocessing's
 # spawn and forkserver would re-run an unguarded ``__main__`` (a second ``pack()`` call, say).
 _SPAWNED = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import sys; "
-            "sys.path.insert(0, sys.argv[1]); from shardkit.packer import _spawned_worker; "
+            "sys.path.insert(0, sys.argv[1]); from shardkit.packing.packer import _spawned_worker; "
             "_spawned_worker(int(sys.argv[2]), int(sys.argv[3]))")
 
 
@@ -821,7 +822,7 @@ def _upload_shard(uploader: Any, path: str, entry: dict[str, Any]) -> dict[str, 
 
     Its labels go into the returned entry: the manifest is merged without the file.
     """
-    from .formats import open_reader
+    from ..formats import open_reader
 
     reader = open_reader(path, entry["format"])
     try:
@@ -843,7 +844,7 @@ def partial_path(out: str) -> str:
 def staging_path(url: str) -> str:
     """The local partial folder of a pack to ``url``: under the cache folder, one per URL, so
     ``resume`` finds it (``$SHARDKIT_CACHE_DIR/pack-staging/<hash of url>``)."""
-    from .remote import default_cache_dir
+    from ..remote import default_cache_dir
 
     key = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:24]
     return os.path.join(os.path.abspath(default_cache_dir()), "pack-staging", key)
@@ -960,7 +961,7 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
     runs once the manifest is written and before the entries are removed, so a pack killed
     while it uploads the manifest resumes without packing again.
     """
-    from .formats import open_reader
+    from ..formats import open_reader
 
     try:
         with open(os.path.join(partial, PLAN_NAME), "rb") as f:
@@ -1132,7 +1133,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
                        os.path.abspath(out).startswith(os.path.abspath(src) + os.sep)):
         raise PackError("OUT must not be inside SRC")
     if remote:  # its filesystem, endpoint and emptiness; the old manifest goes once packing starts
-        from .remote import check_target
+        from ..remote import check_target
 
         check_target(out, storage_options, overwrite)
     workers = default_workers() if workers is None else workers
@@ -1156,7 +1157,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     ours = [k for k in range(plan.num_shards) if k % num_nodes == node_rank]
     uploader = None
     if remote:
-        from .remote import Uploader
+        from ..remote import Uploader
 
         uploader = Uploader(out, storage_options, resume=resume, overwrite=overwrite)
 
@@ -1171,7 +1172,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         mine = [k for k in ours if k not in done]
         dest = {k: os.path.join(partial, plan.shard_file(k)) for k in mine}
         if engine == "dask":
-            from .distributed import run_dask
+            from .dask_engine import run_dask
 
             run_dask(plan, mine, dest, scheduler=scheduler, workers=workers,
                      progress=progress, on_shard_done=on_done, strict=strict,
