@@ -6,7 +6,8 @@
 ``RandomCrop`` in place of the first), so under one ``torch.manual_seed`` both draw the same box and
 flip for every sample. ``decode_into`` then decodes the record, resizes the box with the kernel
 torchvision v2 uses on uint8 tensors (anti-aliased bilinear; uint8 where the CPU has the vectorised
-kernel, float32 and rounding elsewhere) straight into ``out`` and flips it.
+kernel, float32 and rounding elsewhere) straight into ``out`` and flips it (a flipped JPEG is
+decoded BGR and each resized row written back to front: the mirror image in RGB, in one pass).
 
 A JPEG whose box is at least twice the output size on both sides is decoded DCT-scaled (1/2, 1/4
 or 1/8: the factors libjpeg-turbo decodes faster than full size), the box mapped onto the smaller
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 import math
 import platform
-from typing import Any, NamedTuple, Sequence
+import threading
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -40,15 +42,29 @@ class Plan(NamedTuple):
     dct: int = 1
 
 
-class _TorchIntegers:
-    """The ``integers(low, high)`` that ``codec.random_origin`` needs, from torch's global RNG."""
+class _Draws(threading.local):
+    """This thread's one-element tensors that torchvision's draws are made into.
 
-    @staticmethod
-    def integers(low: int, high: int) -> int:
-        return int(torch.randint(low, high, ()).item())
+    ``torch.empty(1).uniform_(a, b)``, ``torch.rand(1)`` and ``torch.randint(a, b, (1,))`` are
+    ``uniform_``/``random_`` on a new tensor: the same calls on a reused one draw the same
+    numbers, without an allocation each (a few µs a sample).
+    """
+
+    def __init__(self) -> None:
+        self.real = torch.empty(1)
+        self.integer = torch.empty(1, dtype=torch.int64)
+
+    def reals(self) -> torch.Tensor:
+        if self.real.dtype != torch.get_default_dtype():  # torch.empty(1) follows the default
+            self.real = torch.empty(1)
+        return self.real
+
+    def integers(self, low: int, high: int) -> int:
+        """``codec.random_origin``'s ``integers``: ``torch.randint(low, high, ...)``."""
+        return self.integer.random_(low, high).item()
 
 
-_TORCH_INTEGERS = _TorchIntegers()
+_DRAWS = _Draws()
 
 
 def _pair(value: Any, name: str) -> tuple[float, float]:
@@ -79,33 +95,46 @@ class Recipe:
         self.log_ratio = tuple(torch.log(torch.tensor(self.ratio)).tolist())
 
     def draw(self, height: int, width: int) -> Plan:
-        if self.mode == "random_resized":
-            box = self._resized_crop_box(height, width)
-        else:
-            size = self.size
-            origin = (codec.center_origin(height, width, size) if self.mode == "center"
-                      else codec.random_origin(height, width, size, _TORCH_INTEGERS))
-            box = (*origin, size, size)
-        # RandomHorizontalFlip: ``if torch.rand(1) >= p: return inputs`` (p == 0 draws nothing
-        # here, so a dataset without flip draws exactly what it drew before flip existed).
-        flip = self.flip > 0 and not torch.rand(1).item() >= self._flip32
-        dct = dct_factor(box[2], box[3], self.size) if self.dct_scale else 1
-        return Plan(*box, flip, dct)
+        return self.draws(((height, width),))[0]
 
-    def _resized_crop_box(self, height: int, width: int) -> tuple[int, int, int, int]:
-        """``v2.RandomResizedCrop.make_params``, call for call."""
-        area = height * width
-        scale, log_ratio = self.scale, self.log_ratio
-        for _ in range(10):
-            target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
-            aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
-            w = int(round(math.sqrt(target_area * aspect_ratio)))
-            h = int(round(math.sqrt(target_area / aspect_ratio)))
-            if 0 < w <= width and 0 < h <= height:
-                i = int(torch.randint(0, height - h + 1, size=(1,)).item())
-                j = int(torch.randint(0, width - w + 1, size=(1,)).item())
-                return i, j, h, w
-        in_ratio = float(width) / float(height)  # fallback: central crop
+    def draws(self, sizes: Iterable[Sequence[int]]) -> list[Plan]:
+        """Each (height, width)'s box and flip, sample after sample, with torchvision's calls:
+        ``RandomResizedCrop.make_params`` (or ``CenterCrop``/``RandomCrop``), then
+        ``RandomHorizontalFlip``."""
+        size, mode, dct_scale = self.size, self.mode, self.dct_scale
+        (s0, s1), (r0, r1) = self.scale, self.log_ratio
+        real = _DRAWS.reals()
+        uniform, randint, sqrt = real.uniform_, _DRAWS.integer.random_, math.sqrt
+        # ``if torch.rand(1) >= p: return inputs`` (p == 0 draws nothing here, so a dataset
+        # without flip draws exactly what it drew before flip existed).
+        p = self._flip32 if self.flip > 0 else None
+        plans = []
+        for height, width in sizes:
+            if mode == "random_resized":
+                area = height * width
+                for _ in range(10):
+                    target_area = area * uniform(s0, s1).item()
+                    aspect_ratio = uniform(r0, r1).exp_().item()  # torch.exp's kernel, in place
+                    w = round(sqrt(target_area * aspect_ratio))
+                    h = round(sqrt(target_area / aspect_ratio))
+                    if 0 < w <= width and 0 < h <= height:
+                        top = randint(0, height - h + 1).item()
+                        left = randint(0, width - w + 1).item()
+                        break
+                else:
+                    top, left, h, w = self._central_box(height, width)
+            else:
+                top, left = (codec.center_origin(height, width, size) if mode == "center"
+                             else codec.random_origin(height, width, size, _DRAWS))
+                h = w = size
+            flip = p is not None and not uniform(0, 1).item() >= p
+            dct = dct_factor(h, w, size) if dct_scale and min(h, w) >= 2 * size else 1
+            plans.append(Plan(top, left, h, w, flip, dct))
+        return plans
+
+    def _central_box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """``RandomResizedCrop``'s fallback after ten tries: the central box, ratio clamped."""
+        in_ratio = float(width) / float(height)
         if in_ratio < min(self.ratio):
             w = width
             h = int(round(w / min(self.ratio)))
@@ -162,11 +191,13 @@ def resize_into(out: np.ndarray, src: np.ndarray) -> None:
         dense = codec.scratch(src.nbytes, slot=1)[:src.nbytes].reshape(src.shape)
         np.copyto(dense, src)
         src = dense
-    size = list(out.shape[:2])
-    source = torch.from_numpy(src).permute(2, 0, 1).unsqueeze(0)
-    target = torch.from_numpy(out).permute(2, 0, 1).unsqueeze(0)
+    size = out.shape[:2]
+    # 1x3xHxW views of the HxWx3 memory (channels-last, the layout the kernel is fastest on).
+    source = torch.from_numpy(src[None].transpose(0, 3, 1, 2))
+    target = torch.from_numpy(out[None].transpose(0, 3, 1, 2))
     if _uint8_kernel():
-        torch.ops.aten._upsample_bilinear2d_aa.out(source, size, False, None, None, out=target)
+        # F.interpolate's own call, without its Python (the same kernel, a few µs less per image)
+        torch._C._nn._upsample_bilinear2d_aa(source, size, False, out=target)
         return
     resized = torch.nn.functional.interpolate(source.float(), size=size, mode="bilinear",
                                               align_corners=False, antialias=True)
@@ -190,11 +221,19 @@ def decode_into(out: np.ndarray, data, encoding: str, height: int, width: int,
         k = dct if encoding == "jpeg" else 1
         sh, sw = -(-height // k), -(-width // k)
         buffer = codec.scratch(sh * sw * 3) if encoding == "jpeg" else None
-        img = codec.decode(data, encoding, height, width, fast, buffer, scale=k)
+        # A flipped JPEG is decoded BGR and resized, then each row's bytes are reversed into
+        # ``out``: the mirror image in RGB (the kernel treats channels alike).
+        bgr = flip and buffer is not None and out.flags.c_contiguous
+        img = codec.decode(data, encoding, height, width, fast, buffer, scale=k, bgr=bgr)
         if k > 1:  # the box on the scaled image, edges rounded to the nearest scaled pixel
             y0, x0 = int(top / k + 0.5), int(left / k + 0.5)
             y1, x1 = min(int((top + h) / k + 0.5), sh), min(int((left + w) / k + 0.5), sw)
             top, left, h, w = y0, x0, y1 - y0, x1 - x0
+        if bgr:
+            resized = codec.scratch(out.nbytes, slot=2)[:out.nbytes].reshape(out.shape)
+            resize_into(resized, img[top:top + h, left:left + w])
+            _reverse_rows(out, resized)
+            return k
         resize_into(out, img[top:top + h, left:left + w])
     if flip:
         mirror(out)
@@ -204,15 +243,39 @@ def decode_into(out: np.ndarray, data, encoding: str, height: int, width: int,
 GRAIN = 32768  # elements: torch runs an op on one thread below this (at::internal::GRAIN_SIZE)
 
 
-def mirror(out: np.ndarray) -> None:
-    """Flip HxWx3 ``out`` left-right in place. Where torch runs several threads (not in
-    DataLoader workers), in slices too small for it to use them: opening a parallel region for
-    each image costs more than the flip, up to milliseconds on a busy machine."""
-    pixels = torch.from_numpy(out)
+def _slices(out: np.ndarray) -> range:
+    """Row starts to flip ``out`` in. Where torch runs several threads (not in DataLoader
+    workers), slices too small for it to use them: opening a parallel region for each image
+    costs more than the flip, up to milliseconds on a busy machine."""
     rows = len(out) if torch.get_num_threads() == 1 else max(1, GRAIN // out[0].size)
-    for start in range(0, len(out), rows):
-        part = pixels[start:start + rows]
+    return range(0, len(out), rows)
+
+
+def mirror(out: np.ndarray) -> None:
+    """Flip HxWx3 ``out`` left-right in place."""
+    pixels = torch.from_numpy(out)
+    rows = _slices(out)
+    for start in rows:
+        part = pixels[start:start + rows.step]
         part.copy_(part.flip(1))
+
+
+def _reverse_rows(out: np.ndarray, src: np.ndarray) -> None:
+    """Each row of HxWx3 ``src`` into ``out`` with its bytes in reverse order: pixels mirrored,
+    channels swapped (BGR to RGB). Read as little-endian words back to front and stored
+    big-endian, a row's bytes reverse in one numpy pass (faster than torch's flip)."""
+    row = src[0].size
+    word = next(k for k in (8, 4, 2, 1) if row % k == 0)
+    if word > 1:
+        np.copyto(out.reshape(len(out), -1).view(f">u{word}"),
+                  src.reshape(len(src), -1).view(f"<u{word}")[:, ::-1])
+        return
+    source = torch.from_numpy(src.reshape(len(src), -1))
+    target = torch.from_numpy(out.reshape(len(out), -1))
+    rows = _slices(out)
+    for start in rows:
+        end = start + rows.step
+        target[start:end].copy_(source[start:end].flip(1))
 
 
 def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float],

@@ -31,23 +31,27 @@ def encode(pixels: np.ndarray, encoding: str, quality: int = 90) -> bytes:
 
 
 def decode(data, encoding: str, height: int, width: int, fast: bool = False,
-           buffer: np.ndarray | None = None, scale: int = 1) -> np.ndarray:
+           buffer: np.ndarray | None = None, scale: int = 1, bgr: bool = False) -> np.ndarray:
     """Decode one record to HxWx3 uint8 RGB; checks the size against the index.
 
     ``raw`` records come back as a read-only view of ``data``; ``jpeg`` records are decoded into
     ``buffer`` (any writable uint8 array of at least HxWx3 bytes) when given, else new memory,
-    DCT-scaled by ``1/scale`` (2, 4 or 8: libjpeg-turbo rounds each side up).
+    DCT-scaled by ``1/scale`` (2, 4 or 8: libjpeg-turbo rounds each side up), with the channels
+    in BGR order if ``bgr`` (the same values as RGB: libjpeg-turbo only stores them swapped).
     """
     if encoding == "raw":
+        if bgr:
+            raise ValueError("raw records are stored RGB: bgr needs a jpeg record")
         if len(data) != height * width * 3:
             raise RecordDecodeError(
                 f"raw record has {len(data)} bytes, expected {height}x{width}x3")
         return np.frombuffer(data, dtype=np.uint8).reshape(height, width, 3)
     expected = (-(-height // scale), -(-width // scale))
     try:
-        img = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fast, fastupsample=fast,
+        img = simplejpeg.decode_jpeg(data, colorspace="BGR" if bgr else "RGB", fastdct=fast,
+                                     fastupsample=fast, buffer=buffer,
                                      min_height=expected[0] if scale > 1 else 0,
-                                     min_width=expected[1] if scale > 1 else 0, buffer=buffer)
+                                     min_width=expected[1] if scale > 1 else 0)
     except ValueError as exc:
         raise RecordDecodeError(f"JPEG record does not decode: {exc}") from None
     if img.shape[:2] != expected:

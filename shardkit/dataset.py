@@ -352,7 +352,7 @@ class ShardDataset(Dataset):
         for k, positions, local in located:
             shard = self.store.shard(k)
             sizes[positions, 0], sizes[positions, 1] = shard.heights[local], shard.widths[local]
-        return [self._recipe.draw(h, w) for h, w in sizes.tolist()]
+        return self._recipe.draws(sizes.tolist())
 
     def _getitems_batched(self, indices: Sequence[int]) -> Batch:
         n, c = len(indices), self.crop

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 import shardkit
 from shardkit import ShardDataset, augment, codec
-from shardkit.sample import make_sample, photo_like
+from shardkit.bench.sample import make_sample, photo_like
 
 
 @pytest.fixture(scope="module")
@@ -84,22 +84,32 @@ def test_resized_crop_boxes_lie_in_the_image_with_the_drawn_area_and_ratio():
     assert [recipe.draw(256, 341) for _ in range(2000)] == boxes
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("height, width, scale, box", [
     (100, 200, (0.9, 1.0), (0, 33, 100, 133)),   # too wide for any 3:4..4:3 box: h = H
     (200, 100, (0.9, 1.0), (33, 0, 133, 100)),   # too tall: w = W
     (120, 130, (1.5, 2.0), (0, 0, 120, 130)),    # ratio within range: the whole image
 ])
-def test_resized_crop_falls_back_to_a_central_box_after_ten_tries(height, width, scale, box):
-    """torchvision's fallback, and its RNG use: exactly 10 x 2 uniform draws, no randint."""
+def test_resized_crop_falls_back_to_a_central_box_after_ten_tries(height, width, scale, box,
+                                                                   dtype):
+    """torchvision's fallback, and its RNG use: exactly 10 x 2 uniform draws, no randint, in
+    torch's default dtype (``torch.empty(1)``'s: a float64 draw takes other random bits)."""
     recipe = augment.Recipe(64, "random_resized", scale=scale)
-    assert tuple(recipe.draw(height, width))[:4] == box
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        recipe.draw(height, width)  # with the previous dtype's draws made in this thread
+        assert tuple(recipe.draw(height, width))[:4] == box
 
-    def tries():
-        for _ in range(10):
-            torch.empty(1).uniform_(0, 1)
-            torch.empty(1).uniform_(0, 1)
+        def tries():
+            for _ in range(10):
+                torch.empty(1).uniform_(0, 1)
+                torch.empty(1).uniform_(0, 1)
 
-    assert torch.equal(rng_state_after(lambda: recipe.draw(height, width)), rng_state_after(tries))
+        assert torch.equal(rng_state_after(lambda: recipe.draw(height, width)),
+                           rng_state_after(tries))
+    finally:
+        torch.set_default_dtype(before)
 
 
 def test_flip_draws_one_number_per_sample_and_none_when_off():
@@ -110,7 +120,7 @@ def test_flip_draws_one_number_per_sample_and_none_when_off():
     torch.manual_seed(5)
     plain = crops(0.0)
     torch.manual_seed(5)
-    origins = [codec.random_origin(50, 60, 32, augment._TORCH_INTEGERS) for _ in range(400)]
+    origins = [codec.random_origin(50, 60, 32, augment._DRAWS) for _ in range(400)]
     assert [p[:2] for p in plain] == origins  # flip=0 draws exactly what random crops drew
     torch.manual_seed(5)
     always = crops(1.0)
@@ -123,12 +133,11 @@ def test_flip_draws_one_number_per_sample_and_none_when_off():
 
 def test_random_crop_draws_nothing_for_a_side_equal_to_the_crop():
     """As torchvision's RandomCrop: a side with no room to move takes no random number."""
-    assert torch.equal(rng_state_after(lambda: codec.random_origin(32, 40, 32,
-                                                                   augment._TORCH_INTEGERS)),
+    draws = augment._DRAWS
+    assert torch.equal(rng_state_after(lambda: codec.random_origin(32, 40, 32, draws)),
                        rng_state_after(lambda: torch.randint(0, 9, ())))
-    assert codec.random_origin(32, 32, 32, augment._TORCH_INTEGERS) == (0, 0)
-    assert torch.equal(rng_state_after(lambda: codec.random_origin(32, 32, 32,
-                                                                   augment._TORCH_INTEGERS)),
+    assert codec.random_origin(32, 32, 32, draws) == (0, 0)
+    assert torch.equal(rng_state_after(lambda: codec.random_origin(32, 32, 32, draws)),
                        rng_state_after(lambda: None))
 
 
@@ -164,16 +173,26 @@ def test_resize_into_is_torchs_antialiased_bilinear(monkeypatch, native):
                                   reference_resize(img, 64, torch.float32))
 
 
-def test_decode_into_crops_resizes_and_flips(stores):
+@pytest.mark.parametrize("size", [48, 52, 50, 49])  # rows of 8k, 4k, 2k and odd bytes
+def test_decode_into_crops_resizes_and_flips(stores, size):
+    """A flipped JPEG is decoded BGR, resized and written row by row back to front (word by
+    word where the row's length allows): the mirror image of the resized crop, exactly."""
     ds = ShardDataset(stores["lmdb"], output="bytes")
     full = ShardDataset(stores["lmdb"], output="numpy")
     data, img = ds[0][0], full[0][0]
     h, w = img.shape[:2]
-    out = np.empty((48, 48, 3), np.uint8)
+    out = np.empty((size, size, 3), np.uint8)
     assert augment.decode_into(out, data, "jpeg", h, w, augment.Plan(10, 20, 100, 90, False)) == 1
-    assert np.array_equal(out, reference_resize(img[10:110, 20:110], 48))
-    augment.decode_into(out, data, "jpeg", h, w, augment.Plan(10, 20, 100, 90, True))
-    assert np.array_equal(out, reference_resize(img[10:110, 20:110], 48)[:, ::-1])
+    assert np.array_equal(out, reference_resize(img[10:110, 20:110], size))
+    for threads in (1, 3):  # several torch threads: the odd rows are flipped in slices
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            augment.decode_into(out, data, "jpeg", h, w, augment.Plan(10, 20, 100, 90, True))
+        finally:
+            torch.set_num_threads(before)
+        assert np.array_equal(out, reference_resize(img[10:110, 20:110], size)[:, ::-1])
+    out = np.empty((48, 48, 3), np.uint8)
     # A box of the output's size is cut, not resized; outside the image is zero (centre padding)
     augment.decode_into(out, data, "jpeg", h, w, augment.Plan(-4, 3, 48, 48, True))
     assert np.array_equal(out[4:], img[:44, 3:51][:, ::-1]) and not out[:4].any()
@@ -257,6 +276,24 @@ def test_codec_decodes_at_a_dct_scale_and_checks_the_size(stores):
         assert codec.decode(data, "jpeg", 1200, 1600, scale=k).shape == (1200 // k, 1600 // k, 3)
     with pytest.raises(codec.RecordDecodeError, match=r"index says 1601x1199 \(1/2: 801x600\)"):
         codec.decode(data, "jpeg", 1199, 1601, scale=2)
+
+
+def test_codec_decodes_bgr_as_the_same_values_swapped(stores):
+    """Flipped samples are decoded BGR (``decode_into``): exactly the RGB values, channels
+    swapped, at every DCT scale and with the fast decode too."""
+    records = [(ShardDataset(stores["big"], output="bytes")[0][0], 1200, 1600)]
+    small = ShardDataset(stores["lmdb"], output="bytes")
+    shard = small.store.shard(0)
+    records += [(small[i][0], int(shard.heights[i]), int(shard.widths[i]))
+                for i in range(len(small))]
+    for data, h, w in records:
+        for fast in (False, True):
+            for k in (1, 2, 4, 8):
+                rgb = codec.decode(data, "jpeg", h, w, fast, scale=k)
+                bgr = codec.decode(data, "jpeg", h, w, fast, scale=k, bgr=True)
+                assert np.array_equal(bgr, rgb[..., ::-1])
+    with pytest.raises(ValueError, match="bgr needs a jpeg record"):
+        codec.decode(bytes(12), "raw", 2, 2, bgr=True)
 
 
 def test_dct_factor_keeps_the_box_at_least_the_output_size():
