@@ -16,7 +16,7 @@ packed at size 0 (full size), and ``--sample`` ImageNet-like photos
 (``shardkit.bench.sample.make_sample``) packed at 256 (the default). The per-sample transform is
 torchvision v2's ``RandomResizedCrop(224, antialias=True)`` + ``RandomHorizontalFlip()`` when
 torchvision is installed, else shardkit's implementation of the same pixels
-(``shardkit.bench.benchmark.TensorRecipe``); the output says which.
+(``shardkit.bench.systems.TensorRecipe``); the output says which.
 
     python benchmarks/recipe_decode.py > benchmarks/results/recipe_decode.txt
 """
@@ -41,7 +41,7 @@ except ImportError:  # run from a source checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import shardkit
 from shardkit import ShardDataset, augment, collate
-from shardkit.bench import benchmark
+from shardkit.bench import systems
 from shardkit.bench.sample import make_sample, photo_like
 
 BATCH = 64
@@ -98,8 +98,8 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)  # per core: one thread, as in a DataLoader worker
     fast = args.fast_decode
-    tv = benchmark.torchvision_version()
-    transform, transform_name = benchmark.recipe_transform(tv is not None)
+    tv = systems.torchvision_version()
+    transform, transform_name = systems.recipe_transform(tv is not None)
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work_dir or tmp
         large_src, sample_src = os.path.join(work, "large"), os.path.join(work, "sample")

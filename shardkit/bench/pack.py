@@ -68,7 +68,8 @@ def one_process_rates(src: str, count: int = 0, naive: bool = True) -> dict[str,
     import torch
 
     from ..packing.discovery import discover
-    from ..packing.packer import PackSettings, encode_file
+    from ..packing.settings import PackSettings
+    from ..packing.workers import encode_file
 
     paths = [p for p, _ in discover(src).samples]
     if count > 0 and count < len(paths):
@@ -107,9 +108,9 @@ def parallel_rate(src: str, count: int, processes: int) -> float:
     is less than cores x one process alone."""
     import multiprocessing as mp
 
-    from ..packing.packer import _start_method
+    from ..packing.workers import start_method
 
-    ctx = mp.get_context(_start_method())
+    ctx = mp.get_context(start_method())
     queue = ctx.Queue()
     procs = [ctx.Process(target=_timed_path_into, args=(src, count, queue))
              for _ in range(processes)]
@@ -139,7 +140,7 @@ def pack_figures(src: str, work: str, count: int, workers: int, packs: int = 3) 
     uses their mean), then the per-image path in ``workers`` processes at once."""
     import statistics
 
-    from ..packing.packer import pack
+    from .. import pack
 
     before = one_process_rates(src, count)
     out = os.path.join(work, "pack-figure.lmdb")
@@ -166,7 +167,7 @@ def pack_figures(src: str, work: str, count: int, workers: int, packs: int = 3) 
             "processes_at_once": {"processes": workers, "images_per_s": together}}
 
 
-_CHILD = ("import json, sys; from shardkit.bench.packbench import pack_figures; "
+_CHILD = ("import json, sys; from shardkit.bench.pack import pack_figures; "
           "print(json.dumps(pack_figures(sys.argv[1], sys.argv[2], int(sys.argv[3]), "
           "int(sys.argv[4]))))")
 

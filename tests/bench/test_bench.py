@@ -34,13 +34,12 @@ from torch.utils.data import DataLoader
 
 from shardkit import ShardDataset, batchpool, collate, worker_init_fn
 
-from shardkit.bench import benchmark
-
-from shardkit.bench import packbench
-from shardkit.packing.packer import pack
+from shardkit import bench, pack
+from shardkit.bench import pack as packfigures
+from shardkit.bench import read, recommend, report, systems
 from shardkit.bench.sample import make_sample
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SYSTEMS = ["imagefolder", "lmdb-jpeg", "hdf5-jpeg", "lmdb-raw", "hdf5-raw", "lmdb-jpeg/threads"]
 
 
@@ -63,7 +62,7 @@ def bench_run(sample, tmp_path_factory):
             "--out-dir", out, "--work-dir", work, "--recommend"]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        rc = benchmark.main(argv)
+        rc = bench.main(argv)
     return rc, out, work, printed.getvalue()
 
 
@@ -288,7 +287,7 @@ def test_bench_reports_and_exits_1_when_systems_disagree(sample, tmp_path):
     out = str(tmp_path / "out")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        rc = benchmark.main([sample, "--systems", "lmdb-jpeg,hdf5-jpeg,lmdb-raw,hdf5-raw",
+        rc = bench.main([sample, "--systems", "lmdb-jpeg,hdf5-jpeg,lmdb-raw,hdf5-raw",
                              "--workers-list", "0", "--epochs", "1", "--min-seconds", "0",
                              "--no-pack-figures", "--work-dir", str(work), "--reuse",
                              "--out-dir", out])
@@ -303,15 +302,15 @@ def test_bench_reports_and_exits_1_when_systems_disagree(sample, tmp_path):
     assert problems[2].startswith("systems delivered different labels")
     assert "same output: NO: jpeg: " in printed.getvalue()
 def test_consistency_check_flags_a_differing_system():
-    def run(system: str, digest: str, labels: str = "l") -> benchmark.Run:
-        return benchmark.Run(system, "workers", 0, 0, None, [1.0], 1, 1.0, 1.0, 1.0, None, 1.0,
+    def run(system: str, digest: str, labels: str = "l") -> read.Run:
+        return read.Run(system, "workers", 0, 0, None, [1.0], 1, 1.0, 1.0, 1.0, None, 1.0,
                              None, digest, labels)
 
-    ok = benchmark.consistency([run("lmdb-jpeg", "a"), run("hdf5-jpeg", "a")], {})
+    ok = report.consistency([run("lmdb-jpeg", "a"), run("hdf5-jpeg", "a")], {})
     assert ok["ok"]
-    bad = benchmark.consistency([run("lmdb-jpeg", "a"), run("hdf5-jpeg", "b")], {})
+    bad = report.consistency([run("lmdb-jpeg", "a"), run("hdf5-jpeg", "b")], {})
     assert not bad["ok"] and "jpeg" in bad["problems"][0]
-    bad_labels = benchmark.consistency([run("lmdb-raw", "a", "x"), run("imagefolder", "c", "y")],
+    bad_labels = report.consistency([run("lmdb-raw", "a", "x"), run("imagefolder", "c", "y")],
                                        {})
     assert not bad_labels["ok"]
 
@@ -320,7 +319,7 @@ def test_baseline_crops_match_the_raw_store(sample, bench_run):
     """The ImageFolder baseline (PIL bilinear from the original) and the raw store (bicubic at
     pack time) give nearly the same centre crops, image for image; a one-image shift does not."""
     _, _, work, _ = bench_run
-    base = benchmark.PilImageFolder(sample)
+    base = systems.PilImageFolder(sample)
     raw = ShardDataset(os.path.join(work, "lmdb-raw.lmdb"), crop=224)
     shard = raw.store.shard(0)
     close, shifted = [], []
@@ -384,7 +383,7 @@ def test_threads_give_the_same_batches(bench_run):
 
 def test_memory_mode_reports_worker_growth(tmp_path):
     out = str(tmp_path / "out")
-    rc = benchmark.main(["--memory-records", "3000", "--systems", "lmdb-jpeg",
+    rc = bench.main(["--memory-records", "3000", "--systems", "lmdb-jpeg",
                          "--workers-list", "2", "--out-dir", out])
     assert rc == 0
     with open(os.path.join(out, "memory.json")) as f:
@@ -427,7 +426,7 @@ def test_cli_and_script_entry_points(sample, tmp_path):
 
 
 def test_pack_one_process_figures_use_real_sources(sample):
-    figures = packbench.one_process_rates(sample, 3)
+    figures = packfigures.one_process_rates(sample, 3)
     for name in ("shardkit_path", "naive_pil"):
         f = figures[name]
         assert f["images"] == 3 and _positive(f["seconds"]) and _positive(f["cpu_us_per_image"])
@@ -458,7 +457,7 @@ def test_pack_then_bench_on_an_existing_store_folder(sample, tmp_path):
     out = str(tmp_path / "out")
     store = work / "lmdb-jpeg.lmdb"
     before = store.stat()
-    rc = benchmark.main([sample, "--systems", "lmdb-jpeg", "--workers-list", "0", "--epochs", "1",
+    rc = bench.main([sample, "--systems", "lmdb-jpeg", "--workers-list", "0", "--epochs", "1",
                          "--min-seconds", "0.5", "--no-pack-figures", "--work-dir", str(work),
                          "--reuse", "--out-dir", out])
     assert rc == 0
@@ -480,7 +479,7 @@ def test_step_reports_data_wait_and_skips_throughput_targets(sample, tmp_path):
     out = str(tmp_path / "out")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        rc = benchmark.main([sample, "--systems", "lmdb-raw,lmdb-raw/threads", "--workers-list",
+        rc = bench.main([sample, "--systems", "lmdb-raw,lmdb-raw/threads", "--workers-list",
                              "0,2", "--threads-list", "2", "--epochs", "1", "--min-seconds", "0",
                              "--pack-workers", "0", "--pack-sample", "0", "--step-ms", "5",
                              "--out-dir", out])
@@ -555,7 +554,7 @@ def recipe_run(sample, tmp_path_factory):
     work = str(tmp_path_factory.mktemp("recipe-work"))
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        rc = benchmark.main([sample, "--systems", ",".join(RECIPE), "--recipe-workers", "0,2",
+        rc = bench.main([sample, "--systems", ",".join(RECIPE), "--recipe-workers", "0,2",
                              "--epochs", "2", "--min-seconds", "0", "--pack-workers", "0",
                              "--no-pack-figures", "--out-dir", out, "--work-dir", work,
                              "--recommend"])
@@ -614,7 +613,7 @@ def test_recipe_rows_count_every_image_of_every_epoch(recipe_run, sample):
     assert rows == {(r["system"], r["setting"]): f"{r['images_per_s']:.0f}" for r in runs}
 
     labels = {r["system"]: r["implementation"] for r in runs}
-    tv = benchmark.torchvision_version()
+    tv = systems.torchvision_version()
     for system in ("recipe-imagefolder", "recipe-transform"):
         assert (f"torchvision {tv}" if tv else "torchvision not installed") in labels[system]
     assert labels["recipe-decode"] == ("ShardDataset(crop=224, crop_mode='random_resized', "
@@ -649,22 +648,22 @@ def test_recipe_at_decode_delivers_the_per_sample_transforms_pixels(recipe_run, 
     assert _seeded_epoch(decode, collate) == digest["recipe-decode", "workers=0"]
     plain = ShardDataset(store, crop=224, crop_mode="random", fast_decode=True)
     assert _seeded_epoch(plain, collate) == digest["random-crop", "workers=0"]
-    folder = benchmark.PilImageFolder(sample, transform=benchmark.PilRecipe())
+    folder = systems.PilImageFolder(sample, transform=systems.PilRecipe())
     assert _seeded_epoch(folder, None) == digest["recipe-imagefolder", "workers=0"]
 
 
 def test_consistency_flags_a_recipe_row_with_other_pixels_or_shape():
-    def run(system: str, digest: str, outputs=("torch.uint8 3x224x224",)) -> benchmark.Run:
-        return benchmark.Run(system, "workers", 2, 0, 2, [1.0], 1, 1.0, 1.0, 1.0, None, 1.0,
+    def run(system: str, digest: str, outputs=("torch.uint8 3x224x224",)) -> read.Run:
+        return read.Run(system, "workers", 2, 0, 2, [1.0], 1, 1.0, 1.0, 1.0, None, 1.0,
                              None, digest, "l", outputs=list(outputs))
 
-    assert benchmark.consistency([run("recipe-decode", "a"), run("recipe-transform", "a"),
+    assert report.consistency([run("recipe-decode", "a"), run("recipe-transform", "a"),
                                   run("recipe-imagefolder", "b"), run("random-crop", "c")],
                                  {})["ok"]
-    bad = benchmark.consistency([run("recipe-decode", "a"), run("recipe-transform", "b")], {})
+    bad = report.consistency([run("recipe-decode", "a"), run("recipe-transform", "b")], {})
     assert bad["problems"] == ["recipe workers=2: systems/settings delivered different pixels "
                                "(a, b)"]
-    bad = benchmark.consistency([run("recipe-decode", "a", ["torch.uint8 3x256x256"])], {})
+    bad = report.consistency([run("recipe-decode", "a", ["torch.uint8 3x256x256"])], {})
     assert bad["problems"] == ["recipe-decode workers=2 delivered torch.uint8 3x256x256, not "
                                "torch.uint8 3x224x224"]
 
@@ -705,8 +704,8 @@ def test_recipe_ratios_are_the_rows_side_by_side(recipe_run):
     assert "target" not in printed
 
 
-def _rate_run(system: str, workers: int, rate: float) -> benchmark.Run:
-    return benchmark.Run(system, "workers", workers, 0, 2, [1.0], 64, rate, 1.0, 1.0, None, 1.0)
+def _rate_run(system: str, workers: int, rate: float) -> read.Run:
+    return read.Run(system, "workers", workers, 0, 2, [1.0], 64, rate, 1.0, 1.0, None, 1.0)
 
 
 def test_recommend_picks_the_recipe_at_decode_when_fastest(recipe_run):
@@ -714,10 +713,10 @@ def test_recommend_picks_the_recipe_at_decode_when_fastest(recipe_run):
     code runs as printed and delivers the recipe's crops."""
     _, _, work, printed = recipe_run
     assert "# shardkit bench --recommend: training, RandomResizedCrop(224)" in printed
-    args = benchmark.build_parser().parse_args(["--sample", "1", "--systems", ",".join(RECIPE)])
+    args = bench.build_parser().parse_args(["--sample", "1", "--systems", ",".join(RECIPE)])
     runs = [_rate_run("recipe-imagefolder", 2, 500), _rate_run("recipe-transform", 2, 3000),
             _rate_run("recipe-decode", 0, 4000), _rate_run("recipe-decode", 2, 5900)]
-    text = benchmark.recommend(runs, args, work)
+    text = recommend.recommend(runs, args, work)
     assert ("fastest measured recipe-decode workers=2, 5900 images/s (recipe-transform 3000, "
             "recipe-imagefolder 500)") in text
     code = text[text.index("# shardkit bench --recommend: training"):]
@@ -734,16 +733,16 @@ def test_recommend_picks_the_recipe_at_decode_when_fastest(recipe_run):
     images, labels = next(iter(loader))
     assert images.shape == (40, 3, 224, 224) and images.dtype == torch.uint8 and len(labels) == 40
     del images, labels
-    benchmark._shutdown(loader)
+    read.shutdown(loader)
 
     runs[1] = _rate_run("recipe-transform", 2, 7000)  # the transform faster: that code instead
-    text = benchmark.recommend(runs, args, work)
+    text = recommend.recommend(runs, args, work)
     code = text[text.index("# shardkit bench --recommend: training"):]
     assert "fastest measured recipe-transform workers=2, 7000 images/s" in code
     assert ("recipe = v2.Compose([v2.RandomResizedCrop(224, antialias=True), "
             "v2.RandomHorizontalFlip()])") in code and "random_resized" not in code
     slow = [_rate_run("recipe-imagefolder", 2, 9000), _rate_run("recipe-decode", 2, 10)]
-    assert benchmark.recommend(slow, args, work).endswith(
+    assert recommend.recommend(slow, args, work).endswith(
         "# ImageFolder was the fastest here: keep it")
 
 
@@ -757,13 +756,14 @@ def test_shardkit_exports_normalize():
 TV_CHECK = r"""
 import contextlib, io, json, sys, torch
 from shardkit import ShardDataset
-from shardkit.bench import benchmark
+from shardkit import bench
+from shardkit.bench import systems
 
 root, store, out, work = sys.argv[1:]
-result = {"version": benchmark.torchvision_version()}
-pairs = {"imagefolder": (benchmark.recipe_baseline(root, True)[0],
-                         benchmark.recipe_baseline(root, False)[0]),
-         "transform": (benchmark.recipe_transform(True)[0], benchmark.recipe_transform(False)[0])}
+result = {"version": systems.torchvision_version()}
+pairs = {"imagefolder": (systems.recipe_baseline(root, True)[0],
+                         systems.recipe_baseline(root, False)[0]),
+         "transform": (systems.recipe_transform(True)[0], systems.recipe_transform(False)[0])}
 full = ShardDataset(store)
 for name, (tv, ours) in pairs.items():
     samples = differing = 0
@@ -781,7 +781,7 @@ for name, (tv, ours) in pairs.items():
                               and a.shape == b.shape == (3, 224, 224) and torch.equal(a, b))
     result[name] = [samples, differing]
 with contextlib.redirect_stdout(io.StringIO()):
-    result["rc"] = benchmark.main([root, "--systems", "recipe-imagefolder,recipe-transform,"
+    result["rc"] = bench.main([root, "--systems", "recipe-imagefolder,recipe-transform,"
                                    "recipe-decode", "--recipe-workers", "2", "--epochs", "1",
                                    "--min-seconds", "0", "--pack-workers", "0",
                                    "--no-pack-figures", "--out-dir", out, "--work-dir", work])
