@@ -12,6 +12,7 @@ import zlib
 from typing import Any
 
 from ._version import __version__
+from .codec import ENCODINGS
 from .errors import StoreError
 
 FORMAT_TAG = "shardkit"
@@ -116,7 +117,7 @@ def check_dataset_fields(obj: dict[str, Any], where: str) -> None:
     if class_to_idx != {c: i for i, c in enumerate(classes)}:
         raise StoreError(f"{where}: class_to_idx does not match classes")
     settings = _need(obj, "settings", dict, where)
-    if settings.get("encoding") not in ("jpeg", "raw"):
+    if settings.get("encoding") not in ENCODINGS:
         raise StoreError(f"{where}: unknown record encoding {settings.get('encoding')!r}")
     skipped = obj.get("skipped", [])
     if not isinstance(skipped, list) or not all(
@@ -162,6 +163,8 @@ def parse_shard_meta(raw: bytes | str, where: str) -> dict[str, Any]:
 
 
 def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
+    from .formats import FORMATS  # here: the registry's modules import this one (fileutil)
+
     obj = loads(raw, where)
     check_header(obj, where, "sharded")
     check_seal(obj, where)
@@ -172,7 +175,7 @@ def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
         if not isinstance(entry, dict):
             raise StoreError(f"{where}: shard entry {k} is not an object")
         _plain_name(_need(entry, "file", str, where), where)
-        if entry.get("format") not in ("lmdb", "hdf5"):
+        if entry.get("format") not in FORMATS:
             raise StoreError(f"{where}: shard {k} has unknown format {entry.get('format')!r}")
         for key in ("count", "start", "bytes"):
             _need(entry, key, int, where)

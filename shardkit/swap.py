@@ -5,7 +5,7 @@ keeps reading its inode; a ``Store`` remembers which file its metadata came from
 on first use in a process and never reads another (:func:`open_identity`, ``store._open_pinned``).
 
 Folder store: shard files are immutable once installed. An overwrite moves the new shard files
-into OUT under names no live file uses (``shard-00000-<sha256 prefix>.lmdb`` when the plain name
+into OUT under names no live file uses (``shard-00000-<sha256 prefix>.<suffix>`` when the plain name
 is taken by different bytes; identical files are kept as they are), then replaces
 ``manifest.json`` by rename: the switch is one atomic step, so a new reader sees either the old
 or the new store, never a mix. Readers that use a store hold a shared ``flock`` on the manifest
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import uuid
 from typing import Any
 
 from . import metadata
 from .errors import PackError, StoreError
+from .fileutil import fsync_dir, has_size, open_regular, remove, unlink, write_synced
 
 try:  # POSIX advisory locks; without them (Windows) replaced files are never deleted for you
     import fcntl
@@ -101,10 +101,8 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
 
 def open_identity(path: str) -> Pin:
     """Pin the regular file at ``path`` (for a single-file store)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    fd, _ = open_regular(path)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise StoreError(f"{path} is not a regular file")
         return Pin(fd)
     except BaseException:
         os.close(fd)
@@ -117,10 +115,8 @@ def read_manifest_pinned(path: str, limit: int) -> tuple[bytes, Pin]:
     Retries when the manifest was replaced between opening and locking it.
     """
     for _ in range(20):
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+        fd, _ = open_regular(path)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise StoreError(f"{path} is not a regular file")
             if fcntl is not None:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_SH)
@@ -193,7 +189,7 @@ def install_folder(partial: str, out: str) -> None:
             dst = os.path.join(out, candidate)
             if candidate in live:
                 if live[candidate][1] == sha and live[candidate][0] in (None, size) \
-                        and _has_size(dst, size):
+                        and has_size(dst, size):
                     moves.append((src, None))  # identical bytes are installed already
                     break
                 continue  # a file some reader may use: never touched
@@ -208,10 +204,7 @@ def install_folder(partial: str, out: str) -> None:
     tmp = os.path.join(out, f".manifest.{uuid.uuid4().hex}.tmp")
     retired = os.path.join(out, f"{RETIRED_PREFIX}{uuid.uuid4().hex}.json")
     try:
-        with open(tmp, "wb") as f:
-            f.write(metadata.dumps(new))
-            f.flush()
-            os.fsync(f.fileno())
+        write_synced(tmp, metadata.dumps(new))
         try:
             os.link(manifest_path, retired)  # same inode: the lock its readers hold stays testable
         except OSError:  # no hard links here: a copy still lists the files (readers unprotected)
@@ -219,8 +212,8 @@ def install_folder(partial: str, out: str) -> None:
 
             shutil.copyfile(manifest_path, retired)
     except BaseException:
-        _unlink(tmp)
-        _unlink(retired)
+        unlink(tmp)
+        unlink(retired)
         raise
     for src, dst in moves:
         if dst is None:
@@ -229,16 +222,8 @@ def install_folder(partial: str, out: str) -> None:
             os.replace(src, dst)
     os.replace(tmp, manifest_path)  # the switch
     fsync_dir(out)
-    _remove_tree(partial)
+    remove(partial)
     collect_garbage(out)
-
-
-def _has_size(path: str, size: int) -> bool:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_size == size
 
 
 def _unique_name(name: str, sha: str) -> str:
@@ -294,41 +279,14 @@ def collect_garbage(out: str) -> None:
     live = _live_files(out, current)
     for path in _retired(out):
         if not _in_use(path):
-            _unlink(path)
+            unlink(path)
     try:
         names = os.listdir(out)
     except OSError:
         return
     for name in names:
         if name not in live and not name.startswith(RETIRED_PREFIX) and _OURS.match(name):
-            _unlink(os.path.join(out, name))
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _remove_tree(path: str) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def fsync_dir(folder: str) -> None:
-    """Make a folder's entries (renames, new files) durable; best effort where unsupported."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+            unlink(os.path.join(out, name))
 
 
 def _aside_prefix(out: str) -> tuple[str, str]:
@@ -370,8 +328,8 @@ def collect_aside(out: str) -> None:
             continue
         path = os.path.join(head, name)
         if not os.path.isdir(path) or os.path.islink(path):
-            _unlink(path)
+            unlink(path)
         elif not any(_in_use(m) for m in [os.path.join(path, metadata.MANIFEST_NAME),
                                           *_retired(path)]):
-            _remove_tree(path)
+            remove(path)
 

@@ -6,17 +6,12 @@ can call them directly.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
+from helpers import QuirkyFolder, make_quirky_folder, photo_folder
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from helpers import QuirkyFolder, make_quirky_folder, photo_folder  # noqa: E402
-
-FORMATS = ("lmdb", "hdf5")
-SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
+from shardkit.codec import ENCODINGS
+from shardkit.formats import FORMATS
+from shardkit.formats import SUFFIXES as SUFFIX
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +40,7 @@ def pack_quirky(quirky, tmp_path_factory):
     return get
 
 
-@pytest.fixture(scope="session", params=[(f, e) for e in ("jpeg", "raw") for f in FORMATS],
+@pytest.fixture(scope="session", params=[(f, e) for e in ENCODINGS for f in FORMATS],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def quirky_store(request, pack_quirky) -> str:
     """The quirky folder packed at size 256, for every format x encoding."""

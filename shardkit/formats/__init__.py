@@ -1,28 +1,45 @@
-"""Store backends, chosen by name when writing and by file content when reading."""
+"""Store backends: THE registry of formats, chosen by name when writing and by content when reading.
+
+Each backend is one folder (``lmdb/``, ``hdf5/``) whose ``BACKEND`` names its suffixes, content
+sniffer, reader and writer; ``base`` holds the classes they extend. Everything else (CLI choices,
+suffixes, metadata checks, tests) derives from ``_formats``: adding a backend is a folder plus one
+line there.
+"""
 
 from __future__ import annotations
 
 import os
 
 from ..errors import StoreError
-from . import hdf5_format, lmdb_format
-from .base import RecordGetter, ShardReader, ShardWriter, file_size
+from ..fileutil import file_size
+from . import hdf5, lmdb
+from .base import Backend, RecordGetter, ShardReader, ShardWriter, remove_shard
 
-WRITERS: dict[str, type[ShardWriter]] = {
-    "lmdb": lmdb_format.LmdbShardWriter,
-    "hdf5": hdf5_format.Hdf5ShardWriter,
+_formats: dict[str, Backend] = {
+    "lmdb": lmdb.BACKEND,  # the first is the default
+    "hdf5": hdf5.BACKEND,
 }
-READERS: dict[str, type[ShardReader]] = {
-    "lmdb": lmdb_format.LmdbShardReader,
-    "hdf5": hdf5_format.Hdf5ShardReader,
-}
-FORMATS: tuple[str, ...] = tuple(WRITERS)
-SUFFIXES: dict[str, str] = {"lmdb": ".lmdb", "hdf5": ".h5"}
+
+FORMATS: tuple[str, ...] = tuple(_formats)
+DEFAULT_FORMAT: str = FORMATS[0]
+SUFFIXES: dict[str, str] = {name: b.suffixes[0] for name, b in _formats.items()}
+WRITERS: dict[str, type[ShardWriter]] = {name: b.writer for name, b in _formats.items()}
+READERS: dict[str, type[ShardReader]] = {name: b.reader for name, b in _formats.items()}
+
+
+def backend(fmt: str) -> Backend:
+    """The registry entry of format ``fmt`` (``ValueError`` naming the choices if unknown)."""
+    try:
+        return _formats[fmt]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}") from None
 
 
 def format_for_path(path: str) -> str:
-    """Default format from an output name: ``.h5``/``.hdf5`` is HDF5, anything else LMDB."""
-    return "hdf5" if str(path).lower().endswith((".h5", ".hdf5")) else "lmdb"
+    """Default format from an output name's suffix (``.h5``/``.hdf5`` is HDF5); else the default."""
+    lower = str(path).lower()
+    return next((name for name, b in _formats.items() if lower.endswith(b.suffixes)),
+                DEFAULT_FORMAT)
 
 
 def detect_format(path: str) -> str:
@@ -39,23 +56,29 @@ def detect_format(path: str) -> str:
         raise StoreError(f"{path} is a folder without a manifest.json") from None
     except OSError as exc:
         raise StoreError(f"cannot read {path}: {exc.strerror}") from None
-    if hdf5_format.sniff(head):
-        return "hdf5"
-    if lmdb_format.sniff(head):
-        return "lmdb"
-    raise StoreError(f"{path} is not a shardkit store (neither LMDB nor HDF5)")
+    for name, b in _formats.items():
+        if b.sniff(head):
+            return name
+    labels = " nor ".join(b.label for b in _formats.values())
+    raise StoreError(f"{path} is not a shardkit store (neither {labels})")
 
 
 def open_reader(path: str, fmt: str | None = None) -> ShardReader:
     fmt = fmt or detect_format(path)
-    if fmt not in READERS:
+    if fmt not in _formats:
         raise StoreError(f"{path}: unknown shard format {fmt!r}")
-    return READERS[fmt](path)
+    return _formats[fmt].reader(path)
 
 
 def open_writer(path: str, fmt: str) -> ShardWriter:
-    return WRITERS[fmt](path)
+    return backend(fmt).writer(path)
 
 
-__all__ = ["FORMATS", "SUFFIXES", "RecordGetter", "ShardReader", "ShardWriter",
-           "detect_format", "format_for_path", "open_reader", "open_writer"]
+def remove_shard_file(path: str, fmt: str) -> None:
+    """Delete a shard file of format ``fmt`` and the side files its writer may have left."""
+    remove_shard(path, backend(fmt).writer)
+
+
+__all__ = ["DEFAULT_FORMAT", "FORMATS", "READERS", "SUFFIXES", "WRITERS", "Backend",
+           "RecordGetter", "ShardReader", "ShardWriter", "backend", "detect_format",
+           "format_for_path", "open_reader", "open_writer", "remove_shard_file"]

@@ -3,21 +3,29 @@
 A *shard* is one file holding, in order, records ``0..count-1`` (encoded image bytes), a few
 named numpy index arrays (labels, heights, widths, checksums, source paths) and one JSON metadata
 object, written last. A writer produces a shard; a reader opens one read-only, in one process.
+
+The base classes own the steps every backend shares: refusing what is not a regular file, the
+"missing" errors for metadata, arrays and records, checking arrays against the metadata, and
+turning the backend library's exceptions into ``StoreError``. A backend fills the ``_hooks``.
 """
 
 from __future__ import annotations
 
+import glob
 import os
-import stat
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager
-from typing import Callable, ClassVar
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
 
 from ..errors import StoreError
+from ..fileutil import file_size, unlink
 
 RecordGetter = Callable[[int], "bytes | memoryview | np.ndarray"]
+#: A backend's record fetch inside one read context: the record, or None when it is missing.
+RecordFetch = Callable[[int], Any]
 
 
 class ShardWriter(ABC):
@@ -39,56 +47,136 @@ class ShardWriter(ABC):
 
     @abstractmethod
     def abort(self) -> None:
-        """Close without finishing; the caller deletes the file."""
+        """Close without finishing; the caller deletes the file (see ``discard``)."""
+
+    @classmethod
+    def side_files(cls, path: str) -> list[str]:
+        """Files besides ``path`` that a writer of ``path`` (even a killed one) may leave."""
+        return []
+
+    def discard(self) -> None:
+        """Abort and delete the file and its side files."""
+        try:
+            self.abort()
+        finally:
+            remove_shard(self.path, type(self))
+
+
+def remove_shard(path: str, writer: type[ShardWriter]) -> None:
+    """Delete a shard file written by ``writer`` and any side files it may have left."""
+    for p in [path, *writer.side_files(path)]:
+        unlink(p)
+
+
+def side_files_matching(path: str, pattern: str) -> list[str]:
+    """Existing files next to ``path`` named ``<basename><pattern>`` (a glob)."""
+    folder, name = os.path.split(path)
+    return glob.glob(os.path.join(glob.escape(folder or "."), glob.escape(name) + pattern))
 
 
 class ShardReader(ABC):
-    """A read-only view of one shard file, opened in the current process."""
+    """A read-only view of one shard file, opened in the current process.
+
+    Backends implement ``_open``, ``_meta``, ``_array``, ``_records`` and ``close``; every
+    exception in ``library_errors`` they raise becomes a ``StoreError`` naming the file.
+    """
 
     format_name: ClassVar[str]
+    #: Exceptions of the backend's library that mean "this file cannot be read as a store".
+    library_errors: ClassVar[tuple[type[BaseException], ...]] = ()
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.file_size = file_size(path)
+        try:
+            self._open()
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, self.library_errors) and not isinstance(exc, StoreError):
+                raise StoreError(f"{path}: cannot open {self.format_name.upper()} store: "
+                                 f"{exc}") from None
+            raise
+
+    @contextmanager
+    def _library_call(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except StoreError:
+            raise
+        except self.library_errors as exc:
+            raise StoreError(f"{self.path}: {self.format_name.upper()} read failed for {what}: "
+                             f"{exc}") from None
+
+    # -- hooks --------------------------------------------------------------------------------
 
     @abstractmethod
-    def meta_json(self) -> bytes:
-        """The raw metadata JSON (parsed and validated by :mod:`shardkit.metadata`)."""
+    def _open(self) -> None:
+        """Open the file and check what must hold before anything is read."""
 
     @abstractmethod
-    def array(self, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-        """Index array ``name``, checked against the dtype and shape the metadata promises."""
+    def _meta(self) -> bytes | None:
+        """The raw metadata JSON, or None when the file has none."""
 
     @abstractmethod
-    def records(self) -> AbstractContextManager[RecordGetter]:
-        """A context in which ``get(i)`` returns record ``i``'s bytes (valid only inside it).
+    def _array(self, name: str, dtype: str, shape: tuple[int, ...]) -> Any:
+        """Index array ``name`` as an ndarray or its raw bytes; None when missing."""
 
-        One context is one read transaction: a whole batch is fetched inside one.
-        """
+    @abstractmethod
+    def _records(self) -> AbstractContextManager[RecordFetch]:
+        """One read transaction: a fetch returning record ``i`` or None when missing."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the file handle / memory map (also called on a half-opened reader)."""
 
     def release_library_handle(self) -> None:
         """The caller has read the metadata and index arrays: drop what only they needed."""
 
-    @abstractmethod
-    def close(self) -> None:
-        """Release the file handle / memory map."""
+    # -- shared steps -------------------------------------------------------------------------
 
+    def meta_json(self) -> bytes:
+        """The raw metadata JSON (parsed and validated by :mod:`shardkit.metadata`)."""
+        with self._library_call("metadata"):
+            raw = self._meta()
+        if raw is None:
+            raise StoreError(f"{self.path}: metadata is missing (incomplete or foreign store)")
+        return raw
 
-def file_size(path: str) -> int:
-    """Size of the regular file at ``path``; anything else (a FIFO, a device, a folder) is refused.
+    def array(self, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        """Index array ``name``, checked against the dtype and shape the metadata promises."""
+        with self._library_call(f"index array {name!r}"):
+            arr = self._array(name, dtype, shape)
+        if arr is None:
+            raise StoreError(f"{self.path}: index array {name!r} is missing (damaged store)")
+        if not isinstance(arr, np.ndarray):
+            nbytes = np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64))
+            if len(arr) != nbytes:
+                raise StoreError(f"{self.path}: index array {name!r} has {len(arr)} bytes, "
+                                 f"metadata promises {dtype}{list(shape)} (damaged store)")
+            arr = np.frombuffer(arr, dtype=dtype).reshape(shape)
+        return check_array(self.path, name, arr, dtype, shape)
 
-    Opening a FIFO blocks forever and a device has no size, so neither may reach a reader.
-    """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise StoreError(f"store file not found: {path}") from None
-    except OSError as exc:
-        raise StoreError(f"cannot stat {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-        raise StoreError(f"{path} is {kind}, not a store file")
-    return st.st_size
+    @contextmanager
+    def records(self) -> Iterator[RecordGetter]:
+        """A context in which ``get(i)`` returns record ``i``'s bytes (valid only inside it).
+
+        One context is one read transaction: a whole batch is fetched inside one.
+        """
+        path, errors = self.path, self.library_errors
+        with ExitStack() as stack:
+            with self._library_call("records"):
+                fetch = stack.enter_context(self._records())
+
+            def get(i: int):
+                try:
+                    value = fetch(i)
+                except errors as exc:
+                    raise StoreError(f"{path}: read of record {i} failed: {exc}") from None
+                if value is None:
+                    raise StoreError(f"{path}: record {i} is missing (damaged store)")
+                return value
+
+            yield get
 
 
 def check_array(path: str, name: str, arr: np.ndarray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -97,3 +185,19 @@ def check_array(path: str, name: str, arr: np.ndarray, dtype: str, shape: tuple[
             f"{path}: index array {name!r} is {arr.dtype}{list(arr.shape)}, "
             f"metadata promises {np.dtype(dtype)}{list(shape)} (damaged store)")
     return arr
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One entry of the format registry (:mod:`shardkit.formats`)."""
+
+    name: str
+    label: str  # how messages name it ("LMDB")
+    suffixes: tuple[str, ...]  # output-name suffixes that choose it; the first is the default
+    sniff: Callable[[bytes], bool]  # from a file's first 64 bytes: written by this backend?
+    reader: type[ShardReader]
+    writer: type[ShardWriter]
+
+
+__all__ = ["Backend", "RecordGetter", "ShardReader", "ShardWriter", "check_array", "file_size",
+           "remove_shard"]

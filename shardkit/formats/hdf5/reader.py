@@ -1,4 +1,4 @@
-"""HDF5 backend: one HDF5 file per shard, plain datasets only.
+"""HDF5 shards: one HDF5 file per shard, plain datasets only.
 
 ``/data`` is one contiguous uint8 dataset of all encoded records back to back; ``/offsets``
 (int64, count+1) delimits them; index arrays are datasets under ``/index/<name>``; the metadata
@@ -11,77 +11,21 @@ from __future__ import annotations
 
 import mmap
 import os
-import tempfile
 from contextlib import contextmanager
 from typing import Iterator
 
 import h5py
 import numpy as np
 
-from ..errors import StoreError
-from .base import RecordGetter, ShardReader, ShardWriter, check_array
+from ...errors import StoreError
+from ..base import RecordFetch, ShardReader
+from .writer import META_ATTR
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-META_ATTR = "shardkit_meta"
-COPY_CHUNK = 64 << 20
 
 
 def sniff(head: bytes) -> bool:
     return head.startswith(HDF5_SIGNATURE)
-
-
-class Hdf5ShardWriter(ShardWriter):
-    """Spools record bytes to a side file, then lays them out as one contiguous dataset.
-
-    A contiguous dataset needs its size at creation, which is known only at the end.
-    """
-
-    format_name = "hdf5"
-
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
-        fd, self._spool_path = tempfile.mkstemp(prefix=os.path.basename(path) + ".",
-                                                suffix=".spool", dir=os.path.dirname(path) or ".")
-        self._spool = os.fdopen(fd, "w+b")
-        self._offsets = [0]
-
-    def append(self, data: bytes) -> None:
-        self._spool.write(data)
-        self._offsets.append(self._offsets[-1] + len(data))
-        self.count += 1
-
-    def finish(self, arrays: dict[str, np.ndarray], meta_json: bytes) -> None:
-        total = self._offsets[-1]
-        try:
-            with h5py.File(self.path, "w", libver="earliest", track_order=False) as f:
-                data = f.create_dataset("data", shape=(total,), dtype=np.uint8)
-                self._spool.flush()
-                self._spool.seek(0)
-                pos = 0
-                while pos < total:
-                    chunk = self._spool.read(min(COPY_CHUNK, total - pos))
-                    data[pos:pos + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
-                    pos += len(chunk)
-                f.create_dataset("offsets", data=np.asarray(self._offsets, dtype=np.int64))
-                group = f.create_group("index")
-                for name, arr in arrays.items():
-                    group.create_dataset(name, data=np.ascontiguousarray(arr))
-                f.attrs[META_ATTR] = np.bytes_(meta_json)
-                f.flush()
-        finally:
-            self._drop_spool()
-        with open(self.path, "rb+") as f:
-            os.fsync(f.fileno())
-
-    def abort(self) -> None:
-        self._drop_spool()
-
-    def _drop_spool(self) -> None:
-        self._spool.close()
-        try:
-            os.unlink(self._spool_path)
-        except FileNotFoundError:
-            pass
 
 
 class Hdf5ShardReader(ShardReader):
@@ -96,9 +40,10 @@ class Hdf5ShardReader(ShardReader):
     """
 
     format_name = "hdf5"
+    library_errors = (Exception,)  # h5py surfaces corruption as many types
 
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
+    def _open(self) -> None:
+        path = self.path
         self._file = self._fileobj = self._map = None
         try:
             # One open file for h5py and the map: both see the same inode even if ``path`` is
@@ -108,21 +53,18 @@ class Hdf5ShardReader(ShardReader):
             self.file_size = os.fstat(self._fileobj.fileno()).st_size
             self._file = h5py.File(self._fileobj, "r")
         except (OSError, ValueError) as exc:
-            self.close()
             raise StoreError(f"{path}: cannot open HDF5 store: {exc}") from None
         try:
             raw = self._file.attrs.get(META_ATTR)
             if raw is None:
                 raise StoreError(f"{path}: HDF5 file has no shardkit metadata "
                                  "(incomplete or foreign store)")
-            self._meta = bytes(raw) if not isinstance(raw, str) else raw.encode()
+            self._meta_raw = bytes(raw) if not isinstance(raw, str) else raw.encode()
             self._map = mmap.mmap(self._fileobj.fileno(), 0, access=mmap.ACCESS_READ)
             self._data = self._map_data(self._file)
         except StoreError:
-            self.close()
             raise
         except Exception as exc:  # noqa: BLE001 - h5py surfaces corruption as many types
-            self.close()
             raise StoreError(f"{path}: damaged HDF5 store: {exc}") from None
 
     def _map_data(self, f: h5py.File) -> np.ndarray:
@@ -141,22 +83,14 @@ class Hdf5ShardReader(ShardReader):
             raise StoreError(f"{self.path}: /offsets do not describe /data (damaged store)")
         return self._map_dataset(ds)
 
-    def meta_json(self) -> bytes:
-        return self._meta
+    def _meta(self) -> bytes:
+        return self._meta_raw
 
-    def array(self, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    def _array(self, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray | None:
         if self._file is None:
             raise StoreError(f"{self.path}: index arrays must be read before release_library_handle()")
         ds = self._file.get(f"index/{name}")
-        if not isinstance(ds, h5py.Dataset):
-            raise StoreError(f"{self.path}: index array {name!r} is missing (damaged store)")
-        try:
-            arr = self._map_dataset(ds)
-        except StoreError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise StoreError(f"{self.path}: cannot read index array {name!r}: {exc}") from None
-        return check_array(self.path, name, arr, dtype, shape)
+        return self._map_dataset(ds) if isinstance(ds, h5py.Dataset) else None
 
     def _map_dataset(self, ds: h5py.Dataset) -> np.ndarray:
         """A contiguous dataset as a read-only view of the file's map (shared page cache)."""
@@ -170,31 +104,25 @@ class Hdf5ShardReader(ShardReader):
                              offset=start).reshape(ds.shape)
 
     @contextmanager
-    def records(self) -> Iterator[RecordGetter]:
+    def _records(self) -> Iterator[RecordFetch]:
         # A memoryview and a plain ndarray: slicing an ndarray per record costs ~5 us.
-        data, offsets, path = memoryview(self._data), self._offsets, self.path
+        data, offsets = memoryview(self._data), self._offsets
         count = len(offsets) - 1
-
-        def get(i: int):
-            if not 0 <= i < count:
-                raise StoreError(f"{path}: record {i} is missing (damaged store)")
-            return data[offsets[i]:offsets[i + 1]]
-
-        yield get
+        yield lambda i: data[offsets[i]:offsets[i + 1]] if 0 <= i < count else None
 
     def release_library_handle(self) -> None:
         """Close h5py and its file once the index arrays are read; records come from the map."""
-        if self._file is not None:
+        if getattr(self, "_file", None) is not None:
             self._file.close()
             self._file = None
-        if self._fileobj is not None:
+        if getattr(self, "_fileobj", None) is not None:
             self._fileobj.close()
             self._fileobj = None
 
     def close(self) -> None:
         self.release_library_handle()
         self._data = self._offsets = None
-        if self._map is not None:
+        if getattr(self, "_map", None) is not None:
             try:
                 self._map.close()
             except BufferError:

@@ -25,7 +25,8 @@ import pytest
 from PIL import Image
 
 from shardkit import ShardDataset
-from shardkit.packing.packer import partial_path
+from shardkit.packing.install import partial_path
+from shardkit.formats import FORMATS
 from shardkit.store import Store
 
 PACK_TIMEOUT = 90
@@ -177,7 +178,7 @@ def run_cli(*args: str, timeout: float = PACK_TIMEOUT, **kw) -> subprocess.Compl
                           timeout=timeout, env=env, **kw)
 
 
-@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_hostile_folder_packs_with_reasons(hostile, tmp_path, fmt):
     root, expect = hostile["root"], hostile["expect"]
     out = str(tmp_path / f"out.{fmt}")

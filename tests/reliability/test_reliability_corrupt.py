@@ -14,9 +14,7 @@ README's promise), or returns data that differs from the undamaged store's (pixe
 classes, source paths): with ``verify=True`` no change to the bytes a read returns may go
 unnoticed, and ``shardkit verify`` may pass only intact data.
 
-A second test aims at LMDB's page structure directly (node offsets, key counts, key and record
-sizes, child page numbers, meta pages of the live B-tree): the fields LMDB trusts blindly, which
-without shardkit's checks crash the reader (SIGBUS/SIGSEGV).
+Attacks on one backend's own structures live with that backend's tests (tests/formats/).
 
 Set SHARDKIT_FUZZ_SEED / SHARDKIT_FUZZ_N to explore further (the defaults are what CI runs).
 """
@@ -28,7 +26,6 @@ import os
 import pickle
 import random
 import shutil
-import signal
 import struct
 import subprocess
 import sys
@@ -40,170 +37,23 @@ from PIL import Image
 
 import shardkit
 from shardkit.errors import StoreError
+from shardkit.formats import FORMATS
 from shardkit.metadata import seal
 from shardkit.store import Store, sha256_file
+
+from helpers.damage import STORES, pack_pristine, run_batch, source_tree
 
 SEED = int(os.environ.get("SHARDKIT_FUZZ_SEED", "20240501"))
 N_SINGLE = int(os.environ.get("SHARDKIT_FUZZ_N", "40"))  # per format, single-file stores
 N_SHARDED = max(1, N_SINGLE * 3 // 4)  # per format, two-shard folder stores
 BATCH = 30  # damaged stores per child process (one interpreter start per batch)
-CASE_TIMEOUT = 20  # seconds per store within a batch before the child counts as hung
-
-# The child: reads every store named on stdin, prints one JSON line per store *before* moving to
-# the next, so when it dies the parent knows exactly which store killed it.
-WORKER = textwrap.dedent(r'''
-    import contextlib, hashlib, io, json, resource, signal, sys, traceback
-    import numpy as np
-    from shardkit import ShardDataset, StoreError
-    from shardkit.cli import main as cli_main
-
-    # A damaged record must be refused, not decoded into gigabytes: such a request fails here.
-    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, resource.RLIM_INFINITY))
-
-    def digest(path):
-        ds = ShardDataset(path, output="numpy", verify=True)
-        try:
-            h = hashlib.sha256()
-            h.update(json.dumps([ds.classes, sorted(ds.class_to_idx.items()), len(ds),
-                                 [int(t) for t in ds.targets]]).encode())
-            singles = []
-            for i in range(len(ds)):
-                img, label = ds[i]
-                d = hashlib.sha256(np.ascontiguousarray(img).tobytes()).hexdigest()
-                singles.append(d)
-                h.update(json.dumps([i, d, list(img.shape), int(label),
-                                     ds.source_path(i)]).encode())
-            batch = ds.__getitems__(list(range(len(ds))))
-            for i, (img, label) in enumerate(batch):
-                d = hashlib.sha256(np.ascontiguousarray(img).tobytes()).hexdigest()
-                if d != singles[i]:
-                    return None, f"batch read of {i} differs from single read"
-            return h.hexdigest(), None
-        finally:
-            ds.close()
-
-    def unverified(path):
-        """verify=False: damaged bytes may decode to other pixels (the README says so), but each
-        read returns an image or raises StoreError, on the single and the batched path."""
-        for crop in (None, 16):
-            ds = ShardDataset(path, output="numpy", crop=crop)
-            try:
-                for i in range(len(ds)):
-                    try:
-                        ds[i]
-                    except StoreError:
-                        pass
-                try:
-                    ds.__getitems__(list(range(len(ds))))
-                except StoreError:
-                    pass
-            finally:
-                ds.close()
-
-    for line in sys.stdin:
-        path = line.rstrip("\n")
-        res = {"path": path}
-        # A store that hangs the reader ends this process by SIGALRM (even inside C code).
-        signal.alarm(int(sys.argv[1]))
-        try:
-            res["digest"], problem = digest(path)
-            if problem:
-                res["bad"] = problem
-        except StoreError as exc:  # nothing else: the README promises StoreError
-            res["error"] = f"{type(exc).__name__}: {exc}"[:400]
-        except BaseException:
-            res["bad"] = "ShardDataset: " + traceback.format_exc()[-2000:]
-        try:
-            unverified(path)
-        except StoreError:
-            pass
-        except BaseException:
-            res["bad"] = "ShardDataset(verify=False): " + traceback.format_exc()[-2000:]
-        err = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                res["verify_rc"] = cli_main(["verify", "--quiet", path])
-            res["verify_msg"] = err.getvalue()[-400:]
-        except BaseException:
-            res["bad"] = "shardkit verify: " + traceback.format_exc()[-2000:]
-        signal.alarm(0)
-        print(json.dumps(res), flush=True)
-''')
-
-
-def run_batch(paths: list[str], tmp: str) -> tuple[dict[str, dict], dict[str, str]]:
-    """Read ``paths`` in child processes; (results by path, {path: fatal problem}).
-
-    A child that dies or hangs is charged to the first store it had not reported yet; the stores
-    after that one are retried in a fresh child.
-    """
-    worker = os.path.join(tmp, "worker.py")
-    if not os.path.exists(worker):
-        with open(worker, "w") as f:
-            f.write(WORKER)
-    results: dict[str, dict] = {}
-    fatal: dict[str, str] = {}
-    pending = list(paths)
-    while pending:
-        try:
-            proc = subprocess.run([sys.executable, worker, str(CASE_TIMEOUT)],
-                                  input="\n".join(pending) + "\n", capture_output=True,
-                                  text=True, timeout=60 + CASE_TIMEOUT * len(pending))
-            stdout, how = proc.stdout, proc.returncode
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout or b""
-            stdout, how = (out.decode() if isinstance(out, bytes) else out), "hang"
-            proc = None
-        for line in stdout.splitlines():
-            res = json.loads(line)
-            results[res["path"]] = res
-        rest = [p for p in pending if p not in results]
-        if not rest:
-            break
-        if how == 0:
-            fatal[rest[0]] = "child exited without reporting it"
-        elif how in ("hang", -signal.SIGALRM):
-            fatal[rest[0]] = f"hang (no answer within {CASE_TIMEOUT} s)"
-        else:
-            stderr = proc.stderr[-1500:] if proc is not None else ""
-            fatal[rest[0]] = f"child died with status {how} (signal {-how if how < 0 else '-'})\n{stderr}"
-        pending = rest[1:]
-    return results, fatal
 
 
 # -- the stores ----------------------------------------------------------------------------------
 
-def _source(root: str) -> str:
-    """12 small images (PNG and JPEG, odd sizes) in two classes, one with a non-ASCII name."""
-    rng = np.random.default_rng(5)
-    for c in ("cat", "gnu\u00e9"):
-        os.makedirs(os.path.join(root, c))
-        for i in range(6):
-            arr = rng.integers(0, 256, (30 + 3 * i, 41 - i, 3), dtype=np.uint8)
-            ext = "png" if i % 2 else "jpg"
-            Image.fromarray(arr).save(os.path.join(root, c, f"img{i}.{ext}"))
-    return root
-
-
-STORES = {  # name -> (format, encoding, num_shards)
-    "lmdb-single": ("lmdb", "jpeg", None),
-    "hdf5-single": ("hdf5", "jpeg", None),
-    "lmdb-sharded": ("lmdb", "raw", 2),
-    "hdf5-sharded": ("hdf5", "raw", 2),
-}
-
-
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory) -> dict[str, str]:
-    base = tmp_path_factory.mktemp("pristine")
-    src = _source(str(base / "src"))
-    out = {}
-    for name, (fmt, encoding, shards) in STORES.items():
-        path = str(base / name)
-        shardkit.pack(src, path, format=fmt, encoding=encoding, size=32, workers=1,
-                      num_shards=shards, progress=False)
-        out[name] = path
-    return out
+    return pack_pristine(str(tmp_path_factory.mktemp("pristine")))
 
 
 def _hot_ranges(path: str) -> list[tuple[int, int]]:
@@ -423,7 +273,7 @@ def test_damaged_and_foreign_stores_fail_cleanly(pristine, tmp_path):
 
     failures = [f"{describe.get(p, ('foreign', p))}: {why}" for p, why in fatal.items()]
     counts = {"error": 0, "intact": 0}
-    per_format = {"lmdb": 0, "hdf5": 0}
+    per_format = dict.fromkeys(FORMATS, 0)
     for path, res in results.items():
         name, what = describe.get(path, (None, os.path.basename(path)))
         if name is not None and not what.startswith("bogus"):
@@ -452,7 +302,7 @@ def test_damaged_and_foreign_stores_fail_cleanly(pristine, tmp_path):
     print(f"damaged stores: {per_format} (+{len(bogus)} bogus folder stores, {len(foreign)} "
           f"foreign inputs); "
           f"refused {counts['error']}, read intact {counts['intact']}, failures {len(failures)}")
-    assert per_format["lmdb"] >= 50 and per_format["hdf5"] >= 50
+    assert min(per_format.values()) >= 50
     assert not failures, "\n\n".join(failures[:20])
     assert counts["error"] > len(cases) // 2  # the damage was real
 
@@ -477,7 +327,7 @@ HUGE_HEADER_READER = textwrap.dedent(r'''
 ''')
 
 
-@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_record_claiming_a_huge_image_is_refused_without_allocating_it(pristine, tmp_path, fmt):
     """Record 0's JPEG header is changed to claim 65280 x 65280 pixels (same length, so the store
     stays well-formed). simplejpeg sizes its output from the header: 12 GB, then a "premature
@@ -515,13 +365,13 @@ def test_record_claiming_a_huge_image_is_refused_without_allocating_it(pristine,
 
 # -- labels.npy that agrees with its manifest but not with the shards ----------------------------
 
-@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("shards", [1, 2])
 def test_verify_compares_labels_npy_with_the_shards(tmp_path, fmt, shards):
     """labels.npy rewritten with every label wrong, and its SHA-256 in the (resealed) manifest
     updated to match: only comparing it with the labels inside the shards can tell."""
     out = str(tmp_path / "store")
-    shardkit.pack(_source(str(tmp_path / "src")), out, format=fmt, size=32, workers=1,
+    shardkit.pack(source_tree(str(tmp_path / "src")), out, format=fmt, size=32, workers=1,
                   num_shards=shards, progress=False)
     assert shardkit.verify(out).ok
     labels_path = os.path.join(out, "labels.npy")
@@ -587,7 +437,7 @@ def _read_in_children(paths: list[str]) -> dict[str, str]:
     return json.loads(res.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_pickle_in_metadata_is_refused_and_never_executed(pristine, tmp_path, fmt):
     marker = str(tmp_path / "pwned")
     payload = pickle.dumps(_Payload(marker), protocol=2)
@@ -629,7 +479,7 @@ def test_pickle_in_metadata_is_refused_and_never_executed(pristine, tmp_path, fm
     assert not os.path.exists(marker)
 
 
-@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_future_format_version_is_refused_with_both_versions_named(pristine, tmp_path, fmt):
     store = str(tmp_path / f"single.{fmt}")
     shutil.copyfile(pristine[f"{fmt}-single"], store)
@@ -652,101 +502,3 @@ def test_future_format_version_is_refused_with_both_versions_named(pristine, tmp
         json.dump(seal(dict(manifest, format_version=2)), f)
     with pytest.raises(StoreError, match=r"version 2 .*supports version 1"):
         shardkit.ShardDataset(folder)
-
-
-# -- targeted attacks on LMDB's page structure ----------------------------------------------------
-
-def _lmdb_attacks(path: str, work: str, tag: str) -> list[str]:
-    """Copies of an LMDB shard with the fields LMDB trusts blindly set to extreme values: a node
-    offset, the key count, a key size, a record's size (inline or on overflow pages), a child
-    page number. Unguarded, several of these make LMDB or the reader touch memory past the end of
-    the file (SIGBUS) -- found by a byte-by-byte sweep during development."""
-    with open(path, "rb") as f:
-        data = f.read()
-    psize = struct.unpack_from("<I", data, 40)[0]
-    last_pg = max(struct.unpack_from("<Q", data, off + 136)[0] for off in (0, psize))
-    made = []
-
-    def variant(name: str, edits: list[tuple[int, bytes]]) -> None:
-        b = bytearray(data)
-        for pos, raw in edits:
-            b[pos:pos + len(raw)] = raw
-        p = os.path.join(work, f"lmdb-attack-{tag}-{name}")
-        with open(p, "wb") as f:
-            f.write(b)
-        made.append(p)
-
-    # The live B-tree: from the root of the newest meta page down through branch pages (older
-    # copies of pages, left by copy-on-write, are never read and not worth attacking).
-    newest = max((0, psize), key=lambda off: struct.unpack_from("<Q", data, off + 144)[0])
-    todo, leaves, branches = [struct.unpack_from("<Q", data, newest + 128)[0]], [], []
-    while todo:
-        pg = todo.pop(0)
-        start = pg * psize
-        flags, lower = struct.unpack_from("<HH", data, start + 10)
-        ptrs = struct.unpack_from(f"<{(lower - 16) // 2}H", data, start + 16)
-        if flags & 0x01:
-            branches.append(pg)
-            todo += [int.from_bytes(data[start + off:start + off + 6], "little") for off in ptrs]
-        elif flags & 0x02:
-            leaves.append(pg)
-    assert leaves, "no leaf page found"
-    for pg in sorted({leaves[0], leaves[len(leaves) // 2], leaves[-1]}):
-        start = pg * psize
-        lower = struct.unpack_from("<H", data, start + 12)[0]
-        ptrs = struct.unpack_from(f"<{(lower - 16) // 2}H", data, start + 16)
-        variant(f"p{pg}-offset-high", [(start + 17, bytes([data[start + 17] | 0x80]))])
-        variant(f"p{pg}-offset-max", [(start + 16, b"\xff\xff")])
-        variant(f"p{pg}-keycount-max", [(start + 12, b"\xff\xff")])
-        variant(f"p{pg}-keycount-zero", [(start + 12, b"\x00\x00")])
-        variant(f"p{pg}-leaf2-flag", [(start + 10, b"\x22\x00")])
-        for j, off in enumerate(ptrs[:3]):
-            node = start + off
-            variant(f"p{pg}-n{j}-ksize-max", [(node + 6, b"\xff\xff")])
-            variant(f"p{pg}-n{j}-size-huge", [(node + 2, b"\xff\x7f")])
-            variant(f"p{pg}-n{j}-size-past-end", [(node + 2, b"\x10\x00")])
-            variant(f"p{pg}-n{j}-bigdata-flag", [(node + 4, b"\x01\x00")])
-            variant(f"p{pg}-n{j}-dupdata-flag", [(node + 4, b"\x04\x00")])
-    for pg in branches[:2]:
-        start = pg * psize
-        lower = struct.unpack_from("<H", data, start + 12)[0]
-        off = struct.unpack_from("<H", data, start + 16)[0]
-        variant(f"b{pg}-child-past-end", [(start + off, struct.pack("<HH", 0xFFFF, 0x00FF))])
-        variant(f"b{pg}-child-meta", [(start + off, b"\x00\x00\x00\x00")])
-        variant(f"b{pg}-keycount-max", [(start + 12, b"\xff\xff")])
-    # The meta pages: page size, last page, root.
-    for meta in (0, psize):
-        variant(f"m{meta}-last-page-huge", [(meta + 136, struct.pack("<Q", 1 << 50))])
-        variant(f"m{meta}-root-past-end", [(meta + 128, struct.pack("<Q", last_pg + 5))])
-        variant(f"m{meta}-psize-odd", [(meta + 40, struct.pack("<I", 4097))])
-    return made
-
-
-def test_lmdb_page_structure_attacks_fail_cleanly(pristine, tmp_path):
-    work = str(tmp_path / "work")
-    os.makedirs(work)
-    folder = pristine["lmdb-sharded"]  # raw records: stored on overflow pages
-    shard = next(os.path.join(folder, n) for n in sorted(os.listdir(folder)) if n.endswith(".lmdb"))
-    paths = _lmdb_attacks(pristine["lmdb-single"], work, "single")
-    # The shard file is read as a folder store: copy the folder around each damaged shard.
-    for p in _lmdb_attacks(shard, work, "shard"):
-        dst = p + "-store"
-        shutil.copytree(folder, dst)
-        shutil.copyfile(p, os.path.join(dst, os.path.basename(shard)))
-        paths.append(dst)
-    reference, _ = run_batch(list(pristine.values()), str(tmp_path))
-    expected = {path: reference[path]["digest"] for path in pristine.values()}
-    results, fatal = run_batch(paths, str(tmp_path))
-    failures = [f"{os.path.basename(p)}: {why}" for p, why in fatal.items()]
-    for path, res in results.items():
-        original = pristine["lmdb-single"] if "-single-" in path else folder
-        if "bad" in res:
-            failures.append(f"{os.path.basename(path)}: {res['bad']}")
-        elif "digest" in res and res["digest"] != expected[original]:
-            failures.append(f"{os.path.basename(path)}: silently different data")
-        elif res.get("verify_rc") == 0 and res.get("digest") != expected[original]:
-            failures.append(f"{os.path.basename(path)}: verify passed a damaged store")
-    print(f"LMDB structure attacks: {len(paths)}, refused "
-          f"{sum('error' in r for r in results.values())}, failures {len(failures)}")
-    assert len(paths) >= 30
-    assert not failures, "\n".join(failures)

@@ -327,35 +327,27 @@ def photo_folder(root: str, count: int = 64, classes: int = 4, seed: int = 0,
 
 # -- stores written fast through shardkit's own builder -------------------------------------------
 
-def build_store_fast(out: str, count: int, fmt: str = "lmdb", classes: int = 10,
+def build_store_fast(out: str, count: int, fmt: str | None = None, classes: int = 10,
                      side: int = 8, variants: int = 64, seed: int = 0) -> list[bytes]:
-    """A real single-file store of ``count`` tiny JPEG records, written through ShardBuilder.
+    """A real single-file store of ``count`` tiny JPEG records, written through StoreWriter.
 
     Skips decoding source files (the slow part of ``pack``) but writes through the same
-    ShardBuilder + format writer as ``pack``: the result is an ordinary store.
+    writer as ``pack``: the result is an ordinary store.
     Returns the distinct record payloads (record i is ``payloads[i % variants]``).
     """
     import simplejpeg
 
-    from shardkit.packing.packer import PackSettings, Plan, ShardBuilder
+    from shardkit.packing import StoreWriter
 
     rng = np.random.default_rng(seed)
     payloads = [simplejpeg.encode_jpeg(rng.integers(0, 256, (side, side, 3), dtype=np.uint8),
                                        quality=90, colorspace="RGB") for _ in range(variants)]
     root = os.path.join(os.path.dirname(os.path.abspath(out)), "virtual-src")
     names = [f"c{c}" for c in range(classes)]
-    paths = [os.path.join(root, names[i % classes], f"{i:07d}.jpg") for i in range(count)]
-    labels = [i % classes for i in range(count)]
-    plan = Plan(root, names, {n: i for i, n in enumerate(names)}, paths, labels, [0, count],
-                PackSettings(size=0, encoding="jpeg", format=fmt), sharded=False)
-    builder = ShardBuilder(plan, 0, out, strict=True)
-    try:
+    with StoreWriter(out, names, format=fmt, encoding="jpeg", size=0, source_root=root) as w:
         for i in range(count):
-            builder.add(i, (payloads[i % variants], side, side, None))
-        builder.finish("single")
-    except BaseException:
-        builder.abort()
-        raise
+            w.add_encoded(payloads[i % variants], i % classes, side, side,
+                          os.path.join(root, names[i % classes], f"{i:07d}.jpg"))
     return payloads
 
 

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from PIL import Image
 import shardkit
 from shardkit import ShardDataset
 from shardkit.errors import StoreError
+from shardkit.formats import FORMATS
 
 PROCESSES, WORKERS, EPOCHS = 8, 4, 3
 
@@ -97,7 +99,7 @@ def _digests(path: str) -> dict[int, list]:
 def test_many_processes_and_workers_read_the_same_stores(tmp_path):
     src = _source(str(tmp_path / "src"), 160, seed=1)
     stores = []
-    for fmt, shards in (("lmdb", None), ("hdf5", 2)):
+    for fmt, shards in zip(FORMATS, itertools.cycle([None, 2])):
         out = str(tmp_path / f"store-{fmt}")
         shardkit.pack(src, out, format=fmt, size=0, workers=1, num_shards=shards,
                       progress=False)
@@ -166,7 +168,7 @@ def _store_files(out: str) -> set[str]:
     return set(os.listdir(out)) if os.path.isdir(out) else {os.path.basename(out)}
 
 
-@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("shards", [None, 3], ids=["file", "folder"])
 def test_overwrite_never_changes_an_open_dataset(versions, tmp_path, fmt, shards):
     from torch.utils.data import DataLoader
@@ -215,7 +217,7 @@ def test_overwrite_never_changes_an_open_dataset(versions, tmp_path, fmt, shards
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no partial, no .old
 
 
-@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("shards", [None, 3], ids=["file", "folder"])
 def test_store_replaced_before_first_use_is_refused(versions, tmp_path, fmt, shards):
     """Creating a dataset reads metadata and holds nothing; a store replaced before the first read
@@ -275,7 +277,7 @@ LOOP_READER = textwrap.dedent(r'''
 ''')
 
 
-@pytest.mark.parametrize("fmt,shards", [("lmdb", None), ("hdf5", 3)])
+@pytest.mark.parametrize("fmt,shards", list(zip(FORMATS, itertools.cycle([None, 3]))))
 def test_reader_never_sees_a_mix_while_the_store_is_replaced(versions, tmp_path, fmt, shards):
     refs = _reference(versions, tmp_path, fmt, shards)
     hashes = {v: [refs[v][i][0] for i in range(len(refs[v]))] for v in refs}

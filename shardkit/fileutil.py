@@ -1,0 +1,132 @@
+"""File helpers shared by packing, reading and inspection: one copy of each.
+
+Only regular files are ever read as stores or sources: opening a FIFO blocks until a writer
+comes, and a device (``/dev/zero``) never ends, so both are refused before any ``read``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import uuid
+from typing import Any
+
+from . import metadata
+from .errors import StoreError
+
+# Non-blocking: an open() of a FIFO returns at once instead of waiting for a writer.
+READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class NotRegularFile(StoreError):
+    """The path is a FIFO, device, socket or folder where a regular file is needed."""
+
+
+def file_size(path: str) -> int:
+    """Size of the regular file at ``path``; ``StoreError`` when it is missing or anything else
+    (a FIFO, a device, a folder)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise StoreError(f"store file not found: {path}") from None
+    except OSError as exc:
+        raise StoreError(f"cannot stat {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise NotRegularFile(f"{path} is {kind}, not a store file")
+    return st.st_size
+
+
+def has_size(path: str, size: int | None) -> bool:
+    """True when ``path`` is a regular file of ``size`` bytes (any size when None)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size)
+
+
+def open_regular(path: str) -> tuple[int, os.stat_result]:
+    """``(descriptor, stat)`` of the regular file at ``path``, opened read-only without blocking.
+
+    Raises ``OSError`` when it cannot be opened and ``NotRegularFile`` (closing the descriptor)
+    when it is not a regular file.
+    """
+    fd = os.open(path, READ_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"{path} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def sha256_file(path: str, chunk: int = 8 << 20) -> str:
+    """SHA-256 of a regular file (a FIFO or device is refused: reading it could block)."""
+    file_size(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_synced(path: str, data: bytes) -> None:
+    """Write ``data`` to a new file at ``path`` and flush it to disk."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_json_atomic(path: str, obj: dict[str, Any]) -> None:
+    """Replace ``path`` by ``obj`` as canonical JSON: readers see the old or the new file whole."""
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"  # unique: several nodes may write one file at once
+    write_synced(tmp, metadata.dumps(obj))
+    os.replace(tmp, path)
+
+
+def fsync_dir(folder: str) -> None:
+    """Make a folder's entries (renames, new files) durable; best effort where unsupported."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def unlink(path: str) -> None:
+    """Delete a file; one already gone is fine."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove(path: str) -> None:
+    """Delete a file or a whole folder (not following a symlink to one); missing is fine."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        unlink(path)
+
+
+def disk_bytes(path: str) -> int:
+    """Bytes of a local store's files: the file of a single-file store; the manifest and the
+    files it names for a folder store (not leftovers such as shards still held by old readers)."""
+    if not os.path.isdir(path):
+        return file_size(path)
+    manifest = os.path.join(path, metadata.MANIFEST_NAME)
+    with open(manifest, "rb") as f:
+        meta = metadata.parse_manifest(f.read(), manifest)
+    names = [e["file"] for e in meta["shards"]] + [meta["labels"]["file"]]
+    return file_size(manifest) + sum(file_size(os.path.join(path, n)) for n in names)

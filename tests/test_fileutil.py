@@ -1,0 +1,71 @@
+"""shardkit.fileutil: the one copy of each file helper, on real files, FIFOs and stores."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from helpers import photo_folder
+
+import shardkit
+from shardkit import fileutil
+from shardkit.errors import StoreError
+
+
+def manifest_files(folder: str) -> list[str]:
+    with open(os.path.join(folder, "manifest.json")) as f:
+        m = json.load(f)
+    return ["manifest.json", m["labels"]["file"], *(e["file"] for e in m["shards"])]
+
+
+def test_bytes_on_disk_counts_the_store_not_files_kept_for_old_readers(tmp_path):
+    """After ``pack --overwrite`` under a reader, the old shards stay beside the new ones until
+    that reader closes; ``info`` reports the store's own files, as it does for a fresh pack."""
+    src_a, src_b = str(tmp_path / "a"), str(tmp_path / "b")
+    photo_folder(src_a, count=12, classes=2, seed=1)
+    photo_folder(src_b, count=20, classes=2, seed=2)
+    out = str(tmp_path / "store")
+    shardkit.pack(src_a, out, num_shards=2, workers=1, progress=False)
+    old = shardkit.ShardDataset(out)
+    old[0]  # holds the old manifest: its shards must stay
+    try:
+        shardkit.pack(src_b, out, num_shards=3, workers=1, progress=False, overwrite=True)
+        present = set(os.listdir(out))
+        ours = manifest_files(out)
+        assert set(ours) < present  # leftovers are really there
+        expected = sum(os.path.getsize(os.path.join(out, n)) for n in ours)
+        assert fileutil.disk_bytes(out) == expected
+        assert shardkit.info(out)["bytes_on_disk"] == expected
+    finally:
+        old.close()
+
+
+def test_disk_bytes_of_a_single_file_store(tmp_path):
+    src = str(tmp_path / "src")
+    photo_folder(src, count=6, classes=2, seed=3)
+    out = str(tmp_path / "one.store")
+    shardkit.pack(src, out, workers=1, progress=False)
+    assert fileutil.disk_bytes(out) == os.path.getsize(out) == shardkit.info(out)["bytes_on_disk"]
+
+
+def test_fifos_are_refused_before_any_read(tmp_path):
+    fifo = str(tmp_path / "fifo")
+    os.mkfifo(fifo)  # reading it would block forever: every helper must refuse it first
+    with pytest.raises(fileutil.NotRegularFile, match="not a regular file"):
+        fileutil.open_regular(fifo)
+    for call in (fileutil.file_size, fileutil.sha256_file):
+        with pytest.raises(StoreError, match="not a regular file"):
+            call(fifo)
+    assert not fileutil.has_size(fifo, None) and not fileutil.has_size(fifo, 0)
+    with pytest.raises(StoreError, match="not found"):
+        fileutil.file_size(str(tmp_path / "missing"))
+
+
+def test_write_json_atomic_replaces_whole_and_leaves_nothing_behind(tmp_path):
+    path = str(tmp_path / "plan.json")
+    fileutil.write_json_atomic(path, {"b": 1, "a": [1, 2]})
+    fileutil.write_json_atomic(path, {"z": "é", "a": 2})
+    with open(path, "rb") as f:
+        assert f.read() == b'{"a": 2, "z": "\\u00e9"}'  # canonical: sorted keys, ASCII
+    assert os.listdir(tmp_path) == ["plan.json"]
