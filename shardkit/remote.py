@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from . import metadata
 from .errors import PackError, ShardkitError, StoreError
-from .store import sha256_file
+from .fileutil import has_size, sha256_file, unlink
 from .urls import is_url
 
 __all__ = ["is_url", "RemoteFolder", "ShardCache", "Uploader", "upload_folder_store",
@@ -261,7 +261,7 @@ class ShardCache:
         path = self.path(k)
         fd = _open_lock(self._side(entry["file"], "use"), fcntl.LOCK_SH)
         try:
-            if not _has_size(path, entry["bytes"]):
+            if not has_size(path, entry["bytes"]):
                 self._download(entry["file"], entry["bytes"], entry["sha256"])
             try:
                 os.utime(path)  # last use, for LRU eviction
@@ -295,7 +295,7 @@ class ShardCache:
         """
         self._claim()
         entry = self.remote.meta["shards"][k]
-        if _has_size(self.path(k), entry["bytes"]):
+        if has_size(self.path(k), entry["bytes"]):
             return None
         with self._lock:
             running = self._prefetching.get(k)
@@ -310,7 +310,7 @@ class ShardCache:
     def _prefetch(self, entry: dict[str, Any]) -> None:
         try:
             with _locked(self._side(entry["file"], "use"), fcntl.LOCK_SH):
-                if not _has_size(os.path.join(self.folder, entry["file"]), entry["bytes"]):
+                if not has_size(os.path.join(self.folder, entry["file"]), entry["bytes"]):
                     self._download(entry["file"], entry["bytes"], entry["sha256"])
         except Exception:  # noqa: BLE001 - see prefetch()
             pass
@@ -331,11 +331,11 @@ class ShardCache:
         path = os.path.join(self.folder, name)
         where = self.remote.where(name)
         with _locked(self._side(name, "dl"), fcntl.LOCK_EX):
-            if _has_size(path, size):
+            if has_size(path, size):
                 return  # another process or thread finished it while we waited
             for entry in os.scandir(self.folder):  # left by a killed download
                 if entry.name.startswith(f".{name}.") and entry.name.endswith(".part"):
-                    _unlink(entry.path)
+                    unlink(entry.path)
             part = self._reserve(name, size or 0)
             try:
                 for attempt in range(len(RETRY_DELAYS) + 1):
@@ -351,7 +351,7 @@ class ShardCache:
                 raise StoreError(f"{where}: object is damaged or replaced: its size or SHA-256 "
                                  f"differs from the manifest ({attempt + 1} downloads)")
             finally:
-                _unlink(part)
+                unlink(part)
 
     # -- cache limit --------------------------------------------------------------------------
 
@@ -531,18 +531,10 @@ def _evict_unused(path: str) -> bool:
     except OSError:
         return False
     try:
-        _unlink(path)
+        unlink(path)
     finally:
         os.close(fd)
     return True
-
-
-def _has_size(path: str, size: int | None) -> bool:
-    try:
-        got = os.stat(path).st_size
-    except OSError:
-        return False
-    return size is None or got == size
 
 
 def _scandir(path: str) -> list[os.DirEntry]:
@@ -551,10 +543,3 @@ def _scandir(path: str) -> list[os.DirEntry]:
             return list(it)
     except OSError:
         return []
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
