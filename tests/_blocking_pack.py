@@ -19,15 +19,14 @@ import sys
 import tempfile
 import time
 
-import shardkit.packing.packer as packer
+from shardkit.packing import resize, workers
 
 _BLOCK = os.environ.get("SHARDKIT_TEST_BLOCK")
 _EVENTS = os.environ.get("SHARDKIT_TEST_EVENTS")
 _HOLD = os.environ.get("SHARDKIT_TEST_HOLD")
 _EXIT = os.environ.get("SHARDKIT_TEST_WORKER_EXIT")
-_encode_file = packer.encode_file
-_worker_init = packer._worker_init
-_prepare = packer.resize.prepare
+_encode_file = workers.encode_file
+_prepare = resize.prepare
 
 
 def event(*words) -> None:
@@ -63,13 +62,13 @@ def _holding_prepare():
     _prepare()
 
 
-packer.encode_file = _blocking_encode_file
-packer.resize.prepare = _holding_prepare
+workers.encode_file = _blocking_encode_file
+resize.prepare = _holding_prepare
 if _EXIT:
-    packer._worker_init = _exiting_worker_init
+    workers.worker_init = _exiting_worker_init
 
 
-def _reach_fresh_interpreters() -> None:
+def reach_fresh_interpreters() -> None:
     hooks = os.path.join(tempfile.gettempdir(), f"shardkit-test-hooks-{os.getuid()}")
     os.makedirs(hooks, exist_ok=True)
     text = (f"import sys\nsys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
@@ -85,5 +84,5 @@ def _reach_fresh_interpreters() -> None:
 if __name__ == "__main__":
     from shardkit.cli import main
 
-    _reach_fresh_interpreters()
+    reach_fresh_interpreters()
     sys.exit(main(sys.argv[1:]))

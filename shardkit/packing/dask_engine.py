@@ -1,6 +1,6 @@
 """The Dask engine: one task per shard on a Dask cluster (``--engine dask``).
 
-Each task runs :func:`shardkit.packing.packer.pack_shard` on a worker, writing its shard file straight into
+Each task runs :func:`shardkit.packing.local.pack_shard` on a worker, writing its shard file straight into
 the pack's partial folder, which must be on a filesystem every worker shares. The client collects
 each shard's manifest entry as the task finishes and hands it to ``on_shard_done`` (which records
 it for ``--resume``); the caller then merges the manifest. For a URL OUT each task uploads its
@@ -18,14 +18,12 @@ import dataclasses
 import logging
 import os
 import uuid
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from ..errors import PackError
-
-if TYPE_CHECKING:
-    from .packer import Plan
-
-ShardDone = Callable[[int, dict[str, Any]], None]
+from .console import progress as progress_bar
+from .local import ShardDone, pack_shard
+from .plan import Plan
 
 
 def _import_dask() -> Any:
@@ -75,8 +73,6 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         on_start()
         return
     dd = _import_dask()
-    from . import packer
-
     plan = _absolute(plan)
     cluster = None
     if scheduler is None:
@@ -90,13 +86,13 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         except OSError as exc:
             raise PackError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
     sizes = {k: plan.bounds[k + 1] - plan.bounds[k] for k in shards}
-    bar = packer._progress(sum(sizes.values()), progress, "pack (dask)")
+    bar = progress_bar(sum(sizes.values()), progress, "pack (dask)")
     futures: list[Any] = []
     try:
         # One copy of the (possibly large) plan per worker instead of one per task.
         [plan_future] = client.scatter([plan], broadcast=True, hash=False)
         token = uuid.uuid4().hex[:12]
-        futures = [client.submit(packer.pack_shard, plan_future, k, dest[k], strict=strict,
+        futures = [client.submit(pack_shard, plan_future, k, dest[k], strict=strict,
                                  upload=upload, key=f"shardkit-shard-{k:05d}-{token}",
                                  pure=False)
                    for k in shards]

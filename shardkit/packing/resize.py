@@ -64,10 +64,10 @@ def resize_rgb(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
             return out[0].numpy()
         except RuntimeError:  # an older torch without the uint8 kernel
             _kernel = None
-    return _resize_float(src, width, height)
+    return resize_float(src, width, height)
 
 
-def _resize_float(src: Any, width: int, height: int) -> np.ndarray:
+def resize_float(src: Any, width: int, height: int) -> np.ndarray:
     """The same filter computed in float32 (any torch with ``antialias``): slower."""
     resized = _torch.nn.functional.interpolate(src.float(), size=(height, width), mode="bicubic",
                                                align_corners=False, antialias=True)

@@ -24,14 +24,15 @@ import pytest
 from PIL import Image
 
 import shardkit
-from shardkit.packing.packer import DECODE_BYTES_PER_PIXEL, DECODE_OVERHEAD, partial_path
-from shardkit.store import Store
+from shardkit.packing.install import partial_path
+from shardkit.packing.workers import DECODE_BYTES_PER_PIXEL, DECODE_OVERHEAD
+from shardkit.read.store import Store
 
 from helpers import jpeg_bytes, noise, one_line_error, write_bytes
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux /proc")
 
-BLOCKING_PACK = os.path.join(os.path.dirname(__file__), "_blocking_pack.py")
+BLOCKING_PACK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_blocking_pack.py")
 HANG = 300  # s: only so that a broken pack cannot hang the suite; nothing waits this long
 
 
@@ -191,7 +192,7 @@ def test_no_pixel_limit_at_all_means_no_memory_bound(src, tmp_path):
         sys.path.insert(0, {os.path.dirname(BLOCKING_PACK)!r})
         import _blocking_pack
         from shardkit.cli import main
-        _blocking_pack._reach_fresh_interpreters()
+        _blocking_pack.reach_fresh_interpreters()
         sys.exit(main(sys.argv[1:]))
     """)
     pack = Pack(tmp_path, [src, str(tmp_path / "out.lmdb"), "--workers", "2",

@@ -35,8 +35,8 @@ import pytest
 from PIL import Image
 
 from shardkit.errors import StoreError
-from shardkit.packing.packer import partial_path
-from shardkit.store import Store
+from shardkit.packing.install import partial_path
+from shardkit.read.store import Store
 
 TRIALS_PER_CONFIG = int(os.environ.get("SHARDKIT_KILL_TRIALS", "5"))
 SEED = int(os.environ.get("SHARDKIT_KILL_SEED", "7"))
@@ -79,7 +79,7 @@ def check_stores(paths: list[str], tmp: str) -> dict[str, dict]:
 
 
 HANG = 300  # s: only so that a broken pack cannot hang the suite
-BLOCKING_PACK = os.path.join(os.path.dirname(__file__), "_blocking_pack.py")
+BLOCKING_PACK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_blocking_pack.py")
 
 
 def pack_cmd(src: str, out: str, fmt: str, shards: int | None, *extra: str,
@@ -362,7 +362,7 @@ DISK_DRIVER = textwrap.dedent(r'''
         return sorted(os.listdir(disk))
 
     from shardkit import ShardkitError
-    from shardkit.inspection import verify
+    from shardkit.read.inspect import verify
     for fmt in ("lmdb", "hdf5"):
         for shards in ([], ["--num-shards", "3"]):
             out = os.path.join(disk, "out")

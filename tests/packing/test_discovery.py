@@ -12,7 +12,7 @@ from helpers import (imagefolder_reference, jpeg_bytes, noise, one_line_error, r
 from shardkit import ShardDataset
 from shardkit.packing.discovery import IMG_EXTENSIONS, discover, read_file_list
 from shardkit.errors import PackError
-from shardkit.packing.packer import pack
+from shardkit.packing.api import pack
 
 
 def test_extension_list_is_imagefolders():

@@ -21,12 +21,9 @@ import pytest
 from helpers import all_records, one_line_error, run_cli
 from shardkit import ShardDataset
 from shardkit.errors import PackError
-from shardkit.packing.packer import pack
+from shardkit.packing.api import pack
 
-try:
-    from ._scaleout import make_tree, partial_of, shard_digests
-except ImportError:
-    from _scaleout import make_tree, partial_of, shard_digests
+from _scaleout import make_tree, partial_of, shard_digests
 
 
 @pytest.fixture(scope="module")
@@ -202,8 +199,9 @@ def test_strict_stops_on_an_unlistable_folder(src, tmp_path):
 DISK_DRIVER = textwrap.dedent(r'''
     import errno, json, os, shutil, subprocess, sys
     from shardkit import PackError
-    from shardkit.inspection import verify
-    from shardkit.packing.packer import finalize_sharded, merge, pack
+    from shardkit.read.inspect import verify
+    from shardkit.packing.api import merge, pack
+    from shardkit.packing.staging import finalize_sharded
 
     src, disk, pristine = sys.argv[1:4]
     out, partial, filler = (os.path.join(disk, n) for n in ("out", ".out.partial", "filler"))

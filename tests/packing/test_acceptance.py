@@ -6,7 +6,7 @@ it refuses. :func:`parity_mismatches` checks that for any list of files; the cor
 by the tests (damaged PNG, APNG, JPEG, GIF, WebP, BMP, TIFF, PPM, ICO files and seeded
 single-byte corruptions). To run the same check on a corpus of your own:
 
-    .venv/bin/python tests/test_acceptance.py DIR [DIR ...]
+    .venv/bin/python tests/packing/test_acceptance.py DIR [DIR ...]
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import pytest
 import simplejpeg
 from PIL import Image, ImageFile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # helpers, when run as a script
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # helpers, as a script
 
 from helpers import noise  # noqa: E402
 from shardkit.errors import PackError  # noqa: E402
 from shardkit.packing.imaging import ImageRejected, load_rgb  # noqa: E402
-from shardkit.packing.packer import pack  # noqa: E402
+from shardkit.packing.api import pack  # noqa: E402
 
 # ImageFolder's loader (torchvision.datasets.folder.pil_loader), run in a fresh interpreter that
 # never imports shardkit: Pillow's defaults, whatever the calling process has changed.
@@ -431,7 +431,7 @@ def test_importing_shardkit_leaves_pillow_limits_alone(tmp_path):
     big.write_bytes(simplejpeg.encode_jpeg(np.zeros((10_000, 10_000, 3), np.uint8), quality=50,
                                            colorsubsampling="420"))
     code = ("import sys, warnings; from PIL import Image, ImageFile; import shardkit, "
-            "shardkit.packing.packer, shardkit.packing.imaging; "
+            "shardkit.packing.api, shardkit.packing.imaging; "
             "assert Image.MAX_IMAGE_PIXELS == 89_478_485, Image.MAX_IMAGE_PIXELS; "
             "assert ImageFile.LOAD_TRUNCATED_IMAGES is False; "
             "warnings.simplefilter('error'); "

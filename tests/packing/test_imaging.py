@@ -21,7 +21,9 @@ from PIL import Image, ImageOps
 
 from helpers import all_records, jpeg_bytes, noise, write_bytes
 from shardkit.packing.imaging import ImageRejected, decode_rgb, load_rgb
-from shardkit.packing.packer import _chunk_bounds, _largest_chunk, PackSettings, pack
+from shardkit.packing.api import pack
+from shardkit.packing.settings import PackSettings
+from shardkit.packing.stream import chunk_bounds, largest_chunk
 from shardkit.packing.resize import resize_rgb, target_size
 from shardkit.bench.sample import photo_like
 
@@ -232,15 +234,15 @@ def test_transparency_key_makes_pixels_white_in_every_mode(case):
 def test_chunks_cover_every_source_once_and_shrink_to_one():
     for n, workers, largest in [(0, 2, 128), (1, 2, 128), (1000, 2, 128), (5003, 16, 64),
                                 (7, 4, 1)]:
-        bounds = _chunk_bounds(n, workers, largest)
+        bounds = chunk_bounds(n, workers, largest)
         sizes = np.diff(bounds)
         assert bounds[0] == 0 and bounds[-1] == n
         assert (sizes >= 1).all() and (sizes <= largest).all()
         if n > 0:
             assert sizes[-1] == 1 and list(sizes) == sorted(sizes, reverse=True)
-    assert _largest_chunk(PackSettings(size=256)) == 128
-    assert _largest_chunk(PackSettings(size=1024, encoding="raw")) == 2
-    assert _largest_chunk(PackSettings(size=0)) == 4
+    assert largest_chunk(PackSettings(size=256)) == 128
+    assert largest_chunk(PackSettings(size=1024, encoding="raw")) == 2
+    assert largest_chunk(PackSettings(size=0)) == 4
 
 
 def test_pack_with_another_thread_running_spawns_workers_and_same_records(tmp_path):
@@ -252,17 +254,17 @@ def test_pack_with_another_thread_running_spawns_workers_and_same_records(tmp_pa
         write_bytes(str(src / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(noise(rng, 300, 420), 90))
     plain = str(tmp_path / "plain.lmdb")
     # A fresh single-threaded process packs with fork.
-    script = ("import sys; from shardkit.packing.packer import _start_method, pack; "
-              "assert _start_method() == 'fork'; pack(sys.argv[1], sys.argv[2], workers=2, "
+    script = ("import sys; from shardkit.packing.api import pack; from shardkit.packing.workers import start_method; "
+              "assert start_method() == 'fork'; pack(sys.argv[1], sys.argv[2], workers=2, "
               "progress=False)")
     subprocess.run([sys.executable, "-c", script, str(src), plain], check=True, timeout=120)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, daemon=True)
     other.start()
     try:
-        from shardkit.packing.packer import _start_method
+        from shardkit.packing.workers import start_method
 
-        assert _start_method() == "spawn"
+        assert start_method() == "spawn"
         threaded = str(tmp_path / "threaded.lmdb")
         pack(str(src), threaded, workers=2, progress=False)
     finally:
@@ -283,6 +285,6 @@ def test_float_fallback_resize_agrees_with_the_uint8_kernel():
 
     arr = noise(np.random.default_rng(7), 375, 500).copy()  # writable, as torch wants
     fast = resize.resize_rgb(arr, 341, 256)
-    slow = resize._resize_float(torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0), 341, 256)
+    slow = resize.resize_float(torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0), 341, 256)
     assert slow.shape == fast.shape and slow.flags.c_contiguous
     assert np.abs(slow.astype(int) - fast.astype(int)).max() <= 1

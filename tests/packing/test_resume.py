@@ -19,12 +19,9 @@ import pytest
 import shardkit
 from shardkit.cli import main as cli_main
 from shardkit.errors import StoreError
-from shardkit.inspection import verify
+from shardkit.read.inspect import verify
 
-try:
-    from ._scaleout import make_tree, manifest, partial_of, store_files
-except ImportError:
-    from _scaleout import make_tree, manifest, partial_of, store_files
+from _scaleout import make_tree, manifest, partial_of, store_files
 
 BLOCKER = "c1/img005.jpg"  # source 16 + 5 = 21 of 48: inside shard 2 of 6 (8 sources each)
 PACK_ARGS = ["--num-shards", "6", "--size", "32", "-q"]
@@ -36,7 +33,7 @@ def _tree(root: str) -> None:
 
 def _start(src: str, out: str, *extra: str) -> subprocess.Popen:
     # Own session, so the whole process group (pack + pool workers) can be signalled.
-    blocking_pack = os.path.join(os.path.dirname(__file__), "_blocking_pack.py")
+    blocking_pack = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_blocking_pack.py")
     return subprocess.Popen([sys.executable, blocking_pack, "pack", src, out, *PACK_ARGS, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True,

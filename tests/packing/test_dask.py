@@ -13,12 +13,9 @@ import pytest
 import shardkit
 from shardkit.cli import main as cli_main
 from shardkit.errors import PackError
-from shardkit.inspection import verify
+from shardkit.read.inspect import verify
 
-try:
-    from ._scaleout import make_tree, manifest, partial_of, shard_digests, store_files
-except ImportError:
-    from _scaleout import make_tree, manifest, partial_of, shard_digests, store_files
+from _scaleout import make_tree, manifest, partial_of, shard_digests, store_files
 
 distributed = pytest.importorskip("dask.distributed")
 

@@ -20,9 +20,10 @@ from helpers import (all_records, jpeg_bytes, noise, region_mean, resized_shape,
 from shardkit import ShardDataset
 from shardkit.errors import PackError
 from shardkit.formats import detect_format
-from shardkit.inspection import info
-from shardkit.packing.packer import pack, partial_path
-from shardkit.store import Store
+from shardkit.read.inspect import info
+from shardkit.packing.api import pack
+from shardkit.packing.install import partial_path
+from shardkit.read.store import Store
 
 JPEG_TOLERANCE = 12  # max |mean error| per channel over a flat region, after two JPEG encodes
 
@@ -169,7 +170,7 @@ def test_overwrite_replaces_a_folder(photo_src, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["out.h5"]
 
 
-BLOCKING_PACK = [sys.executable, os.path.join(os.path.dirname(__file__), "_blocking_pack.py"),
+BLOCKING_PACK = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_blocking_pack.py"),
                  "pack"]
 
 
@@ -274,7 +275,7 @@ def test_12000px_jpeg_packs_cheaply(huge_src, tmp_path):
     # VmHWM is this process image's peak RSS; ru_maxrss would carry over the (large) pytest
     # parent's RSS through fork+exec. The baseline is taken once the resize kernel (torch) is
     # loaded, so only what packing adds is counted.
-    code = ("import re, json; from shardkit.packing import resize; from shardkit.packing.packer import pack; "
+    code = ("import re, json; from shardkit.packing import resize; from shardkit.packing.api import pack; "
             "resize.prepare(); status = lambda key: int(re.search(key + r':\\s+(\\d+)', "
             "open('/proc/self/status').read()).group(1)); base = status('VmRSS'); "
             f"r = pack({huge_src!r}, {out!r}, workers=1, progress=False); "

@@ -1,0 +1,273 @@
+"""``shardkit.pack`` and ``shardkit.merge``: check the options, plan, run an engine, install.
+
+The pack decodes every source image once, resizes and re-encodes it, and writes a store under
+a hidden partial name (metadata last), renamed to OUT only when complete.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .. import metadata
+from ..errors import Interrupted, PackError
+from ..fileutil import remove, write_json_atomic
+from ..formats import format_for_path
+from ..urls import is_url
+from .imaging import PILLOW_PIXEL_LIMIT
+from .install import install, install_finished, partial_path
+from .local import run_local, upload_shard
+from .plan import Plan, make_plan
+from .settings import ENGINES, Engine, PackSettings
+from .staging import (PLAN_NAME, entry_path, finalize_sharded, prepare_partial, read_entries,
+                      staging_path)
+from .workers import default_workers
+from .writer import remove_store_files
+
+
+@dataclass
+class PackResult:
+    """What a pack produced.
+
+    ``seconds`` is the whole call; ``startup_seconds`` its part before encoding began (finding
+    the sources, planning, starting workers), so ``images_per_second`` is the packing rate.
+    """
+
+    out: str
+    count: int
+    skipped: list[dict[str, str]]
+    seconds: float
+    shards: int = 1
+    sources: int = 0
+    startup_seconds: float = 0.0
+
+    @property
+    def packing_seconds(self) -> float:
+        return max(0.0, self.seconds - self.startup_seconds)
+
+    @property
+    def images_per_second(self) -> float:
+        return self.sources / self.packing_seconds if self.packing_seconds > 0 else 0.0
+
+
+def check_options(src: str, out: str, file_list: str | None, sharded: bool, resume: bool,
+                  engine: Engine, scheduler: str | None, num_nodes: int, node_rank: int) -> None:
+    """Refuse options that cannot work together, before any work is done."""
+    for path, what in ((src, "the source folder"), (file_list, "`file_list`")):
+        if path is not None and is_url(path):
+            raise PackError(f"{path}: {what} must be a local path (only OUT may be a URL)")
+    if engine not in ENGINES:
+        raise PackError(f"`engine` must be {' or '.join(map(repr, ENGINES))}, not {engine!r}")
+    if scheduler is not None and engine != "dask":
+        raise PackError("`scheduler` needs `engine='dask'`")
+    if not 0 <= node_rank < num_nodes:
+        raise PackError("`node_rank` must be in 0..`num_nodes`-1")
+    if not sharded:
+        for name, given in (("engine='dask'", engine == "dask"), ("resume=True", resume),
+                            ("num_nodes", num_nodes > 1)):
+            if given:
+                raise PackError(f"`{name}` needs a sharded OUT: give `shard_size` or "
+                                "`num_shards`")
+    if is_url(out):
+        if not sharded:
+            raise PackError(f"{out}: a remote OUT is a folder store: give `shard_size` or "
+                            "`num_shards`")
+        if num_nodes > 1:
+            raise PackError(f"{out}: `num_nodes` needs a local OUT that every node shares; "
+                            "pack to a URL from one machine, or with `engine='dask'`")
+        return
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise PackError(f"cannot write {out}: folder {folder} does not exist")
+
+
+def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None = None,
+         size: int = 256, quality: int = 90, encoding: str = "jpeg", workers: int | None = None,
+         strict: bool = False, overwrite: bool = False, max_pixels: int = PILLOW_PIXEL_LIMIT,
+         allow_empty: bool = False, file_list: str | None = None,
+         shard_size: int | None = None, num_shards: int | None = None, resume: bool = False,
+         engine: Engine = "local", scheduler: str | None = None, num_nodes: int = 1,
+         node_rank: int = 0, progress: bool = True,
+         storage_options: dict[str, Any] | None = None) -> PackResult:
+    """Pack an ImageFolder-layout folder (or a file list) into an LMDB or HDF5 store.
+
+    Without ``shard_size``/``num_shards`` OUT is one file; with them, a folder of shard files and
+    a ``manifest.json``. Unusable images are skipped and listed in the metadata (or, with
+    ``strict``, abort the run with no output). Output is built under a hidden partial name and
+    moved to OUT only when complete; readers of an OUT it replaces are not disturbed.
+
+    Args:
+        src: the source folder: one subfolder per class (torchvision ``ImageFolder`` rules), or
+            the folder that ``file_list`` paths are relative to. A local path.
+        out: the store to write: a file, a folder (sharded), or a URL (``s3://bucket/prefix``,
+            any fsspec URL; must be sharded: shards are built in a local staging folder,
+            :func:`shardkit.packing.staging.staging_path`, uploaded as each finishes, with
+            ``labels.npy`` and ``manifest.json`` last).
+        format: a backend from ``shardkit.formats.FORMATS``; default from OUT's name
+            (``.h5``/``.hdf5``: HDF5, else LMDB).
+        size: resize so the shorter side is ``size`` pixels (bicubic, antialiased; never
+            upscaled); 0 keeps the original sizes.
+        quality: JPEG quality of the re-encoded records, 1-100.
+        encoding: record encoding, a name from ``shardkit.codec.ENCODINGS`` (``jpeg``, ``raw``).
+        workers: encoding processes; default: the CPUs this process may run on. 0 or 1 encode
+            in this process.
+        strict: stop at the first unusable source with no output written, instead of skipping it.
+        overwrite: replace an existing OUT (readers of the old one keep reading it).
+        max_pixels: sources with more pixels are skipped, and each encoding worker's memory is
+            bounded accordingly; 0 disables the limit. Default: Pillow's decompression-bomb limit.
+        allow_empty: keep classes without images instead of refusing the source folder.
+        file_list: a CSV/TSV file of ``path,label`` lines to pack instead of class folders.
+        shard_size: write a sharded folder store, shards of about this many bytes.
+        num_shards: write a sharded folder store of this many shards (not with ``shard_size``).
+        resume: continue an interrupted sharded pack, keeping the shards it finished.
+        engine: ``"local"`` (encoding processes on this machine) or ``"dask"`` (one task per
+            shard on a Dask cluster; needs a sharded OUT on a filesystem the workers share).
+        scheduler: address of a running Dask scheduler (``engine="dask"``); default: a local
+            cluster for the duration of the pack.
+        num_nodes: split a sharded pack over this many machines sharing OUT's filesystem; each
+            packs its share, then :func:`merge` writes the manifest.
+        node_rank: this machine's number, ``0 <= node_rank < num_nodes``.
+        progress: show a progress bar on stderr.
+        storage_options: options of the fsspec filesystem of a URL OUT (credentials, endpoint).
+
+    Returns:
+        a :class:`PackResult`. Raises PackError (one line, naming the parameter) for bad
+        options or, with ``strict``, a bad source; Interrupted on Ctrl-C (finished shards of a
+        sharded pack are kept for ``resume``).
+    """
+    t0 = time.perf_counter()
+    src, out = os.fspath(src), os.fspath(out).rstrip("/") or "/"
+    if shard_size is not None and num_shards is not None:
+        raise PackError("give `shard_size` or `num_shards`, not both")
+    check_options(src, out, file_list, shard_size is not None or num_shards is not None,
+                   resume, engine, scheduler, num_nodes, node_rank)
+    settings = PackSettings(size, quality, encoding, format or format_for_path(out), max_pixels)
+    settings.validate()
+    remote = is_url(out)
+    if not remote and os.path.lexists(out) and not overwrite:
+        raise PackError(f"{out} already exists (use `overwrite=True` to replace it)")
+    if not remote and (os.path.abspath(out) == os.path.abspath(src) or
+                       os.path.abspath(out).startswith(os.path.abspath(src) + os.sep)):
+        raise PackError("OUT must not be inside SRC")
+    if remote:  # its filesystem, endpoint and emptiness; the old manifest goes once packing starts
+        from ..remote import check_target
+
+        check_target(out, storage_options, overwrite)
+    workers = default_workers() if workers is None else workers
+    started: list[float] = []  # when encoding began (the rest is start-up)
+
+    def on_start() -> None:
+        started.append(time.perf_counter())
+
+    def result(count: int, skipped: list[dict[str, str]], sources: int) -> PackResult:
+        now = time.perf_counter()
+        return PackResult(out, count, skipped, now - t0, plan.num_shards, sources,
+                          (started[0] if started else now) - t0)
+
+    plan = make_plan(src, settings, allow_empty=allow_empty, file_list=file_list,
+                     shard_size=shard_size, num_shards=num_shards, strict=strict)
+    partial = staging_path(out) if remote else partial_path(out)
+    if not plan.sharded:
+        entry = _pack_single(plan, out, partial, workers, strict, overwrite, progress, on_start)
+        return result(entry["count"], entry["skipped"], len(plan.paths))
+    plan_id = plan.plan_id()
+    ours = [k for k in range(plan.num_shards) if k % num_nodes == node_rank]
+    uploader = None
+    if remote:
+        from ..remote import Uploader
+
+        uploader = Uploader(out, storage_options, resume=resume, overwrite=overwrite)
+
+    def on_done(k: int, entry: dict[str, Any]) -> None:
+        if uploader is not None and "labels" not in entry:  # not uploaded by a Dask worker
+            entry = upload_shard(uploader, dest[k], entry)
+        write_json_atomic(entry_path(partial, k), entry | {"plan_id": plan_id})
+
+    kept = f"uploaded shards kept in {out}" if remote else f"finished shards kept in {partial}"
+    try:
+        done = prepare_partial(partial, plan, plan_id, resume or num_nodes > 1, ours, uploader)
+        mine = [k for k in ours if k not in done]
+        dest = {k: os.path.join(partial, plan.shard_file(k)) for k in mine}
+        if engine == "dask":
+            from .dask_engine import run_dask
+
+            run_dask(plan, mine, dest, scheduler=scheduler, workers=workers,
+                     progress=progress, on_shard_done=on_done, strict=strict,
+                     on_start=on_start, upload=uploader)
+        else:
+            run_local(plan, mine, dest, workers=workers, strict=strict, progress=progress,
+                      on_shard_done=on_done, on_start=on_start)
+        if num_nodes > 1:
+            # Each node packs its share; `shardkit merge OUT` finishes once every node is done.
+            return result(sum(entry["count"] for entry in read_entries(partial, mine)), [],
+                          sum(plan.bounds[k + 1] - plan.bounds[k] for k in mine))
+        manifest, count = finalize_sharded(partial, plan,
+                                           uploader.finish if uploader is not None else None)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; {kept} (rerun with `resume=True` to continue)") \
+            from None
+    except OSError as exc:
+        raise PackError(f"cannot write {out}: {exc.strerror or exc}; {kept} (rerun with "
+                        "`resume=True`)") from None
+    if remote:
+        remove(partial)
+    else:
+        install_finished(partial, out, overwrite)
+    return result(count, manifest["skipped"], len(plan.paths))
+
+
+def merge(out: str | os.PathLike, overwrite: bool = False) -> PackResult:
+    """Finish a multi-node pack: check every shard is done, write the manifest, install OUT.
+
+    Also installs a finished store left in the partial folder by an install that failed.
+
+    Args:
+        out: the OUT every node packed into (a local folder; its partial folder holds the work).
+        overwrite: replace an existing OUT (readers of the old one keep reading it).
+    """
+    t0 = time.perf_counter()
+    out = os.fspath(out).rstrip("/") or "/"
+    if is_url(out):
+        raise PackError(f"{out}: `merge` finishes a multi-node pack into a local folder (a pack "
+                        "to a URL uploads its manifest itself)")
+    partial = partial_path(out)
+    if not os.path.isdir(partial):
+        raise PackError(f"no pack in progress for {out} (expected {partial})")
+    try:
+        if os.path.exists(os.path.join(partial, PLAN_NAME)):
+            manifest, count = finalize_sharded(partial)
+        else:  # finalized by a run whose install failed
+            with open(os.path.join(partial, metadata.MANIFEST_NAME), "rb") as f:
+                manifest = metadata.parse_manifest(f.read(), partial)
+            count = manifest["count"]
+    except FileNotFoundError:
+        raise PackError(f"{partial}: no pack in progress to merge") from None
+    except OSError as exc:
+        raise PackError(f"cannot write {out}: {exc.strerror or exc}; the shards are kept in "
+                        f"{partial} (merge again once that is fixed)") from None
+    install_finished(partial, out, overwrite)
+    return PackResult(out, count, manifest["skipped"], time.perf_counter() - t0,
+                      len(manifest["shards"]), count + len(manifest["skipped"]))
+
+
+def _pack_single(plan: Plan, out: str, partial: str, workers: int, strict: bool,
+                 overwrite: bool, progress: bool, on_start: Callable[[], None]
+                 ) -> dict[str, Any]:
+    """Pack the single-file store OUT; returns its entry (count, skipped)."""
+    remove_store_files([partial], plan.settings.format)  # a killed run's, with side files
+    entries: dict[int, dict[str, Any]] = {}
+    try:
+        run_local(plan, [0], {0: partial}, workers=workers, strict=strict, progress=progress,
+                  on_shard_done=entries.__setitem__, on_start=on_start)
+        install(partial, out, overwrite)
+    except BaseException as exc:
+        remove_store_files([partial], plan.settings.format)
+        if isinstance(exc, KeyboardInterrupt):
+            raise Interrupted("interrupted; no output written") from None
+        if isinstance(exc, OSError):
+            raise PackError(f"cannot write {out}: {exc.strerror or exc}; no output written"
+                            ) from None
+        raise
+    return entries[0]

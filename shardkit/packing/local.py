@@ -1,0 +1,88 @@
+"""The local engine: shards written in this process from local encoding workers, and
+:func:`pack_shard`, one shard packed in this process (the unit of work of Dask and of nodes)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import PackError
+from ..formats import open_reader
+from . import stream
+from . import workers as encoders
+from .console import progress as progress_bar
+from .plan import Plan
+from .workers import Encoded
+from .writer import StoreWriter, remove_store_files
+
+ShardDone = Callable[[int, dict[str, Any]], None]
+
+
+def add_source(writer: StoreWriter, plan: Plan, i: int, result: Encoded, crc: int | None,
+               strict: bool) -> None:
+    """Append source ``i``'s record (or record why it was skipped); ``crc`` if already known."""
+    path = plan.paths[i]
+    if result.data is None:
+        if strict:
+            raise PackError(f"{path}: {result.reason} (`strict=True`: no output written)")
+        writer.skip(path, result.reason or "unknown error")
+        return
+    writer.add_encoded(result.data, plan.labels[i], result.height, result.width, path, crc)
+
+
+def run_local(plan: Plan, shards: list[int], dest: dict[int, str], *, workers: int,
+              strict: bool, progress: bool, on_shard_done: ShardDone,
+              on_start: Callable[[], None] = lambda: None) -> None:
+    """Encode the given shards with local encoding workers, writing each through a StoreWriter.
+
+    ``on_start`` is called once the encoders are up, as encoding begins.
+    """
+    paths = [plan.paths[i] for k in shards for i in range(plan.bounds[k], plan.bounds[k + 1])]
+    records = stream.encoded_stream(paths, plan.settings, workers)
+    on_start()
+    bar = progress_bar(len(paths), progress, "pack")
+    try:
+        for k in shards:
+            with plan.shard_writer(k, dest[k]) as writer:
+                for i in range(plan.bounds[k], plan.bounds[k + 1]):
+                    add_source(writer, plan, i, *next(records), strict)
+                    bar.update(1)
+            on_shard_done(k, writer.entry)
+    finally:
+        bar.close()
+        records.close()
+
+
+def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False,
+               upload: Any = None) -> dict[str, Any]:
+    """Pack shard ``k`` of ``plan`` in this process into ``dest``; returns its manifest entry.
+
+    With ``upload`` (a :class:`shardkit.remote.Uploader`) the shard is uploaded from here and
+    its local file deleted (see :func:`upload_shard`).
+    """
+    if upload is not None:  # a staging folder on this worker's own disk
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+    # Left by an attempt that was killed (a lost Dask worker, say).
+    remove_store_files([dest], plan.settings.format)
+    with plan.shard_writer(k, dest) as writer:
+        for i in range(plan.bounds[k], plan.bounds[k + 1]):
+            add_source(writer, plan, i, encoders.encode_file(plan.paths[i], plan.settings), None,
+                       strict)
+    return writer.entry if upload is None else upload_shard(upload, dest, writer.entry)
+
+
+def upload_shard(uploader: Any, path: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """Upload a finished shard file and delete it (staging then holds only shards in progress).
+
+    Its labels go into the returned entry: the manifest is merged without the file.
+    """
+    reader = open_reader(path, entry["format"])
+    try:
+        labels = np.array(reader.array("labels", "<i8", (entry["count"],))).tolist()
+    finally:
+        reader.close()
+    uploader.put_shard(path, entry["file"], entry["sha256"], entry["bytes"])
+    remove_store_files([path], entry["format"])
+    return entry | {"labels": labels}

@@ -1,0 +1,110 @@
+"""The plan of a pack, fixed before any pixel is decoded: the ordered sources and the shard
+boundaries. Every engine (in-process, local workers, Dask, several nodes each packing their
+share) produces the same shards from the same plan."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .. import metadata
+from ..errors import PackError
+from ..formats import SUFFIXES
+from . import workers
+from .discovery import Discovery, discover, read_file_list
+from .settings import PackSettings
+from .writer import StoreWriter, common_meta, relative_path
+
+SIZE_SAMPLE = 32  # images encoded up front to estimate bytes per record for `shard_size`
+
+
+@dataclass
+class Plan:
+    """Sources, shard boundaries and settings: everything that decides the output."""
+
+    root: str
+    classes: list[str]
+    class_to_idx: dict[str, int]
+    paths: list[str]
+    labels: list[int]
+    bounds: list[int]  # shard k holds sources bounds[k]:bounds[k+1]
+    settings: PackSettings
+    sharded: bool
+    discovery_skipped: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.bounds) - 1
+
+    def plan_id(self) -> str:
+        h = hashlib.sha256()
+        h.update(metadata.dumps({"settings": self.settings.as_meta(), "classes": self.classes,
+                                 "bounds": self.bounds, "sharded": self.sharded}))
+        for path, label in zip(self.paths, self.labels):
+            h.update(os.fsencode(self.relpath(path)) + b"\0" + str(label).encode() + b"\n")
+        return h.hexdigest()
+
+    def relpath(self, path: str) -> str:
+        return relative_path(self.root, path)
+
+    def shard_file(self, k: int) -> str:
+        return f"shard-{k:05d}{SUFFIXES[self.settings.format]}"
+
+    def common_meta(self) -> dict[str, Any]:
+        return common_meta(self.classes, self.class_to_idx, self.settings, self.root)
+
+    def shard_writer(self, k: int, path: str) -> StoreWriter:
+        """A writer for shard ``k`` straight to ``path`` (the whole store if not sharded)."""
+        s = self.settings
+        return StoreWriter(path, self.classes, format=s.format, encoding=s.encoding, size=s.size,
+                           quality=s.quality, max_pixels=s.max_pixels,
+                           class_to_idx=self.class_to_idx, source_root=self.root,
+                           kind="shard" if self.sharded else "single", install=False,
+                           shard_index=k, first_source=self.bounds[k],
+                           skipped=() if self.sharded else self.discovery_skipped)
+
+
+def shard_bounds(n: int, num_shards: int | None, per_shard: int | None) -> list[int]:
+    """Where each of the shards of ``n`` sources starts (and, last, ``n``)."""
+    if num_shards is not None:
+        if num_shards < 1:
+            raise PackError("`num_shards` must be >= 1")
+        num_shards = min(num_shards, max(n, 1))
+        return [round(k * n / num_shards) for k in range(num_shards + 1)]
+    per_shard = max(1, per_shard or n or 1)
+    return list(range(0, n, per_shard)) + [n] if n else [0, 0]
+
+
+def estimate_record_bytes(paths: Sequence[str], settings: PackSettings) -> int:
+    """Mean record size over up to SIZE_SAMPLE evenly spaced sources (deterministic)."""
+    if not paths:
+        return 1
+    step = max(1, len(paths) // SIZE_SAMPLE)
+    sizes = [len(r.data) for r in (workers.encode_file(p, settings)
+                                   for p in paths[::step][:SIZE_SAMPLE]) if r.data is not None]
+    if not sizes:
+        return settings.size * settings.size * 4 if settings.size else 1 << 20
+    return max(1, int(sum(sizes) / len(sizes)))
+
+
+def make_plan(src: str, settings: PackSettings, *, allow_empty: bool = False,
+              file_list: str | None = None, shard_size: int | None = None,
+              num_shards: int | None = None, strict: bool = False) -> Plan:
+    """Find the sources and fix the shard boundaries (see :func:`shardkit.pack`)."""
+    found: Discovery = read_file_list(file_list, src) if file_list else discover(src, allow_empty)
+    if strict and found.skipped:  # a folder that cannot be listed hides images: as bad as one
+        first = found.skipped[0]
+        raise PackError(f"{first['path']}: {first['reason']} (`strict=True`: no output written)")
+    paths = [p for p, _ in found.samples]
+    labels = [t for _, t in found.samples]
+    sharded = shard_size is not None or num_shards is not None
+    per_shard = None
+    if shard_size is not None:
+        if shard_size <= 0:
+            raise PackError("`shard_size` must be positive")
+        per_shard = max(1, shard_size // estimate_record_bytes(paths, settings))
+    bounds = shard_bounds(len(paths), num_shards, per_shard) if sharded else [0, len(paths)]
+    return Plan(found.root, found.classes, found.class_to_idx, paths, labels, bounds, settings,
+                sharded, found.skipped)

@@ -1,0 +1,56 @@
+"""How each image is transformed (:class:`PackSettings`), and the small records the packer passes
+around: :class:`Skipped` (a source left out, and why)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from ..codec import ENCODINGS
+from ..errors import PackError
+from ..formats import FORMATS
+from .imaging import PILLOW_PIXEL_LIMIT
+
+Engine = Literal["local", "dask"]
+ENGINES: tuple[Engine, ...] = ("local", "dask")
+Kind = Literal["single", "shard"]  # a whole single-file store, or one shard of a folder store
+KINDS: tuple[Kind, ...] = ("single", "shard")
+
+
+@dataclass(frozen=True)
+class PackSettings:
+    """How each image is transformed; stored verbatim in the metadata."""
+
+    size: int = 256
+    quality: int = 90
+    encoding: str = "jpeg"  # a name in shardkit.codec.ENCODINGS
+    format: str = "lmdb"    # a name in shardkit.formats.FORMATS
+    max_pixels: int = PILLOW_PIXEL_LIMIT
+
+    def as_meta(self) -> dict[str, Any]:
+        return {"size": self.size, "quality": self.quality, "encoding": self.encoding,
+                "format": self.format, "max_pixels": self.max_pixels, "resample": "bicubic",
+                "alpha_background": "white", "chroma_subsampling": "4:2:0"}
+
+    def validate(self) -> None:
+        """Raise PackError naming the parameter that is out of range."""
+        if self.size < 0:
+            raise PackError("`size` must be >= 0 (0 keeps the original size)")
+        if not 1 <= self.quality <= 100:
+            raise PackError("`quality` must be between 1 and 100")
+        if self.encoding not in ENCODINGS:
+            raise PackError(f"`encoding` must be one of {', '.join(ENCODINGS)}")
+        if self.format not in FORMATS:
+            raise PackError(f"`format` must be one of {', '.join(FORMATS)}")
+        if self.max_pixels < 0:
+            raise PackError("`max_pixels` must be >= 0 (0 disables the limit)")
+
+
+class Skipped(NamedTuple):
+    """A source that is not in the store, and why; stored as ``{"path": ..., "reason": ...}``."""
+
+    path: str
+    reason: str
+
+    def as_json(self) -> dict[str, str]:
+        return {"path": self.path, "reason": self.reason}

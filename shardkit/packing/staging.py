@@ -1,0 +1,184 @@
+"""The partial folder of a sharded pack: its plan, one entry per finished shard (what
+``resume`` and ``merge`` trust), and the manifest merged from them, written last.
+
+Shard files and their ``shard-NNNNN.done.json`` entries live in ``.<name>.partial`` beside OUT
+(for a URL OUT, a staging folder under the cache folder) until :mod:`.install` moves the
+finished store into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from .. import metadata
+from ..errors import PackError
+from ..fileutil import fsync_dir, remove, sha256_file, write_json_atomic
+from ..formats import open_reader
+from .plan import Plan
+from .writer import remove_store_files
+
+PLAN_NAME = "plan.json"
+
+
+def staging_path(url: str) -> str:
+    """The local partial folder of a pack to ``url``: under the cache folder, one per URL, so
+    ``resume`` finds it (``$SHARDKIT_CACHE_DIR/pack-staging/<hash of url>``)."""
+    from ..remote import default_cache_dir
+
+    key = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    return os.path.join(os.path.abspath(default_cache_dir()), "pack-staging", key)
+
+
+def entry_path(partial: str, k: int) -> str:
+    return os.path.join(partial, f"shard-{k:05d}.done.json")
+
+
+def completed_shards(partial: str, plan: Plan, plan_id: str, shards: Iterable[int],
+                     uploader: Any = None) -> dict[int, dict[str, Any]]:
+    """Shards of an interrupted run whose file still matches the checksum recorded when done
+    (with ``uploader``: whose upload is recorded, with that checksum, in the remote store)."""
+    done: dict[int, dict[str, Any]] = {}
+    for k in shards:
+        try:
+            with open(entry_path(partial, k), "rb") as f:
+                entry = json.loads(f.read())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(entry, dict) or entry.get("plan_id") != plan_id:
+            continue
+        if uploader is not None:
+            if entry.get("file") == plan.shard_file(k) and "labels" in entry and \
+                    uploader.uploaded(entry["file"], entry.get("sha256"), entry.get("bytes")):
+                done[k] = entry
+            continue
+        shard = os.path.join(partial, plan.shard_file(k))
+        if entry.get("file") == plan.shard_file(k) and os.path.exists(shard) \
+                and os.path.getsize(shard) == entry.get("bytes") \
+                and sha256_file(shard) == entry.get("sha256"):
+            done[k] = entry
+    return done
+
+
+def prepare_partial(partial: str, plan: Plan, plan_id: str, resume: bool,
+                    shards: Sequence[int], uploader: Any = None) -> dict[int, dict]:
+    """Create or reuse the partial folder; returns which of ``shards`` are already complete.
+
+    Files of the other ``shards`` (half-written by a killed run) are removed. Shards outside
+    ``shards`` are never touched: with ``--num-nodes`` other nodes write them concurrently.
+    """
+    plan_file = os.path.join(partial, PLAN_NAME)
+    if resume:
+        if os.path.lexists(partial) and not os.path.isdir(partial):
+            remove(partial)
+        os.makedirs(partial, exist_ok=True)  # never remove a folder another node may be using
+        try:
+            with open(plan_file, "rb") as f:
+                old = json.loads(f.read())
+        except (OSError, ValueError):
+            old = {}
+        if not isinstance(old, dict) or old.get("plan_id") not in (None, plan_id):
+            raise PackError(f"cannot resume: {partial} was started with different sources, "
+                            "settings or shard sizes; rerun without --resume (or delete it) "
+                            "to start over")
+        done = completed_shards(partial, plan, plan_id, shards, uploader)
+    else:
+        remove(partial)
+        os.makedirs(partial, exist_ok=True)
+        done = {}
+    redo = [k for k in shards if k not in done]
+    for k in redo:
+        remove(entry_path(partial, k))
+    remove_store_files((os.path.join(partial, plan.shard_file(k)) for k in redo),
+                       plan.settings.format)
+    write_json_atomic(plan_file, {"plan_id": plan_id, "num_shards": plan.num_shards,
+                                   "count_sources": len(plan.paths),
+                                   "discovery_skipped": plan.discovery_skipped})
+    return done
+
+
+def finalize_sharded(partial: str, plan: Plan | None = None,
+                     publish: Callable[[str], None] | None = None) -> tuple[dict[str, Any], int]:
+    """Merge per-shard entries into ``manifest.json`` (+ ``labels.npy``), written last.
+
+    Entries of uploaded shards carry their labels (the files are gone). ``publish(partial)``
+    runs once the manifest is written and before the entries are removed, so a pack killed
+    while it uploads the manifest resumes without packing again.
+    """
+    try:
+        with open(os.path.join(partial, PLAN_NAME), "rb") as f:
+            plan_info = json.loads(f.read())
+    except (OSError, ValueError):
+        raise PackError(f"{partial}: no pack in progress to merge") from None
+    plan_id, num_shards = plan_info["plan_id"], plan_info["num_shards"]
+    entries, missing = [], []
+    for k in range(num_shards):
+        try:
+            with open(entry_path(partial, k), "rb") as f:
+                entry = json.loads(f.read())
+        except (OSError, ValueError):
+            missing.append(k)
+            continue
+        if entry.get("plan_id") != plan_id:
+            missing.append(k)
+        entries.append(entry)
+    if missing:
+        raise PackError(f"{len(missing)} of {num_shards} shards are not finished yet "
+                        f"(first: {missing[0]}); run the remaining nodes, or pack with --resume")
+    labels, start, skipped, shard_list, common = [], 0, [], [], None
+    for k, entry in enumerate(entries):
+        path = os.path.join(partial, entry["file"])
+        if "labels" in entry and plan is not None:  # uploaded to a remote OUT: no file here
+            labels.append(np.asarray(entry["labels"], dtype="<i8"))
+            common = common or plan.common_meta()
+        else:
+            if not os.path.isfile(path) or os.path.getsize(path) != entry["bytes"]:
+                raise PackError(f"shard {k} ({path}) is missing or changed since it was packed; "
+                                "repack it (rerun its node, or pack with --resume)")
+            reader = open_reader(path, entry["format"])
+            try:
+                meta = metadata.parse_shard_meta(reader.meta_json(), path)
+                labels.append(np.array(reader.array("labels", "<i8", (meta["count"],))))
+            finally:
+                reader.close()
+            common = common or {key: meta[key] for key in (
+                "format", "format_version", "shardkit_version", "classes", "class_to_idx",
+                "settings", "source_root")}
+        skipped.extend(entry["skipped"])
+        shard_list.append({key: entry[key] for key in ("file", "format", "count", "bytes",
+                                                       "sha256")} | {"start": start})
+        start += entry["count"]
+    all_labels = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
+    labels_path = os.path.join(partial, "labels.npy")
+    np.save(labels_path, all_labels.astype("<i8"), allow_pickle=False)
+    if common is None:
+        raise PackError("cannot merge a store with no shards")
+    skipped = (plan.discovery_skipped if plan is not None
+               else plan_info.get("discovery_skipped", [])) + skipped
+    manifest = common | {"kind": "sharded", "count": start, "skipped": skipped,
+                         "shards": shard_list,
+                         "labels": {"file": "labels.npy", "sha256": sha256_file(labels_path)}}
+    manifest = metadata.seal(manifest)
+    write_json_atomic(os.path.join(partial, metadata.MANIFEST_NAME), manifest)
+    if publish is not None:
+        publish(partial)
+    for k in range(num_shards):
+        remove(entry_path(partial, k))
+    for name in os.listdir(partial):  # side files of killed writers
+        if name.endswith((".spool", ".tmp")):
+            remove(os.path.join(partial, name))
+    remove(os.path.join(partial, PLAN_NAME))
+    fsync_dir(partial)
+    return manifest, start
+
+
+def read_entries(partial: str, shards: Iterable[int]) -> list[dict[str, Any]]:
+    entries = []
+    for k in shards:
+        with open(entry_path(partial, k), "rb") as f:
+            entries.append(json.loads(f.read()))
+    return entries
