@@ -78,3 +78,30 @@ def pack_photos(photo_src, tmp_path_factory):
 def photo_store(request, pack_photos) -> str:
     """The photo folder packed as JPEG records, in each format."""
     return pack_photos(request.param)
+
+
+def _side_python(env_var: str, venv: str, script: str) -> str:
+    """The interpreter of a side environment that CI builds (``scripts/<script>``): skipped where
+    it is missing, except under CI (env ``CI`` set), where a missing one is a failure."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    python = os.environ.get(env_var) or os.path.join(root, venv, "bin", "python")
+    if not os.path.exists(python):
+        message = f"no {venv} environment at {python} (run scripts/{script})"
+        if os.environ.get("CI"):
+            pytest.fail(message + "; CI builds it")
+        pytest.skip(message)
+    return python
+
+
+@pytest.fixture(scope="session")
+def tv_python() -> str:
+    """torch 2.14.1 + torchvision 0.29.1 with shardkit installed (``.venv-tv``)."""
+    return _side_python("SHARDKIT_TV_PYTHON", ".venv-tv", "torchvision_venv.sh")
+
+
+@pytest.fixture(scope="session")
+def simd_python() -> str:
+    """pillow-simd with shardkit installed (``.venv-simd``)."""
+    return _side_python("SHARDKIT_SIMD_PYTHON", ".venv-simd", "pillow_simd_venv.sh")

@@ -26,19 +26,8 @@ from shardkit import ShardDataset
 from shardkit.bench.sample import make_sample
 
 ROOT = Path(__file__).resolve().parents[1]
-TV_PYTHON = os.environ.get("SHARDKIT_TV_PYTHON") or str(ROOT / ".venv-tv" / "bin" / "python")
 TV_TORCH, TV_TORCHVISION = "2.14.1", "0.29.1"  # what scripts/torchvision_venv.sh installs
 CROP, BATCH = 160, 4
-
-
-@pytest.fixture(scope="module")
-def tv_python() -> str:
-    if not os.path.exists(TV_PYTHON):
-        message = f"no torchvision environment at {TV_PYTHON} (run scripts/torchvision_venv.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(message + "; CI builds it")
-        pytest.skip(message)
-    return TV_PYTHON
 
 
 @pytest.fixture(scope="module")
