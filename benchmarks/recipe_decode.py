@@ -40,9 +40,10 @@ try:
 except ImportError:  # run from a source checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import shardkit
-from shardkit import ShardDataset, augment, collate
+from shardkit import ShardDataset, collate
 from shardkit.bench import systems
 from shardkit.bench.sample import make_sample, photo_like
+from shardkit.read import augment
 
 BATCH = 64
 CROP = 224

@@ -12,11 +12,12 @@ from typing import Any
 from ._version import __version__
 
 _EXPORTS = {
-    "ShardDataset": "dataset", "Batch": "dataset", "collate": "dataset",
-    "worker_init_fn": "dataset", "normalize": "augment",
-    "ShardSampler": "sampler",
-    "pack": "packing.packer", "merge": "packing.packer", "PackResult": "packing.packer",
-    "info": "inspection", "verify": "inspection",
+    "ShardDataset": "read.dataset", "Batch": "read.dataset", "collate": "read.dataset",
+    "worker_init_fn": "read.dataset", "normalize": "read.augment",
+    "ShardSampler": "read.sampler",
+    "pack": "packing.api", "merge": "packing.api", "PackResult": "packing.api",
+    "StoreWriter": "packing.writer",
+    "info": "read.inspect", "verify": "read.inspect",
     "IMG_EXTENSIONS": "packing.discovery", "find_classes": "packing.discovery",
     "make_dataset": "packing.discovery",
     "ShardkitError": "errors", "PackError": "errors", "StoreError": "errors",

@@ -8,9 +8,12 @@ import re
 import sys
 from typing import Sequence
 
+from . import formats
 from ._version import __version__
+from .codec import ENCODINGS
 from .errors import Interrupted, ShardkitError
 from .packing.imaging import PILLOW_PIXEL_LIMIT
+from .packing.settings import ENGINES
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -37,10 +40,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+_SUFFIXES = " / ".join(formats.SUFFIXES.values())
+_LABELS = "/".join(formats.backend(f).label for f in formats.FORMATS)
+_SUFFIX_HELP = ", ".join(f"{'/'.join(formats.backend(f).suffixes)} is {formats.backend(f).label}"
+                         for f in formats.FORMATS if f != formats.DEFAULT_FORMAT) + \
+    f", else {formats.backend(formats.DEFAULT_FORMAT).label}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shardkit",
-        description="Pack image folders into LMDB/HDF5 shards for fast PyTorch data loading.")
+        description=f"Pack image folders into {_LABELS} shards for fast PyTorch data loading.")
     parser.add_argument("--version", action="version", version=f"shardkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -48,15 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Decode, resize and re-encode every image in SRC "
                        "(SRC/<class>/<file>, as torchvision's ImageFolder) into the store OUT.")
     p.add_argument("src", metavar="SRC", help="source folder (or root of --file-list paths)")
-    p.add_argument("out", metavar="OUT", help="output store (.lmdb / .h5 file, or a folder "
+    p.add_argument("out", metavar="OUT", help=f"output store ({_SUFFIXES} file, or a folder "
                    "when sharded; a URL such as s3://bucket/prefix when sharded)")
-    p.add_argument("--format", choices=("lmdb", "hdf5"),
-                   help="store format (default: from OUT's suffix; .h5/.hdf5 is HDF5, else LMDB)")
+    p.add_argument("--format", choices=formats.FORMATS,
+                   help=f"store format (default: from OUT's suffix; {_SUFFIX_HELP})")
     p.add_argument("--size", type=_positive_int, default=256,
                    help="resize the shorter side to this (never upscale; 0 keeps size) [256]")
     p.add_argument("--quality", type=_positive_int, default=90, help="JPEG quality [90]")
-    p.add_argument("--encoding", choices=("jpeg", "raw"), default="jpeg",
-                   help="record encoding: jpeg, or raw uint8 pixels [jpeg]")
+    p.add_argument("--encoding", choices=ENCODINGS, default=ENCODINGS[0],
+                   help="record encoding: %(choices)s [%(default)s]")
     p.add_argument("--workers", type=_positive_int, default=None,
                    help="worker processes (default: the CPUs this process may use; 0 or 1 "
                    "packs in-process)")
@@ -76,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write OUT as a folder of N shards")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted sharded pack, keeping finished shards")
-    p.add_argument("--engine", choices=("local", "dask"), default="local",
+    p.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
                    help="local process pool, or one task per shard on a Dask cluster [local]")
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="Dask scheduler address (default: start a local cluster)")
@@ -108,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    from .packing.packer import pack
+    from .packing.api import pack
 
     result = pack(args.src, args.out, format=args.format, size=args.size, quality=args.quality,
                   encoding=args.encoding, workers=args.workers, strict=args.strict,
@@ -142,8 +152,8 @@ def _report_skipped(skipped: list[dict[str, str]]) -> None:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from .inspection import info
-    from .store import Store
+    from .read.inspect import info
+    from .read.store import Store
 
     summary = info(args.store, cache_dir=args.cache_dir)
     if args.json:
@@ -165,7 +175,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from .inspection import verify
+    from .read.inspect import verify
 
     report = verify(args.store, progress=not args.quiet, cache_dir=args.cache_dir)
     if report.ok:
@@ -178,7 +188,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from .packing.packer import merge
+    from .packing.api import merge
 
     result = merge(args.out, overwrite=args.overwrite)
     print(f"merged {result.shards} shards, {result.count} images into {result.out}",
@@ -187,7 +197,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench.benchmark import main as bench_main
+    from .bench import main as bench_main
 
     return bench_main(args.bench_args)
 

@@ -30,7 +30,7 @@ def tiny_src(tmp_path_factory) -> str:
 
 def _pack(src: str, out: str) -> None:
     """Pack in-process (faster than the CLI; the CLI's own pack is tested separately)."""
-    from shardkit.packing.packer import pack
+    from shardkit.packing.api import pack
 
     pack(src, out, workers=1, progress=False)
 

@@ -22,7 +22,8 @@ from shardkit import metadata
 from shardkit.errors import PackError, StoreError
 from shardkit.remote import (RemoteFolder, ShardCache, Uploader, default_cache_dir,
                              upload_folder_store)
-from shardkit.store import Store, sha256_file
+from shardkit.fileutil import sha256_file
+from shardkit.read.store import Store
 
 # Fail fast once the server is gone: one botocore attempt per call (shardkit still retries).
 FAST = {"config_kwargs": {"retries": {"total_max_attempts": 1}}}

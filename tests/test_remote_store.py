@@ -25,7 +25,7 @@ from helpers import one_line_error, photo_folder, run_cli
 from s3server import DUMMY_ENV, S3Server
 from shardkit import ShardDataset, metadata
 from shardkit.errors import PackError, StoreError
-from shardkit.packing.packer import staging_path
+from shardkit.packing.staging import staging_path
 from shardkit.remote import RemoteFolder, upload_folder_store
 
 SHARDS = 8
@@ -223,6 +223,39 @@ def test_workers_read_the_local_records_and_download_each_shard_once(packed, loc
     assert [a - b for a, b in zip(gets(server, url, names), before)] == [1] * SHARDS
     assert read_epoch(ds, method) == want  # the second epoch: from the cache
     assert [a - b for a, b in zip(gets(server, url, names), before)] == [1] * SHARDS
+
+
+def _join_prefetches() -> None:
+    for thread in threading.enumerate():
+        if thread.name.startswith("shardkit-prefetch-"):
+            thread.join()
+
+
+def test_sampler_prefetches_the_next_shard_of_its_rank(packed, local, tmp_path):
+    """Under ``ShardSampler``, handing out the first index of a rank's shard starts the download
+    of the rank's next shard (nothing read yet), and an epoch downloads the rank's shards only:
+    never the store's k+1 of a shard, which another rank reads."""
+    server, url, _, _ = packed
+    names = shard_names(local)
+    ds = ShardDataset(url, output="bytes", cache_dir=tmp_path / "cache")
+    sampler = shardkit.ShardSampler(ds, num_replicas=4, rank=1, seed=3)
+    mine = sampler.shards_of_rank()
+    order = list(dict.fromkeys(ds.store.locate_many(sampler.indices())[0].tolist()))
+    assert len(order) >= 2 and any(k + 1 < SHARDS and k + 1 not in mine for k in mine)
+    before = gets(server, url, names)
+    first = next(iter(sampler))
+    _join_prefetches()
+    assert ds.store.locate(first)[0] == order[0]
+    downloaded = [a - b for a, b in zip(gets(server, url, names), before)]
+    assert downloaded == [int(k == order[1]) for k in range(SHARDS)]
+    want = ShardDataset(local, output="bytes")
+    got = [(bytes(b), int(t)) for images, labels in ds.loader(batch_size=2, sampler=sampler)
+           for b, t in zip(images, labels)]
+    assert got == [want[i] for i in sampler.indices().tolist()]
+    _join_prefetches()
+    downloaded = [a - b for a, b in zip(gets(server, url, names), before)]
+    assert downloaded == [int(k in mine) for k in range(SHARDS)]
+    ds.close()
 
 
 def test_cache_limit_smaller_than_the_store(packed, local, tmp_path):

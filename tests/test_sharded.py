@@ -15,12 +15,12 @@ from torch.utils.data import DataLoader, Dataset
 import shardkit
 from shardkit.cli import main as cli_main
 from shardkit.errors import StoreError
-from shardkit.inspection import info, verify
+from shardkit.read.inspect import info, verify
+from shardkit.read.store import Store
 
-try:
-    from ._scaleout import make_tree, manifest, partial_of, sha256, store_files, write_image
-except ImportError:
-    from _scaleout import make_tree, manifest, partial_of, sha256, store_files, write_image
+from helpers import flip_byte_in_file
+
+from _scaleout import make_tree, manifest, partial_of, sha256, store_files, write_image
 
 FORMATS = ["lmdb", "hdf5"]
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
@@ -124,13 +124,13 @@ def test_targets_without_opening_and_shards_open_lazily(packed, fmt, tmp_path):
     shard_files = [os.path.join(os.path.realpath(folder), e["file"])
                    for e in manifest(folder)["shards"]]
     assert ds.targets.tolist() == [c for c in range(3) for _ in range(14)]
-    assert ds.store._open == {}
+    assert ds.store.open_shards == []
     assert not any(p in _open_paths() for p in shard_files)
     ds.open()  # what worker_init_fn does: a multi-shard store stays lazy
-    assert ds.store._open == {}
+    assert ds.store.open_shards == []
     k2 = int(ds.store.starts[2])
     ds[k2 + 1]
-    assert set(ds.store._open) == {2}
+    assert ds.store.open_shards == [2]
     opened = _open_paths()
     assert shard_files[2] in opened
     assert not any(p in opened for k, p in enumerate(shard_files) if k != 2)
@@ -148,7 +148,7 @@ class _OpenedShards(Dataset):
 
     def __getitem__(self, i):
         self.dataset[i]
-        return os.getpid(), sorted(self.dataset.store._open)
+        return os.getpid(), sorted(self.dataset.store.open_shards)
 
 
 def test_workers_open_only_the_shards_they_read(packed):
@@ -161,7 +161,7 @@ def test_workers_open_only_the_shards_they_read(packed):
     seen = list(loader)
     assert len({pid for pid, _ in seen}) == 2  # both workers read
     assert all(opened == [1] for _, opened in seen)
-    assert ds.store._open == {}  # the parent opened nothing
+    assert ds.store.open_shards == []  # the parent opened nothing
 
 
 def test_verify_folder_and_changed_shard_bytes(src, tmp_path):
@@ -194,6 +194,46 @@ def test_verify_rejects_a_missing_shard(src, tmp_path):
     assert not report.ok and any("shard-00002.lmdb" in f for f in report.faults)
     with pytest.raises(StoreError):
         shardkit.ShardDataset(out)[N - 1]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_locate_many_finds_each_record(packed, fmt):
+    """``Store.locate_many`` maps a batch of global indices (negative ones too, repeats, across
+    shard boundaries) to shard and place: the record there is the single-file store's record."""
+    folder, single = packed[fmt]
+    store, whole = Store(folder), shardkit.ShardDataset(single, output="bytes")
+    indices = [41, 0, -1, 13, -42, 20, 20, 31, 11, 10]
+    shards, local = store.locate_many(indices)
+    assert len(set(shards.tolist())) == 4
+    for i, k, j in zip(indices, shards.tolist(), local.tolist()):
+        assert store.locate(i) == (k, j)
+        shard = store.shard(k)
+        with shard.reader.records() as get:
+            assert bytes(get(j)) == whole[i][0]
+    assert [len(a) for a in store.locate_many([])] == [0, 0]
+    for bad in (N, -N - 1):
+        with pytest.raises(IndexError, match=f"^index {bad} out of range for a store of {N} "):
+            store.locate_many([3, bad, 0])
+    store.close()
+
+
+def test_every_read_path_and_verify_name_a_damaged_record_alike(packed, tmp_path):
+    """One record's bytes damaged: ``verify``, an item, a cropped batch and raw bytes all report
+    it with the same message, naming store, shard and record."""
+    store = str(tmp_path / "one.lmdb")
+    shutil.copyfile(packed["lmdb"][1], store)
+    record = shardkit.ShardDataset(store, output="bytes")[7][0]
+    flip_byte_in_file(store, record, len(record) // 2)
+    faults = verify(store).faults
+    assert len(faults) == 1
+    assert faults[0].startswith(f"{store}: shard 0 ({store}), record 7: checksum mismatch")
+    reads = [lambda: shardkit.ShardDataset(store, verify=True)[7],
+             lambda: shardkit.ShardDataset(store, verify=True, crop=16).__getitems__([6, 7]),
+             lambda: shardkit.ShardDataset(store, verify=True, output="bytes")[7]]
+    for read in reads:
+        with pytest.raises(StoreError) as caught:
+            read()
+        assert str(caught.value) == faults[0]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -17,8 +17,8 @@ Systems (``--systems``):
   ``--recipe-workers`` (default 2) on the LMDB jpeg store: ``recipe-imagefolder`` (ImageFolder,
   PIL, the recipe as pytorch/examples runs it), ``recipe-transform`` (ShardDataset with the recipe
   as a per-sample v2 transform on uint8 tensors), ``recipe-decode`` (``crop_mode="random_resized",
-  flip=0.5``); torchvision's transforms when it is importable, else shardkit.augment's, which give
-  the same pixels. Beside them ``random-crop`` (``crop_mode="random"``, the plain fast path) and
+  flip=0.5``); torchvision's transforms when it is importable, else shardkit.read.augment's, which
+  give the same pixels. Beside them ``random-crop`` (``crop_mode="random"``, the plain fast path) and
   ``random-crop/default-collate`` (the same without ``collate_fn``).
 
 and the decode ceiling: one process decoding the same stored bytes to the same crops in a tight

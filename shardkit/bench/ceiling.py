@@ -24,7 +24,7 @@ def decode_ceiling(path: str, fast: bool, epochs: int, check: bool,
     crop-sized buffer would stay in cache and flatter the loop). Also timed: decoding alone.
     """
     from .. import codec
-    from ..store import Store
+    from ..read.store import Store
 
     store = Store(path)
     records, shapes, labels = [], [], []

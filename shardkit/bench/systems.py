@@ -122,11 +122,11 @@ def torchvision_version() -> str | None:
 class PilRecipe:
     """``RandomResizedCrop(crop)``, ``RandomHorizontalFlip()``, ``PILToTensor()`` on a PIL image as
     torchvision's v1 transforms do it (pytorch/examples' recipe), for machines without
-    torchvision: box and flip from :class:`shardkit.augment.Recipe` (torchvision's RNG calls),
+    torchvision: box and flip from :class:`shardkit.read.augment.Recipe` (torchvision's RNG calls),
     then torchvision's PIL path: crop, Pillow bilinear resize, transpose."""
 
     def __init__(self, crop: int = CROP) -> None:
-        from ..augment import Recipe
+        from ..read.augment import Recipe
 
         self.crop = crop
         self.recipe = Recipe(crop, "random_resized", flip=0.5, dct_scale=False)
@@ -145,12 +145,12 @@ class PilRecipe:
 
 class TensorRecipe:
     """``v2.Compose([v2.RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip()])`` on
-    a uint8 CxHxW tensor, for machines without torchvision: shardkit.augment's box, flip and
+    a uint8 CxHxW tensor, for machines without torchvision: shardkit.read.augment's box, flip and
     resize, the pixels of torchvision v2 (tests/test_torchvision_parity.py,
     tests/bench/test_bench.py)."""
 
     def __init__(self, crop: int = CROP) -> None:
-        from ..augment import Recipe
+        from ..read.augment import Recipe
 
         self.crop = crop
         self.recipe = Recipe(crop, "random_resized", flip=0.5, dct_scale=False)
@@ -158,7 +158,7 @@ class TensorRecipe:
     def __call__(self, img: Any) -> Any:
         import torch
 
-        from .. import augment
+        from ..read import augment
 
         top, left, h, w, flip, _ = self.recipe.draw(img.shape[1], img.shape[2])
         box = img.permute(1, 2, 0).numpy()[top:top + h, left:left + w]
@@ -191,8 +191,9 @@ def recipe_baseline(root: str, torchvision: bool) -> tuple[Any, str]:
 def recipe_transform(torchvision: bool) -> tuple[Callable, str]:
     """The recipe as a per-sample transform on ShardDataset's uint8 tensors."""
     if not torchvision:
-        return (TensorRecipe(), "shardkit.augment's RandomResizedCrop(224)+RandomHorizontalFlip()"
-                " on uint8 tensors (torchvision v2's pixels; torchvision not installed)")
+        return (TensorRecipe(), "shardkit.read.augment's RandomResizedCrop(224)+"
+                "RandomHorizontalFlip() on uint8 tensors (torchvision v2's pixels; torchvision "
+                "not installed)")
     from torchvision.transforms import v2
 
     return (v2.Compose([v2.RandomResizedCrop(CROP, antialias=True), v2.RandomHorizontalFlip()]),

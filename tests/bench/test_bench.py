@@ -32,12 +32,13 @@ import simplejpeg
 import torch
 from torch.utils.data import DataLoader
 
-from shardkit import ShardDataset, batchpool, collate, worker_init_fn
+from shardkit import ShardDataset, collate, worker_init_fn
 
 from shardkit import bench, pack
 from shardkit.bench import pack as packfigures
 from shardkit.bench import read, recommend, report, systems
 from shardkit.bench.sample import make_sample
+from shardkit.read import batchpool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SYSTEMS = ["imagefolder", "lmdb-jpeg", "hdf5-jpeg", "lmdb-raw", "hdf5-raw", "lmdb-jpeg/threads"]
@@ -748,7 +749,7 @@ def test_recommend_picks_the_recipe_at_decode_when_fastest(recipe_run):
 
 def test_shardkit_exports_normalize():
     import shardkit
-    from shardkit import augment
+    from shardkit.read import augment
 
     assert shardkit.normalize is augment.normalize and "normalize" in shardkit.__all__
 

@@ -39,7 +39,8 @@ import shardkit
 from shardkit.errors import StoreError
 from shardkit.formats import FORMATS
 from shardkit.metadata import seal
-from shardkit.store import Store, sha256_file
+from shardkit.fileutil import sha256_file
+from shardkit.read.store import Store
 
 from helpers.damage import STORES, pack_pristine, run_batch, source_tree
 

@@ -27,7 +27,7 @@ from PIL import Image
 from shardkit import ShardDataset
 from shardkit.packing.install import partial_path
 from shardkit.formats import FORMATS
-from shardkit.store import Store
+from shardkit.read.store import Store
 
 PACK_TIMEOUT = 90
 RNG = np.random.default_rng(11)

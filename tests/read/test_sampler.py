@@ -18,10 +18,7 @@ import shardkit
 from shardkit import ShardSampler
 from shardkit.cli import main as cli_main
 
-try:
-    from ._scaleout import make_tree
-except ImportError:
-    from _scaleout import make_tree
+from _scaleout import make_tree
 
 SIZES = (7, 0, 13, 5, 9, 1, 11, 4)  # uneven shards, one empty
 

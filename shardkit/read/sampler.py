@@ -12,7 +12,9 @@ from whole shards:
    holds about ``S / R + 1`` shards (a shard at a cut is split between two ranks);
 3. each rank shuffles its own run, interleaving its few shards.
 
-A rank that needs padding repeats its own samples, so padding never opens another shard.
+A rank that needs padding repeats its own samples, so padding never opens another shard. Over a
+remote store, the sampler downloads its rank's next shard (in the rank's order of first use) in
+the background while the one before is read; the store's own k+1 guess is off.
 Resuming: ``state_dict(consumed=n)`` records the epoch and how many samples of it the training loop
 has *consumed* (the DataLoader's prefetching runs ahead of that, so the sampler's own position is
 not used); after ``load_state_dict`` the next iteration starts at exactly the next sample.
@@ -25,6 +27,8 @@ from typing import Any, Iterator, Sized
 
 import numpy as np
 from torch.utils.data import Sampler
+
+from .store import locate_many
 
 _MASK64 = (1 << 64) - 1
 STATE_VERSION = 1
@@ -93,6 +97,11 @@ class ShardSampler(Sampler[int]):
         self.seed = int(seed)
         self.drop_last = drop_last
         self.starts = shard_starts(dataset)
+        store = getattr(dataset, "store", None)
+        # A remote store's reads follow this rank's order, not k, k+1: the sampler prefetches.
+        self._remote = store if getattr(store, "cache", None) is not None else None
+        if self._remote is not None:
+            self._remote.prefetch_next = False  # before the DataLoader sends it to its workers
         self.total = int(self.starts[-1])
         r = self.num_replicas
         if drop_last and self.total % r != 0:
@@ -155,7 +164,22 @@ class ShardSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         skip, self._skip = self._skip, 0
-        return iter(self.indices()[skip:].tolist())
+        indices = self.indices()[skip:]
+        if self._remote is None:
+            return iter(indices.tolist())
+        return self._prefetching(indices)
+
+    def _prefetching(self, indices: np.ndarray) -> Iterator[int]:
+        """``indices``; as the first index of each shard is handed out (to the DataLoader, which
+        runs ahead of the workers' reads), the rank's next shard starts downloading."""
+        shards = locate_many(self.starts, indices)[0]
+        first = np.sort(np.unique(shards, return_index=True)[1])
+        order = shards[first].tolist()
+        ends = [*first.tolist()[1:], len(indices)]
+        for j, (start, end) in enumerate(zip(first.tolist(), ends)):
+            if j + 1 < len(order):
+                self._remote.prefetch(order[j + 1])
+            yield from indices[start:end].tolist()
 
     def __len__(self) -> int:
         return self.num_samples - self._skip
@@ -173,10 +197,7 @@ class ShardSampler(Sampler[int]):
 
     def shards_of_rank(self) -> list[int]:
         """Shard numbers this rank reads in the current epoch (sorted)."""
-        starts = self.starts
-        idx = self.indices()
-        shards = np.searchsorted(starts, idx, side="right") - 1
-        return sorted(set(shards.tolist()))
+        return np.unique(locate_many(self.starts, self.indices())[0]).tolist()
 
     # -- checkpointing --------------------------------------------------------------------------
 

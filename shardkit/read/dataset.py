@@ -12,19 +12,17 @@ from __future__ import annotations
 import functools
 import gc
 import os
-import threading
-import zlib
-from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
-from . import augment, batchpool, codec
-from .errors import StoreError
+from .. import codec
+from . import augment, batchpool
+from .decode import Decoder
 from .store import OpenShard, Store
+from .threads import Fanout
 
 OUTPUTS: tuple[str, ...] = ("tensor", "numpy", "pil", "bytes")
 
@@ -50,7 +48,7 @@ def collate(batch: Sequence[Any]) -> Any:
     """``default_collate``, except that a ``Batch`` from ``ShardDataset`` is passed on uncopied.
 
     In a DataLoader worker the batch then travels to the main process as a reference to its
-    reusable shared-memory buffer (see :mod:`shardkit.batchpool`), not as a new segment.
+    reusable shared-memory buffer (see :mod:`shardkit.read.batchpool`), not as a new segment.
     """
     if isinstance(batch, Batch):
         slot = getattr(batch, "slot", None)
@@ -58,6 +56,12 @@ def collate(batch: Sequence[Any]) -> Any:
             return batchpool.PooledBatch(batch.images, batch.labels, slot)
         return [batch.images, batch.labels]
     return default_collate(batch)
+
+
+def _forward(part: str, name: str) -> property:
+    """``self.<part>.<name>`` as an attribute (the setting lives in the part that uses it)."""
+    return property(lambda self: getattr(getattr(self, part), name),
+                    lambda self, value: setattr(getattr(self, part), name, value))
 
 
 class ShardDataset(Dataset):
@@ -122,8 +126,7 @@ class ShardDataset(Dataset):
             raise ValueError("crop_mode='random' needs crop (the size of the square to cut)")
         if crop is not None and (crop <= 0 or output == "bytes"):
             raise ValueError("crop must be a positive size and cannot be used with output='bytes'")
-        if threads < 0:
-            raise ValueError("threads must be >= 0")
+        fanout = Fanout(threads)
         recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale)
         self.store = Store(path, max_open_shards, cache_dir=cache_dir, cache_limit=cache_limit,
                            storage_options=storage_options)
@@ -133,12 +136,14 @@ class ShardDataset(Dataset):
         self.output = output
         self.crop = crop
         self.crop_mode = crop_mode
-        self.threads = threads
-        self.verify = verify
-        self.fast_decode = fast_decode
         self.flip = flip
         self._recipe = recipe  # draws each sample's box and flip (None: plain centre crop)
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._decoder = Decoder(self.store, fast_decode, verify)
+        self._fanout = fanout
+
+    threads = _forward("_fanout", "threads")
+    verify = _forward("_decoder", "verify")
+    fast_decode = _forward("_decoder", "fast")
 
     # -- ImageFolder-compatible attributes ------------------------------------------------------
 
@@ -175,49 +180,9 @@ class ShardDataset(Dataset):
 
     def close(self) -> None:
         self.store.close()
-        if self._pool is not None and self._pool[0] == os.getpid():
-            self._pool[1].shutdown(wait=False)
-        self._pool = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_pool"] = None
-        return state
-
-    def _executor(self) -> ThreadPoolExecutor:
-        """``threads - 1`` helper threads (the calling thread decodes a share too)."""
-        pid = os.getpid()
-        if self._pool is None or self._pool[0] != pid:
-            self._pool = (pid, ThreadPoolExecutor(max(1, self.threads - 1),
-                                                  thread_name_prefix="shardkit"))
-        return self._pool[1]
+        self._fanout.close()
 
     # -- reading --------------------------------------------------------------------------------
-
-    def _check(self, shard: OpenShard, k: int, local: int, buf) -> None:
-        if self.verify and zlib.crc32(buf) != int(shard.crc32[local]):
-            raise StoreError(f"{self.root}: checksum mismatch in shard {k} "
-                             f"({shard.entry.path}), record {local}: the stored bytes are damaged")
-
-    def _decode(self, shard: OpenShard, k: int, local: int, buf, out: np.ndarray | None,
-                origin: augment.Plan | None) -> np.ndarray:
-        """Decode one record; crop into ``out`` when given. Returns memory the caller owns."""
-        self._check(shard, k, local, buf)
-        try:
-            if out is not None:
-                augment.decode_into(out, buf, self.store.encoding, int(shard.heights[local]),
-                                    int(shard.widths[local]), origin, self.fast_decode)
-                return out
-            height, width = int(shard.heights[local]), int(shard.widths[local])
-            # Into memory of the indexed size: a damaged header claiming a huge image is refused
-            # instead of allocated (simplejpeg sizes its own output from the header).
-            img = codec.decode(buf, self.store.encoding, height, width, self.fast_decode,
-                               np.empty((height, width, 3), np.uint8)
-                               if self.store.encoding == "jpeg" else None)
-        except codec.RecordDecodeError as exc:
-            raise StoreError(f"{self.root}: shard {k} ({shard.entry.path}), record {local}: "
-                             f"{exc}") from None
-        return img.copy() if self.store.encoding == "raw" else img
 
     def _origin(self, shard: OpenShard, local: int) -> augment.Plan | None:
         # Drawn in the calling thread, in sample order: any number of threads decodes the same.
@@ -245,10 +210,15 @@ class ShardDataset(Dataset):
               origin: augment.Plan | None) -> tuple[Any, Any]:
         label = int(shard.labels[local])
         if self.output == "bytes":
-            self._check(shard, k, local, buf)
+            if self.verify:
+                self._decoder.check(shard, k, local, buf)
             return self._sample(bytes(buf), label)
-        out = None if self.crop is None else np.empty((self.crop, self.crop, 3), np.uint8)
-        img = self._decode(shard, k, local, buf, out, origin)
+        if self.crop is None:
+            img = self._decoder.image(shard, k, local, buf)
+        else:
+            img = np.empty((self.crop, self.crop, 3), np.uint8)
+            self._decoder.into(img, shard, k, local, buf, int(shard.heights[local]),
+                               int(shard.widths[local]), origin)
         return self._sample(self._present(img), label)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
@@ -264,84 +234,30 @@ class ShardDataset(Dataset):
             return self._getitems_each(indices)
         return self._getitems_batched(indices)
 
-    def _located(self, indices: Sequence[int]) -> dict[int, list[tuple[int, int]]]:
-        """Shard -> [(position in batch, index in shard)], so each shard is read in one go."""
-        by_shard: dict[int, list[tuple[int, int]]] = {}
-        for pos, index in enumerate(indices):
-            k, local = self.store.locate(int(index))
-            by_shard.setdefault(k, []).append((pos, local))
-        return by_shard
-
-    def _run(self, fn: Callable, jobs: list[tuple]) -> list:
-        """``fn(*job)`` for every job, results in order. With ``threads`` > 1 the calling thread
-        and ``threads - 1`` helpers each take the next job until none is left (images differ in
-        cost: a fixed split would leave one thread waiting for the other)."""
-        parts = min(self.threads, len(jobs))
-        if parts <= 1:
-            return [fn(*job) for job in jobs]
-        results: list = [None] * len(jobs)
-        queue = iter(range(len(jobs)))
-        lock = threading.Lock()
-
-        def work() -> None:
-            while True:
-                with lock:
-                    i = next(queue, None)
-                if i is None:
-                    return
-                results[i] = fn(*jobs[i])
-
-        futures = [self._executor().submit(work) for _ in range(parts - 1)]
-        try:
-            work()
-        finally:
-            # Records are only valid inside the caller's read transaction: wait for every thread
-            # before returning, even when this thread's share failed.
-            wait(futures)
-        for future in futures:
-            future.result()  # a helper's error
-        return results
-
-    def _getitems_each(self, indices: Sequence[int]) -> list:
-        results: list = [None] * len(indices)
-        plans = self._plans(self._located_arrays(indices) if self._recipe else [], len(indices))
-        for k, items in self._located(indices).items():
-            shard = self.store.shard(k)
-            with shard.reader.records() as get:
-                jobs = [(shard, k, local, get(local), plans[pos]) for pos, local in items]
-                for (pos, _), sample in zip(items, self._run(self._item, jobs)):
-                    results[pos] = sample
-        return results
-
-    def _located_arrays(self, indices: Sequence[int]) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """[(shard, positions in batch, indices in shard)], vectorized (no per-index Python)."""
-        count = self.store.count
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if len(idx) and (idx.min() < -count or idx.max() >= count):
-            bad = next(int(i) for i in idx if not -count <= i < count)
-            raise IndexError(f"index {bad} out of range for a store of {count} records")
-        idx = np.where(idx < 0, idx + count, idx)
-        starts = self.store.starts
-        if len(starts) == 2:  # one shard
-            return [(0, np.arange(len(idx)), idx)]
-        shards = np.searchsorted(starts, idx, side="right") - 1
+    def _by_shard(self, indices: Sequence[int]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """[(shard, positions in the batch, indices in the shard)], so each shard is read in one
+        transaction (vectorised: no Python work per index)."""
+        shards, local = self.store.locate_many(indices)
+        if len(self.store.shards) == 1:
+            return [(0, np.arange(len(local)), local)]
         found = []
         for k in np.unique(shards).tolist():
             positions = np.flatnonzero(shards == k)
-            found.append((k, positions, idx[positions] - starts[k]))
+            found.append((k, positions, local[positions]))
         return found
 
-    def _decode_into(self, shard: OpenShard, k: int, local: int, buf, out: np.ndarray,
-                     height: int, width: int, origin: augment.Plan | None) -> None:
-        """Decode one record straight into its place in the batch (the batched fast path)."""
-        if self.verify:
-            self._check(shard, k, local, buf)
-        try:
-            augment.decode_into(out, buf, self.store.encoding, height, width, origin,
-                                self.fast_decode)
-        except codec.RecordDecodeError as exc:
-            raise StoreError(f"{self.root}: shard {k} ({shard.entry.path}), record {local}: "
-                             f"{exc}") from None
+    def _getitems_each(self, indices: Sequence[int]) -> list:
+        results: list = [None] * len(indices)
+        located = self._by_shard(indices)
+        plans = self._plans(located, len(indices))
+        for k, positions, local in located:
+            shard = self.store.shard(k)
+            with shard.reader.records() as get:
+                jobs = [(shard, k, i, get(i), plans[pos])
+                        for pos, i in zip(positions.tolist(), local.tolist())]
+                for pos, sample in zip(positions.tolist(), self._fanout.run(self._item, jobs)):
+                    results[pos] = sample
+        return results
 
     def _plans(self, located: list[tuple[int, np.ndarray, np.ndarray]],
                n: int) -> list[augment.Plan | None]:
@@ -364,7 +280,7 @@ class ShardDataset(Dataset):
         else:
             pixels = np.empty((n, c, c, 3), dtype=np.uint8)
         labels = np.empty(n, dtype=np.int64)
-        located = self._located_arrays(indices)
+        located = self._by_shard(indices)
         plans = self._plans(located, n)
         for k, positions, local in located:
             shard = self.store.shard(k)
@@ -373,9 +289,9 @@ class ShardDataset(Dataset):
             widths = shard.widths[local].tolist()
             local_list = local.tolist()
             with shard.reader.records() as get:
-                jobs = [(shard, k, i, get(i), pixels[pos], h, w, plans[pos])
+                jobs = [(pixels[pos], shard, k, i, get(i), h, w, plans[pos])
                         for pos, i, h, w in zip(positions.tolist(), local_list, heights, widths)]
-                self._run(self._decode_into, jobs)
+                self._fanout.run(self._decoder.into, jobs)
         batch = Batch()
         label_list = labels.tolist()
         if self.target_transform is not None:

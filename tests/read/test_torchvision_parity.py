@@ -4,10 +4,10 @@ Under one ``torch.manual_seed``, ``ShardDataset(path, crop=224, crop_mode="rando
 flip=0.5)`` must give what ``v2.Compose([v2.RandomResizedCrop(224, antialias=True),
 v2.RandomHorizontalFlip(0.5)])`` gives on ``ShardDataset(path)[i][0]``, sample by sample, in every
 path: single items, batches (the pooled buffer), threads, numpy/PIL outputs, multi-shard stores,
-DataLoader workers (fork and spawn). The probe ``tests/probes/tv_parity.py`` runs in the torchvision
-environment (``.venv-tv``, built by ``scripts/torchvision_venv.sh``; ``SHARDKIT_TV_PYTHON`` names
-another interpreter) on stores packed here. Without it the tests skip, except under CI (env ``CI``
-set), where they fail.
+DataLoader workers (fork and spawn). The probe ``tests/read/probes/tv_parity.py`` runs in the
+torchvision environment (``.venv-tv``, built by ``scripts/torchvision_venv.sh``;
+``SHARDKIT_TV_PYTHON`` names another interpreter) on stores packed here. Without it the tests
+skip, except under CI (env ``CI`` set), where they fail.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import shardkit
 from shardkit import ShardDataset
 from shardkit.bench.sample import make_sample, photo_like
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TV_PYTHON = os.environ.get("SHARDKIT_TV_PYTHON") or str(ROOT / ".venv-tv" / "bin" / "python")
-PROBE = str(ROOT / "tests" / "probes" / "tv_parity.py")
+PROBE = str(ROOT / "tests" / "read" / "probes" / "tv_parity.py")
 RATIO = [3 / 4, 4 / 3]
 SEEDS = list(range(6))
 

@@ -1,4 +1,5 @@
-"""Probe run under the torchvision environment (``.venv-tv``) by tests/test_torchvision_parity.py.
+"""Probe run under the torchvision environment (``.venv-tv``) by
+tests/read/test_torchvision_parity.py.
 
 Usage: ``python tv_parity.py CONFIG_JSON``; prints one JSON object of measurements. For every
 sample it compares shardkit's decode-time augmentation against torchvision v2 applied to the
@@ -20,7 +21,7 @@ from torchvision.transforms import v2
 
 import shardkit
 from shardkit import ShardDataset
-from shardkit.augment import normalize
+from shardkit import normalize
 
 
 def _diff(ours: torch.Tensor, ref: torch.Tensor) -> tuple[bool, int]:

@@ -15,8 +15,9 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import shardkit
-from shardkit import ShardDataset, augment, codec
+from shardkit import ShardDataset, codec
 from shardkit.bench.sample import make_sample, photo_like
+from shardkit.read import augment
 
 
 @pytest.fixture(scope="module")

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import os
 import sys
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from . import codec
-from .errors import StoreError
-from .store import Store, sha256_file
-from .urls import is_url
+from ..errors import StoreError
+from ..fileutil import disk_bytes, sha256_file
+from ..urls import is_url
+from .decode import Decoder, shard_name
+from .store import Store
 
 MAX_FAULTS = 100
 
@@ -22,11 +22,7 @@ def _disk_bytes(store: Store) -> int:
     if store.cache is not None:  # a remote store: what its objects hold, from the manifest
         return (sum(e.bytes for e in store.shards) + os.path.getsize(store.cache.labels())
                 + store.cache.remote.manifest_bytes)
-    path = store.path
-    if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(path, name)) for name in os.listdir(path)
-                   if os.path.isfile(os.path.join(path, name)))
-    return os.path.getsize(path)
+    return disk_bytes(store.path)
 
 
 def info(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
@@ -90,10 +86,10 @@ def verify(path: str | os.PathLike, progress: bool = False, *,
                file=sys.stderr, dynamic_ncols=True)
     try:
         store.attach()  # a folder store: its lock keeps the files read below in place
+        decoder = Decoder(store)
         for k, entry in enumerate(store.shards):
-            where = f"shard {k} ({entry.path})"
+            where = shard_name(store, k)
             if remote:
-                where = f"shard {k} ({store.path}/{os.path.basename(entry.path)})"
                 try:
                     store.shard(k)  # downloaded and checked against the manifest's SHA-256
                 except StoreError as exc:
@@ -122,16 +118,9 @@ def verify(path: str | os.PathLike, progress: bool = False, *,
             with shard.reader.records() as get:
                 for local in range(entry.count):
                     try:
-                        buf = get(local)
-                        if zlib.crc32(buf) != int(shard.crc32[local]):
-                            fault(f"{where}, record {local}: CRC32 mismatch (damaged bytes)")
-                            continue
-                        height, width = int(shard.heights[local]), int(shard.widths[local])
-                        # a reused buffer of the indexed size: a header claiming more is refused
-                        codec.decode(buf, store.encoding, height, width, False,
-                                     codec.scratch(height * width * 3))
-                    except (StoreError, codec.RecordDecodeError) as exc:
-                        fault(f"{where}, record {local}: {exc}")
+                        decoder.prove(shard, k, local, get(local))
+                    except StoreError as exc:
+                        fault(str(exc))
                     report.records += 1
                     bar.update(1)
         if not report.faults and store.meta["kind"] == "sharded":  # any number of shards

@@ -20,7 +20,8 @@ construction; a shard is downloaded (once per machine, SHA-256 checked) when a p
 opens it, and released to the cache's LRU eviction when it is closed. Nothing is pinned: a cached
 shard never changes (its folder is keyed by the manifest's SHA-256). When a process opens shard k
 as its first shard, or right after k-1 (reading in order), shard k+1 is downloaded in the
-background; shards opened out of order (a ``ShardSampler`` rank's shuffled run) prefetch nothing.
+background; under a ``ShardSampler``, the sampler instead starts the download of its rank's next
+shard as it hands out the first index of the one before (see :mod:`shardkit.read.sampler`).
 """
 
 from __future__ import annotations
@@ -34,12 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from . import metadata
-from .errors import StoreError
-from .formats import ShardReader, open_reader
-from .formats.base import file_size
-from . import swap
-from .urls import is_url
+from .. import metadata, swap
+from ..errors import StoreError
+from ..fileutil import file_size, sha256_file
+from ..formats import ShardReader, open_reader
+from ..urls import is_url
 
 
 def default_max_open_shards() -> int:
@@ -74,7 +74,7 @@ class OpenShard:
     def __init__(self, entry: ShardEntry, index: int, expect: dict[str, Any],
                  pin: swap.Pin | None = None) -> None:
         if entry.bytes is not None:
-            size = _file_size(entry.path)
+            size = file_size(entry.path)
             if size != entry.bytes:
                 raise StoreError(f"{entry.path}: shard is {size} bytes, manifest says "
                                  f"{entry.bytes} (truncated, replaced or damaged)")
@@ -160,23 +160,18 @@ def checked_array(reader: ShardReader, name: str, desc: dict[str, Any], where: s
     return arr
 
 
-def _file_size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except FileNotFoundError:
-        raise StoreError(f"shard file missing: {path}") from None
-    except OSError as exc:
-        raise StoreError(f"cannot stat {path}: {exc.strerror}") from None
-
-
-def sha256_file(path: str, chunk: int = 8 << 20) -> str:
-    """SHA-256 of a regular file (a FIFO or device is refused: reading it could block)."""
-    file_size(path)
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+def locate_many(starts: np.ndarray, indices: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Global indices -> (shard numbers, indices within those shards), int64 arrays, given each
+    shard's start ``[0, s1, ..., N]``; negative indices count from the end, as in a list."""
+    count = int(starts[-1])
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if len(idx) and (idx.min() < -count or idx.max() >= count):
+        bad = next(i for i in idx.tolist() if not -count <= i < count)
+        raise IndexError(f"index {bad} out of range for a store of {count} records")
+    if len(idx) and idx.min() < 0:
+        idx = np.where(idx < 0, idx + count, idx)
+    shards = np.searchsorted(starts, idx, side="right") - 1
+    return shards, idx - starts[shards]
 
 
 class Store:
@@ -212,6 +207,9 @@ class Store:
         self.encoding: str = self.settings["encoding"]
         self.skipped: list[dict[str, str]] = self.meta.get("skipped", [])
         self.starts = np.array([e.start for e in self.shards] + [self.count], dtype=np.int64)
+        #: A remote store prefetches shard k+1 while reads go k-1, k; a ``ShardSampler`` turns
+        #: this off and prefetches the next shard of its rank's own order instead.
+        self.prefetch_next = True
         self._pid: int | None = None
         self._pin: swap.Pin | None = None
         self._open: OrderedDict[int, OpenShard] = OrderedDict()
@@ -266,7 +264,7 @@ class Store:
 
     def _init_remote(self, cache_dir: str | os.PathLike | None, cache_limit: int | None,
                      storage_options: dict[str, Any] | None) -> None:
-        from .remote import RemoteFolder, ShardCache
+        from ..remote import RemoteFolder, ShardCache
 
         self.cache = cache = ShardCache(RemoteFolder(self.path, storage_options), cache_dir,
                                         cache_limit)
@@ -333,12 +331,12 @@ class Store:
 
     def locate(self, index: int) -> tuple[int, int]:
         """Global record index -> (shard number, index within the shard)."""
-        if not -self.count <= index < self.count:
-            raise IndexError(f"index {index} out of range for a store of {self.count} records")
-        if index < 0:
-            index += self.count
-        k = int(np.searchsorted(self.starts, index, side="right")) - 1
-        return k, index - int(self.starts[k])
+        shards, local = locate_many(self.starts, (index,))
+        return int(shards[0]), int(local[0])
+
+    def locate_many(self, indices: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Global record indices -> (shard numbers, indices within those shards), vectorised."""
+        return locate_many(self.starts, indices)
 
     def _claim(self) -> None:
         """Make this process the owner. Shards inherited over fork are closed (this process's
@@ -404,6 +402,11 @@ class Store:
         self._open[k] = shard
         return shard
 
+    @property
+    def open_shards(self) -> list[int]:
+        """Shards open in this process, least recently used first."""
+        return list(self._open) if self._pid == os.getpid() else []
+
     def _open_cached(self, k: int) -> OpenShard:
         """Shard ``k`` of a remote store: fetched into the cache (in use until closed), opened."""
         self.cache.fetch(k)
@@ -412,10 +415,16 @@ class Store:
         except BaseException:
             self.cache.release(k)
             raise
-        if self._last_opened in (None, k - 1) and k + 1 < len(self.shards):
+        if self.prefetch_next and self._last_opened in (None, k - 1) and k + 1 < len(self.shards):
             self.cache.prefetch(k + 1)
         self._last_opened = k
         return shard
+
+    def prefetch(self, k: int) -> None:
+        """Start downloading shard ``k`` of a remote store into the machine's cache, in the
+        background (a local store: nothing to do)."""
+        if self.cache is not None:
+            self.cache.prefetch(k)
 
     def _close_shard(self, k: int, shard: OpenShard) -> None:
         shard.close()

@@ -82,7 +82,7 @@ READER = textwrap.dedent(r'''
     peak = max(peak, fds() - base)
     out["targets"] = ds.targets.tolist()
     out["peak"] = max(peak, fds() - base)
-    out["open_shards"] = len(ds.store._open)
+    out["open_shards"] = len(ds.store.open_shards)
     out["single"] = [[digest(img), int(label)] for img, label in kept]
     out["batch"] = [[digest(img), int(label)] for img, label in reversed(batch)]
     ds.close()

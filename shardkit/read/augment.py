@@ -25,7 +25,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from . import codec
+from .. import codec
 
 DCT_FACTORS = (8, 4, 2)  # libjpeg-turbo's fast scaled decodes (3/8, 5/8, ... are slower than 1)
 

@@ -20,7 +20,7 @@ import torch
 import shardkit
 from shardkit.bench.sample import make_sample
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_imagenet.py")
 TV_PYTHON = os.environ.get("SHARDKIT_TV_PYTHON") or str(ROOT / ".venv-tv" / "bin" / "python")
 IMAGES, BATCH, RANKS = 32, 4, 2

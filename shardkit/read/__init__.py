@@ -1,0 +1,15 @@
+"""The read side: a packed store opened, located, decoded and served to PyTorch.
+
+- ``store``: a store's metadata and per-process shard handles; ``Store.locate_many`` maps global
+  indices to (shard, index in shard).
+- ``decode``: a record's CRC check and decoding, with errors naming store, shard and record (the
+  one place; ``ShardDataset`` and ``verify`` both use it).
+- ``augment``: crop boxes and flips drawn as torchvision draws them, resized at decode.
+- ``batchpool``: reusable (shared-memory) batch buffers.
+- ``threads``: the ``threads=N`` fan-out of one batch's records.
+- ``dataset``: ``ShardDataset``, ``collate``, ``worker_init_fn`` (orchestration of the above).
+- ``sampler``: ``ShardSampler``, a DistributedSampler whose ranks read whole shards.
+- ``inspect``: ``info`` and ``verify``.
+
+It imports only the core (errors, metadata, swap, urls, remote, codec, formats, fileutil).
+"""

@@ -1,0 +1,84 @@
+"""A stored record checked and decoded: the one place, used by ``ShardDataset`` and ``verify``.
+
+Faults come out as ``StoreError`` naming the store, the shard and the record: a CRC32 that does
+not match the index (the stored bytes are damaged), or bytes that do not decode to the image the
+index describes (``codec.RecordDecodeError``).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import codec
+from ..errors import StoreError
+from . import augment
+
+if TYPE_CHECKING:
+    from .store import OpenShard, Store
+
+
+def shard_name(store: Store, k: int) -> str:
+    """How messages name shard ``k``: its file, or a remote store's object (not the cache copy)."""
+    path = store.shards[k].path
+    if store.cache is not None:
+        path = f"{store.path}/{os.path.basename(path)}"
+    return f"shard {k} ({path})"
+
+
+class Decoder:
+    """Decodes one store's records (``fast``: libjpeg-turbo's fast DCT and upsampling), checking
+    each record's CRC32 first when ``verify``."""
+
+    def __init__(self, store: Store, fast: bool = False, verify: bool = False) -> None:
+        self.store = store
+        self.encoding = store.encoding
+        self.fast = fast
+        self.verify = verify
+
+    def error(self, k: int, local: int, reason: object) -> StoreError:
+        return StoreError(f"{self.store.path}: {shard_name(self.store, k)}, record {local}: "
+                          f"{reason}")
+
+    def check(self, shard: OpenShard, k: int, local: int, buf) -> None:
+        """Raise unless ``buf`` has the CRC32 the index holds for it (always checked)."""
+        if zlib.crc32(buf) != int(shard.crc32[local]):
+            raise self.error(k, local, "checksum mismatch (CRC32): the stored bytes are damaged")
+
+    def image(self, shard: OpenShard, k: int, local: int, buf) -> np.ndarray:
+        """The whole image, HxWx3 uint8, in memory the caller owns."""
+        if self.verify:
+            self.check(shard, k, local, buf)
+        height, width = int(shard.heights[local]), int(shard.widths[local])
+        jpeg = self.encoding == "jpeg"
+        try:
+            # Into memory of the indexed size: a damaged header claiming a huge image is refused
+            # instead of allocated (simplejpeg sizes its own output from the header).
+            img = codec.decode(buf, self.encoding, height, width, self.fast,
+                               np.empty((height, width, 3), np.uint8) if jpeg else None)
+        except codec.RecordDecodeError as exc:
+            raise self.error(k, local, exc) from None
+        return img if jpeg else img.copy()  # a raw record is a view of the transaction's memory
+
+    def into(self, out: np.ndarray, shard: OpenShard, k: int, local: int, buf, height: int,
+             width: int, plan: augment.Plan | None) -> None:
+        """Decode straight into ``out``: ``plan``'s box resized and flipped, else a centre crop."""
+        if self.verify:
+            self.check(shard, k, local, buf)
+        try:
+            augment.decode_into(out, buf, self.encoding, height, width, plan, self.fast)
+        except codec.RecordDecodeError as exc:
+            raise self.error(k, local, exc) from None
+
+    def prove(self, shard: OpenShard, k: int, local: int, buf) -> None:
+        """``verify``'s check: the CRC32, then an exact decode (into a reused buffer)."""
+        self.check(shard, k, local, buf)
+        height, width = int(shard.heights[local]), int(shard.widths[local])
+        try:
+            codec.decode(buf, self.encoding, height, width, False,
+                         codec.scratch(height * width * 3))
+        except codec.RecordDecodeError as exc:
+            raise self.error(k, local, exc) from None
