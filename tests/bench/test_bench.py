@@ -544,8 +544,6 @@ def test_make_sample_varies_images_by_output_folder(tmp_path):
 
 RECIPE = ["recipe-imagefolder", "recipe-transform", "recipe-decode", "random-crop",
           "random-crop/default-collate"]
-TV_PYTHON = os.environ.get("SHARDKIT_TV_PYTHON") or os.path.join(REPO, ".venv-tv", "bin",
-                                                                  "python")
 
 
 @pytest.fixture(scope="module")
@@ -790,20 +788,15 @@ print(json.dumps(result))
 """
 
 
-def test_shardkit_recipe_equals_torchvision_and_bench_uses_torchvision_there(recipe_run, sample,
-                                                                             tmp_path):
+def test_shardkit_recipe_equals_torchvision_and_bench_uses_torchvision_there(tv_python, recipe_run,
+                                                                             sample, tmp_path):
     """In the torchvision environment (.venv-tv): the fallbacks the rows use without torchvision
     give torchvision's pixels (v1 on PIL images for the ImageFolder row, v2 on uint8 tensors for
     the per-sample transform), sample by sample under six seeds; and there the benchmark runs
     torchvision's own transforms, whose per-sample v2 pixels equal the recipe at decode's."""
-    if not os.path.exists(TV_PYTHON):
-        message = f"no torchvision environment at {TV_PYTHON} (scripts/torchvision_venv.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(message + "; CI builds it")
-        pytest.skip(message)
     _, _, work, _ = recipe_run
     out = str(tmp_path / "out")
-    done = subprocess.run([TV_PYTHON, "-c", TV_CHECK, sample, os.path.join(work, "lmdb-jpeg.lmdb"),
+    done = subprocess.run([tv_python, "-c", TV_CHECK, sample, os.path.join(work, "lmdb-jpeg.lmdb"),
                            out, str(tmp_path / "work")], capture_output=True, text=True,
                           timeout=900, env=dict(os.environ, PYTHONPATH=REPO))
     assert done.returncode == 0, done.stderr[-3000:]

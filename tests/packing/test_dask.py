@@ -15,7 +15,7 @@ from shardkit.cli import main as cli_main
 from shardkit.errors import PackError
 from shardkit.read.inspect import verify
 
-from _scaleout import make_tree, manifest, partial_of, shard_digests, store_files
+from helpers.scaleout import make_tree, manifest, partial_of, shard_digests, store_files
 
 distributed = pytest.importorskip("dask.distributed")
 

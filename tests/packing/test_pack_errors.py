@@ -23,7 +23,7 @@ from shardkit import ShardDataset
 from shardkit.errors import PackError
 from shardkit.packing.api import pack
 
-from _scaleout import make_tree, partial_of, shard_digests
+from helpers.scaleout import make_tree, partial_of, shard_digests
 
 
 @pytest.fixture(scope="module")

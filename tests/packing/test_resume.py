@@ -21,7 +21,7 @@ from shardkit.cli import main as cli_main
 from shardkit.errors import StoreError
 from shardkit.read.inspect import verify
 
-from _scaleout import make_tree, manifest, partial_of, store_files
+from helpers.scaleout import make_tree, manifest, partial_of, store_files
 
 BLOCKER = "c1/img005.jpg"  # source 16 + 5 = 21 of 48: inside shard 2 of 6 (8 sources each)
 PACK_ARGS = ["--num-shards", "6", "--size", "32", "-q"]

@@ -9,7 +9,6 @@ rank. A torchvision model runs in the torchvision environment (``.venv-tv``), wh
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,6 @@ from shardkit.bench.sample import make_sample
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_imagenet.py")
-TV_PYTHON = os.environ.get("SHARDKIT_TV_PYTHON") or str(ROOT / ".venv-tv" / "bin" / "python")
 IMAGES, BATCH, RANKS = 32, 4, 2
 STEPS = IMAGES // RANKS // BATCH  # per epoch and rank
 
@@ -94,13 +92,8 @@ def test_trains_two_ranks_then_resumes_mid_epoch_at_the_next_sample(stores, tmp_
     assert (state["epoch"], state["step"], state["sampler"]["consumed"]) == (2, 2 * STEPS, 0)
 
 
-def test_torchvision_model_trains_in_the_torchvision_environment(stores, tmp_path):
-    if not os.path.exists(TV_PYTHON):
-        message = f"no torchvision environment at {TV_PYTHON} (run scripts/torchvision_venv.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(message + "; CI builds it")
-        pytest.skip(message)
-    out = train(stores, tmp_path, "--epochs", "1", python=TV_PYTHON, ranks=1, arch="resnet18")
+def test_torchvision_model_trains_in_the_torchvision_environment(tv_python, stores, tmp_path):
+    out = train(stores, tmp_path, "--epochs", "1", python=tv_python, ranks=1, arch="resnet18")
     assert f"epoch 0 step {IMAGES // BATCH} loss" in out
     assert "epoch 0 val top-1" in out and f"({IMAGES} images)" in out
     assert torch.load(tmp_path / "ck.pt", weights_only=True)["epoch"] == 1

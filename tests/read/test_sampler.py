@@ -18,7 +18,7 @@ import shardkit
 from shardkit import ShardSampler
 from shardkit.cli import main as cli_main
 
-from _scaleout import make_tree
+from helpers.scaleout import make_tree
 
 SIZES = (7, 0, 13, 5, 9, 1, 11, 4)  # uneven shards, one empty
 

@@ -13,7 +13,6 @@ skip, except under CI (env ``CI`` set), where they fail.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -26,20 +25,9 @@ from shardkit import ShardDataset
 from shardkit.bench.sample import make_sample, photo_like
 
 ROOT = Path(__file__).resolve().parents[2]
-TV_PYTHON = os.environ.get("SHARDKIT_TV_PYTHON") or str(ROOT / ".venv-tv" / "bin" / "python")
 PROBE = str(ROOT / "tests" / "read" / "probes" / "tv_parity.py")
 RATIO = [3 / 4, 4 / 3]
 SEEDS = list(range(6))
-
-
-@pytest.fixture(scope="module")
-def tv_python() -> str:
-    if not os.path.exists(TV_PYTHON):
-        message = f"no torchvision environment at {TV_PYTHON} (run scripts/torchvision_venv.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(message + "; CI builds it")
-        pytest.skip(message)
-    return TV_PYTHON
 
 
 @pytest.fixture(scope="module")

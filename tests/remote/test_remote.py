@@ -17,7 +17,7 @@ import pytest
 
 import shardkit
 from helpers import photo_folder
-from s3server import DUMMY_ENV, S3Server
+from helpers.s3server import DUMMY_ENV, S3Server
 from shardkit import metadata
 from shardkit.errors import PackError, StoreError
 from shardkit.remote import (RemoteFolder, ShardCache, Uploader, default_cache_dir,

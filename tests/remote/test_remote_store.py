@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 import shardkit
 import shardkit.remote
 from helpers import one_line_error, photo_folder, run_cli
-from s3server import DUMMY_ENV, S3Server
+from helpers.s3server import DUMMY_ENV, S3Server
 from shardkit import ShardDataset, metadata
 from shardkit.errors import PackError, StoreError
 from shardkit.packing.staging import staging_path

@@ -20,7 +20,7 @@ from shardkit.read.store import Store
 
 from helpers import flip_byte_in_file
 
-from _scaleout import make_tree, manifest, partial_of, sha256, store_files, write_image
+from helpers.scaleout import make_tree, manifest, partial_of, sha256, store_files, write_image
 
 FORMATS = ["lmdb", "hdf5"]
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
