@@ -11,9 +11,7 @@ import os
 import shutil
 import stat
 import uuid
-from typing import Any
 
-from . import metadata
 from .errors import StoreError
 
 # Non-blocking: an open() of a FIFO returns at once instead of waiting for a writer.
@@ -83,10 +81,10 @@ def write_synced(path: str, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def write_json_atomic(path: str, obj: dict[str, Any]) -> None:
-    """Replace ``path`` by ``obj`` as canonical JSON: readers see the old or the new file whole."""
+def replace_atomic(path: str, data: bytes) -> None:
+    """Replace ``path`` by ``data``, synced: readers see the old or the new file whole."""
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"  # unique: several nodes may write one file at once
-    write_synced(tmp, metadata.dumps(obj))
+    write_synced(tmp, data)
     os.replace(tmp, path)
 
 
@@ -118,15 +116,3 @@ def remove(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         unlink(path)
-
-
-def disk_bytes(path: str) -> int:
-    """Bytes of a local store's files: the file of a single-file store; the manifest and the
-    files it names for a folder store (not leftovers such as shards still held by old readers)."""
-    if not os.path.isdir(path):
-        return file_size(path)
-    manifest = os.path.join(path, metadata.MANIFEST_NAME)
-    with open(manifest, "rb") as f:
-        meta = metadata.parse_manifest(f.read(), manifest)
-    names = [e["file"] for e in meta["shards"]] + [meta["labels"]["file"]]
-    return file_size(manifest) + sum(file_size(os.path.join(path, n)) for n in names)

@@ -9,7 +9,8 @@ import pytest
 from helpers import photo_folder
 
 import shardkit
-from shardkit import fileutil
+from shardkit import fileutil, metadata
+from shardkit.read.store import disk_bytes
 from shardkit.errors import StoreError
 
 
@@ -35,7 +36,7 @@ def test_bytes_on_disk_counts_the_store_not_files_kept_for_old_readers(tmp_path)
         ours = manifest_files(out)
         assert set(ours) < present  # leftovers are really there
         expected = sum(os.path.getsize(os.path.join(out, n)) for n in ours)
-        assert fileutil.disk_bytes(out) == expected
+        assert disk_bytes(out) == expected
         assert shardkit.info(out)["bytes_on_disk"] == expected
     finally:
         old.close()
@@ -46,7 +47,7 @@ def test_disk_bytes_of_a_single_file_store(tmp_path):
     photo_folder(src, count=6, classes=2, seed=3)
     out = str(tmp_path / "one.store")
     shardkit.pack(src, out, workers=1, progress=False)
-    assert fileutil.disk_bytes(out) == os.path.getsize(out) == shardkit.info(out)["bytes_on_disk"]
+    assert disk_bytes(out) == os.path.getsize(out) == shardkit.info(out)["bytes_on_disk"]
 
 
 def test_fifos_are_refused_before_any_read(tmp_path):
@@ -62,10 +63,10 @@ def test_fifos_are_refused_before_any_read(tmp_path):
         fileutil.file_size(str(tmp_path / "missing"))
 
 
-def test_write_json_atomic_replaces_whole_and_leaves_nothing_behind(tmp_path):
+def test_replace_atomic_replaces_whole_and_leaves_nothing_behind(tmp_path):
     path = str(tmp_path / "plan.json")
-    fileutil.write_json_atomic(path, {"b": 1, "a": [1, 2]})
-    fileutil.write_json_atomic(path, {"z": "é", "a": 2})
+    fileutil.replace_atomic(path, metadata.dumps({"b": 1, "a": [1, 2]}))
+    fileutil.replace_atomic(path, metadata.dumps({"z": "é", "a": 2}))
     with open(path, "rb") as f:
         assert f.read() == b'{"a": 2, "z": "\\u00e9"}'  # canonical: sorted keys, ASCII
     assert os.listdir(tmp_path) == ["plan.json"]

@@ -53,7 +53,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..codec import ENCODINGS
-from ..fileutil import disk_bytes
+from ..read.store import disk_bytes
 from ..packing.workers import default_workers
 from . import recommend
 from .ceiling import decode_ceiling

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .. import pack
-from ..fileutil import disk_bytes
+from ..read.store import disk_bytes
 from . import pack as packfigures
 from .machine import log
 from .systems import SIZE, STORE_SYSTEMS, store_of, store_path

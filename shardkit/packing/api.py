@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from .. import metadata
 from ..errors import Interrupted, PackError
-from ..fileutil import remove, write_json_atomic
+from ..fileutil import remove, replace_atomic
 from ..formats import format_for_path
 from ..urls import is_url
 from .imaging import PILLOW_PIXEL_LIMIT
@@ -183,7 +183,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     def on_done(k: int, entry: dict[str, Any]) -> None:
         if uploader is not None and "labels" not in entry:  # not uploaded by a Dask worker
             entry = upload_shard(uploader, dest[k], entry)
-        write_json_atomic(entry_path(partial, k), entry | {"plan_id": plan_id})
+        replace_atomic(entry_path(partial, k), metadata.dumps(entry | {"plan_id": plan_id}))
 
     kept = f"uploaded shards kept in {out}" if remote else f"finished shards kept in {partial}"
     try:

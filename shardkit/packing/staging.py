@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import metadata
 from ..errors import PackError
-from ..fileutil import fsync_dir, remove, sha256_file, write_json_atomic
+from ..fileutil import fsync_dir, remove, replace_atomic, sha256_file
 from ..formats import open_reader
 from .plan import Plan
 from .writer import remove_store_files
@@ -95,9 +95,9 @@ def prepare_partial(partial: str, plan: Plan, plan_id: str, resume: bool,
         remove(entry_path(partial, k))
     remove_store_files((os.path.join(partial, plan.shard_file(k)) for k in redo),
                        plan.settings.format)
-    write_json_atomic(plan_file, {"plan_id": plan_id, "num_shards": plan.num_shards,
-                                   "count_sources": len(plan.paths),
-                                   "discovery_skipped": plan.discovery_skipped})
+    replace_atomic(plan_file, metadata.dumps({"plan_id": plan_id, "num_shards": plan.num_shards,
+                                              "count_sources": len(plan.paths),
+                                              "discovery_skipped": plan.discovery_skipped}))
     return done
 
 
@@ -163,7 +163,7 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
                          "shards": shard_list,
                          "labels": {"file": "labels.npy", "sha256": sha256_file(labels_path)}}
     manifest = metadata.seal(manifest)
-    write_json_atomic(os.path.join(partial, metadata.MANIFEST_NAME), manifest)
+    replace_atomic(os.path.join(partial, metadata.MANIFEST_NAME), metadata.dumps(manifest))
     if publish is not None:
         publish(partial)
     for k in range(num_shards):

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreError
-from ..fileutil import disk_bytes, sha256_file
+from ..fileutil import sha256_file
 from ..urls import is_url
 from .decode import Decoder, shard_name
-from .store import Store
+from .store import Store, disk_bytes
 
 MAX_FAULTS = 100
 

@@ -462,3 +462,15 @@ class Store:
 
     def __len__(self) -> int:
         return self.count
+
+
+def disk_bytes(path: str) -> int:
+    """Bytes of a local store's files: the file of a single-file store; the manifest and the
+    files it names for a folder store (not leftovers such as shards still held by old readers)."""
+    if not os.path.isdir(path):
+        return file_size(path)
+    manifest = os.path.join(path, metadata.MANIFEST_NAME)
+    with open(manifest, "rb") as f:
+        meta = metadata.parse_manifest(f.read(), manifest)
+    names = [e["file"] for e in meta["shards"]] + [meta["labels"]["file"]]
+    return file_size(manifest) + sum(file_size(os.path.join(path, n)) for n in names)
