@@ -7,13 +7,16 @@ pixels themselves, for decode-free loading at the price of about 10x the disk sp
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import threading
 
 import numpy as np
 import simplejpeg
 
 ENCODINGS: tuple[str, ...] = ("jpeg", "raw")
-CROP_MODES: tuple[str, ...] = ("center", "random", "random_resized")
+CropMode = Literal["center", "random", "random_resized"]
+CROP_MODES: tuple[str, ...] = get_args(CropMode)
 
 
 class RecordDecodeError(ValueError):

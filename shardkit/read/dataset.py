@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import gc
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence, get_args
 
 import numpy as np
 import torch
@@ -24,7 +24,8 @@ from .decode import Decoder
 from .store import OpenShard, Store
 from .threads import Fanout
 
-OUTPUTS: tuple[str, ...] = ("tensor", "numpy", "pil", "bytes")
+Output = Literal["tensor", "numpy", "pil", "bytes"]
+OUTPUTS: tuple[str, ...] = get_args(Output)
 
 
 class Batch(list):
@@ -109,8 +110,8 @@ class ShardDataset(Dataset):
     """
 
     def __init__(self, path: str | os.PathLike, transform: Callable | None = None,
-                 target_transform: Callable | None = None, output: str = "tensor",
-                 crop: int | None = None, crop_mode: str = "center", threads: int = 0,
+                 target_transform: Callable | None = None, output: Output = "tensor",
+                 crop: int | None = None, crop_mode: codec.CropMode = "center", threads: int = 0,
                  verify: bool = False, fast_decode: bool = False,
                  max_open_shards: int | None = None,
                  scale: Sequence[float] = (0.08, 1.0),
