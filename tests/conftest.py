@@ -1,13 +1,13 @@
 """Shared fixtures: generated source folders and stores packed from them, made once per session.
 
-The plain functions behind them live in ``tests/helpers.py`` so other test modules (and scripts)
-can call them directly.
+The plain functions behind them live in the ``helpers`` package (tests/helpers/), so other test
+modules (and scripts) can call them directly.
 """
 
 from __future__ import annotations
 
 import pytest
-from helpers import QuirkyFolder, make_quirky_folder, photo_folder
+from helpers import QuirkyFolder, image_tree, make_quirky_folder
 
 from shardkit.codec import ENCODINGS
 from shardkit.formats import FORMATS
@@ -52,7 +52,7 @@ def quirky_store(request, pack_quirky) -> str:
 def photo_src(tmp_path_factory) -> tuple[str, list[tuple[str, int]]]:
     """(root, [(relpath, label)]) of 64 distinct small photo-like JPEGs in 4 classes."""
     root = str(tmp_path_factory.mktemp("photos") / "src")
-    return root, photo_folder(root, count=64, classes=4, seed=1)
+    return root, image_tree(root, classes=4, per_class=16, seed=1)
 
 
 @pytest.fixture(scope="session")

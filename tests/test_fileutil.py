@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from helpers import photo_folder
+from helpers import image_tree
 
 import shardkit
 from shardkit import fileutil, metadata
@@ -24,8 +24,8 @@ def test_bytes_on_disk_counts_the_store_not_files_kept_for_old_readers(tmp_path)
     """After ``pack --overwrite`` under a reader, the old shards stay beside the new ones until
     that reader closes; ``info`` reports the store's own files, as it does for a fresh pack."""
     src_a, src_b = str(tmp_path / "a"), str(tmp_path / "b")
-    photo_folder(src_a, count=12, classes=2, seed=1)
-    photo_folder(src_b, count=20, classes=2, seed=2)
+    image_tree(src_a, classes=2, per_class=6, seed=1)
+    image_tree(src_b, classes=2, per_class=10, seed=2)
     out = str(tmp_path / "store")
     shardkit.pack(src_a, out, num_shards=2, workers=1, progress=False)
     old = shardkit.ShardDataset(out)
@@ -44,7 +44,7 @@ def test_bytes_on_disk_counts_the_store_not_files_kept_for_old_readers(tmp_path)
 
 def test_disk_bytes_of_a_single_file_store(tmp_path):
     src = str(tmp_path / "src")
-    photo_folder(src, count=6, classes=2, seed=3)
+    image_tree(src, classes=2, per_class=3, seed=3)
     out = str(tmp_path / "one.store")
     shardkit.pack(src, out, workers=1, progress=False)
     assert disk_bytes(out) == os.path.getsize(out) == shardkit.info(out)["bytes_on_disk"]

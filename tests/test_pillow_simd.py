@@ -8,34 +8,13 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import run_program
 from PIL import Image
-
-
-PROBE = r"""
-import hashlib, importlib.metadata as md, json, sys
-import PIL, shardkit
-from shardkit import ShardDataset
-names = {d.metadata["Name"].lower() for d in md.distributions()}
-src, out, encoding = sys.argv[1:4]
-result = shardkit.pack(src, out, workers=2, progress=False, encoding=encoding)
-ds = ShardDataset(out, output="numpy")
-items = [ds[i] for i in range(len(ds))]
-print(json.dumps({
-    "pil_version": PIL.__version__,
-    "dists": sorted(names & {"pillow", "pillow-simd"}),
-    "count": result.count,
-    "skipped": sorted(s["path"][len(src):] for s in result.skipped),
-    "labels": [int(label) for _, label in items],
-    "sources": [ds.source_path(i) for i in range(len(ds))],
-    "digests": [hashlib.sha256(img.tobytes()).hexdigest() for img, _ in items],
-}))
-"""
 
 
 def _make_folder(root: Path) -> None:
@@ -73,8 +52,8 @@ def _make_folder(root: Path) -> None:
 
 
 def _run(python: str, src: Path, out: Path, encoding: str) -> dict:
-    proc = subprocess.run([python, "-c", PROBE, str(src), str(out), encoding],
-                          capture_output=True, text=True, timeout=300)
+    proc = run_program("simd_probe", str(src), str(out), encoding, python=python,
+                       capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import run_program
 from PIL import Image
 from torch.utils.data import DataLoader
 
@@ -59,53 +60,11 @@ def _batches(store: str) -> tuple[list[str], list[int]]:
     return digests, labels
 
 
-# Runs under the torchvision environment's interpreter; prints one JSON line.
-PROBE = r"""
-import hashlib, importlib.metadata as md, json, sys
-import numpy as np, torch, torchvision
-from torch.utils.data import DataLoader
-from torchvision import datasets
-from torchvision.transforms import v2
-import shardkit
-from shardkit import ShardDataset
-
-src, out, crop, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-digest = lambda a: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
-result = shardkit.pack(src, out, workers=2, progress=False)
-raw = ShardDataset(out, output="bytes")
-loader = DataLoader(ShardDataset(out, crop=crop), batch_size=batch, num_workers=2,
-                    collate_fn=shardkit.collate, worker_init_fn=shardkit.worker_init_fn)
-batches, labels = [], []
-for images, targets in loader:
-    batches.append(digest(images.numpy()))
-    labels += targets.tolist()
-flip = ShardDataset(out, transform=v2.Compose([v2.CenterCrop(crop),
-                                                v2.RandomHorizontalFlip(p=1.0)]))
-flipped = [flip[i] for i in range(len(flip))]
-to_float = ShardDataset(out, transform=v2.ToDtype(torch.float32, scale=True))
-floats = [to_float[i][0] for i in range(len(to_float))]
-plain = ShardDataset(out)
-folder = datasets.ImageFolder(src)
-print(json.dumps({
-    "torch": torch.__version__, "torchvision": torchvision.__version__,
-    "shardkit_requires": [r for r in md.requires("shardkit") if r.startswith("torch")],
-    "count": result.count,
-    "records": [hashlib.sha256(raw[i][0]).hexdigest() for i in range(len(raw))],
-    "batches": batches, "labels": labels,
-    "flipped": [digest(img.numpy()) for img, _ in flipped],
-    "flipped_labels": [label for _, label in flipped],
-    "floats": [[str(x.dtype), digest(x.numpy())] for x in floats],
-    "imagefolder": [[p[len(src) + 1:], t] for p, t in folder.samples],
-    "sources": [[plain.source_path(i), int(plain.targets[i])] for i in range(len(plain))],
-}))
-"""
-
-
 def test_shardkit_in_the_torchvision_env_matches_this_torch(tv_python, src, tmp_path):
     """Same records, batches and labels under torch 2.14 (+torchvision) as under this torch;
     torchvision's v2 transforms take ShardDataset's tensors."""
-    proc = subprocess.run([tv_python, "-c", PROBE, str(src), str(tmp_path / "tv.lmdb"), str(CROP),
-                           str(BATCH)], capture_output=True, text=True, timeout=300)
+    proc = run_program("tv_probe", str(src), str(tmp_path / "tv.lmdb"), str(CROP), str(BATCH),
+                       python=tv_python, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     tv = json.loads(proc.stdout.strip().splitlines()[-1])
     # The install kept the environment's torch, and torchvision imports against it.

@@ -30,6 +30,7 @@ import PIL
 import pytest
 import simplejpeg
 import torch
+from helpers import run_program
 from torch.utils.data import DataLoader
 
 from shardkit import ShardDataset, collate, worker_init_fn
@@ -728,7 +729,7 @@ def test_recommend_picks_the_recipe_at_decode_when_fastest(recipe_run):
     assert loader.collate_fn is collate and loader.worker_init_fn is worker_init_fn
     ds = loader.dataset
     assert (ds.crop, ds.crop_mode, ds.flip, ds.fast_decode) == (224, "random_resized", 0.5, True)
-    assert scope["normalize"] is __import__("shardkit").augment.normalize
+    assert scope["normalize"] is __import__("shardkit").normalize
     images, labels = next(iter(loader))
     assert images.shape == (40, 3, 224, 224) and images.dtype == torch.uint8 and len(labels) == 40
     del images, labels
@@ -752,42 +753,6 @@ def test_shardkit_exports_normalize():
     assert shardkit.normalize is augment.normalize and "normalize" in shardkit.__all__
 
 
-TV_CHECK = r"""
-import contextlib, io, json, sys, torch
-from shardkit import ShardDataset
-from shardkit import bench
-from shardkit.bench import systems
-
-root, store, out, work = sys.argv[1:]
-result = {"version": systems.torchvision_version()}
-pairs = {"imagefolder": (systems.recipe_baseline(root, True)[0],
-                         systems.recipe_baseline(root, False)[0]),
-         "transform": (systems.recipe_transform(True)[0], systems.recipe_transform(False)[0])}
-full = ShardDataset(store)
-for name, (tv, ours) in pairs.items():
-    samples = differing = 0
-    for seed in range(6):
-        got = []
-        for impl in (tv, ours):
-            torch.manual_seed(seed)
-            if name == "imagefolder":
-                got.append([impl[i] for i in range(len(impl))])
-            else:
-                got.append([(impl(full[i][0]), full[i][1]) for i in range(len(full))])
-        for (a, la), (b, lb) in zip(*got):
-            samples += 1
-            differing += not (la == lb and a.dtype == b.dtype == torch.uint8
-                              and a.shape == b.shape == (3, 224, 224) and torch.equal(a, b))
-    result[name] = [samples, differing]
-with contextlib.redirect_stdout(io.StringIO()):
-    result["rc"] = bench.main([root, "--systems", "recipe-imagefolder,recipe-transform,"
-                                   "recipe-decode", "--recipe-workers", "2", "--epochs", "1",
-                                   "--min-seconds", "0", "--pack-workers", "0",
-                                   "--no-pack-figures", "--out-dir", out, "--work-dir", work])
-print(json.dumps(result))
-"""
-
-
 def test_shardkit_recipe_equals_torchvision_and_bench_uses_torchvision_there(tv_python, recipe_run,
                                                                              sample, tmp_path):
     """In the torchvision environment (.venv-tv): the fallbacks the rows use without torchvision
@@ -796,9 +761,9 @@ def test_shardkit_recipe_equals_torchvision_and_bench_uses_torchvision_there(tv_
     torchvision's own transforms, whose per-sample v2 pixels equal the recipe at decode's."""
     _, _, work, _ = recipe_run
     out = str(tmp_path / "out")
-    done = subprocess.run([tv_python, "-c", TV_CHECK, sample, os.path.join(work, "lmdb-jpeg.lmdb"),
-                           out, str(tmp_path / "work")], capture_output=True, text=True,
-                          timeout=900, env=dict(os.environ, PYTHONPATH=REPO))
+    done = run_program("tv_recipe_check", sample, os.path.join(work, "lmdb-jpeg.lmdb"), out,
+                       str(tmp_path / "work"), python=tv_python, env={"PYTHONPATH": REPO},
+                       capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["version"] and result["rc"] == 0

@@ -303,24 +303,35 @@ def region_mean(img: np.ndarray, region: Region) -> np.ndarray:
     return img[ys:ye, xs:xe].reshape(-1, 3).astype(np.float64).mean(axis=0)
 
 
-# -- a folder of distinct photo-like images -------------------------------------------------------
+# -- an ImageFolder tree of distinct photo-like images --------------------------------------------
 
-def photo_folder(root: str, count: int = 64, classes: int = 4, seed: int = 0,
-                 min_side: int = 24, max_side: int = 80, quality: int = 90
-                 ) -> list[tuple[str, int]]:
-    """Write ``count`` distinct noise JPEGs into ``classes`` class folders (round robin).
+def random_photo(rng: np.random.Generator, sides: tuple[int, int] = (24, 80)) -> np.ndarray:
+    """An HxWx3 ``noise`` image, each side drawn from ``sides`` (inclusive)."""
+    h, w = (int(v) for v in rng.integers(sides[0], sides[1] + 1, size=2))
+    return noise(rng, h, w)
 
-    Returns ``(relpath, label)`` in ImageFolder order. Every image differs from every other, so a
-    record's bytes or pixels identify it.
+
+def image_tree(root: str, classes: int = 4, per_class: int = 16, seed: int = 0, *, pngs: int = 0,
+               sides: tuple[int, int] = (24, 80), quality: int = 90) -> list[tuple[str, int]]:
+    """Write the ImageFolder tree ``root/c<k>/img<i:03d>.jpg`` of distinct ``random_photo`` JPEGs;
+    return ``(relpath, label)`` in ImageFolder order.
+
+    Every image differs from every other, so a record's bytes or pixels identify it; the same
+    arguments write the same bytes. Images are drawn class by class in turn (image 0 of every
+    class, then image 1, ...). The last ``pngs`` images of each class are PNGs (``.png``).
     """
     rng = np.random.default_rng(seed)
-    names = [f"class{c:02d}" for c in range(classes)]
     out = []
-    for i in range(count):
-        label = i % classes
-        h, w = (int(v) for v in rng.integers(min_side, max_side + 1, size=2))
-        rel = os.path.join(names[label], f"img{i:06d}.jpg")
-        write_bytes(os.path.join(root, rel), jpeg_bytes(noise(rng, h, w), quality=quality))
+    for i in range(classes * per_class):
+        label, k = i % classes, i // classes
+        png = k >= per_class - pngs
+        rel = os.path.join(f"c{label}", f"img{k:03d}.{'png' if png else 'jpg'}")
+        path = os.path.join(root, rel)
+        arr = random_photo(rng, sides)
+        if png:
+            save(Image.fromarray(arr), path, "PNG")
+        else:
+            write_bytes(path, jpeg_bytes(arr, quality=quality))
         out.append((rel, label))
     return sorted(out, key=lambda t: (t[1], t[0]))
 
@@ -352,6 +363,28 @@ def build_store_fast(out: str, count: int, fmt: str | None = None, classes: int 
 
 
 # -- processes ------------------------------------------------------------------------------------
+
+#: The tests folder: on a child's PYTHONPATH, ``helpers.programs.NAME`` imports in any interpreter.
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def program_env(env: dict | None = None) -> dict:
+    """``os.environ`` updated with ``env``, the tests folder first on ``PYTHONPATH``."""
+    full = dict(os.environ, **(env or {}))
+    full["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, full.get("PYTHONPATH")) if p)
+    return full
+
+
+def program_cmd(name: str, python: str = sys.executable) -> list[str]:
+    """The command running ``tests/helpers/programs/NAME.py`` (pass ``env=program_env()``)."""
+    return [python, "-m", f"helpers.programs.{name}"]
+
+
+def run_program(name: str, *args: str, python: str = sys.executable, env: dict | None = None,
+                **kw) -> subprocess.CompletedProcess:
+    """``subprocess.run`` of the program ``name`` with ``args``, under ``python``."""
+    return subprocess.run([*program_cmd(name, python), *args], env=program_env(env), **kw)
+
 
 def run_cli(*args: str, timeout: float = 120, cwd: str | None = None,
             env: dict | None = None) -> subprocess.CompletedProcess:

@@ -1,5 +1,5 @@
 """Damaged-store tests' tools: small real stores of every format, and a child process that reads
-stores and reports, per store, what a user would get (``damaged_reader.py``)."""
+stores and reports, per store, what a user would get (``helpers.programs.damaged_reader``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import numpy as np
 from PIL import Image
@@ -16,8 +15,9 @@ import shardkit
 from shardkit.codec import ENCODINGS
 from shardkit.formats import FORMATS
 
+from helpers import run_program
+
 CASE_TIMEOUT = 20  # seconds per store within a batch before the child counts as hung
-READER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "damaged_reader.py")
 
 
 def run_batch(paths: list[str], tmp: str) -> tuple[dict[str, dict], dict[str, str]]:
@@ -31,9 +31,9 @@ def run_batch(paths: list[str], tmp: str) -> tuple[dict[str, dict], dict[str, st
     pending = list(paths)
     while pending:
         try:
-            proc = subprocess.run([sys.executable, READER, str(CASE_TIMEOUT)],
-                                  input="\n".join(pending) + "\n", capture_output=True,
-                                  text=True, timeout=60 + CASE_TIMEOUT * len(pending))
+            proc = run_program("damaged_reader", str(CASE_TIMEOUT),
+                               input="\n".join(pending) + "\n", capture_output=True,
+                               text=True, timeout=60 + CASE_TIMEOUT * len(pending))
             stdout, how = proc.stdout, proc.returncode
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout or b""

@@ -15,7 +15,6 @@ import io
 import json
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 import zlib
@@ -28,33 +27,16 @@ from PIL import Image, ImageFile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # helpers, as a script
 
-from helpers import noise  # noqa: E402
+from helpers import noise, run_program  # noqa: E402
 from shardkit.errors import PackError  # noqa: E402
 from shardkit.packing.imaging import ImageRejected, load_rgb  # noqa: E402
 from shardkit.packing.api import pack  # noqa: E402
 
-# ImageFolder's loader (torchvision.datasets.folder.pil_loader), run in a fresh interpreter that
-# never imports shardkit: Pillow's defaults, whatever the calling process has changed.
-IMAGEFOLDER_LOADER = r"""
-import json, sys
-from PIL import Image
-verdicts = []
-for path in json.load(sys.stdin):
-    try:
-        with open(path, "rb") as f:
-            img = Image.open(f)
-            img.convert("RGB")
-        verdicts.append(None)
-    except Exception as exc:
-        verdicts.append(f"{type(exc).__name__}: {exc}")
-print(json.dumps(verdicts))
-"""
-
-
 def imagefolder_verdicts(paths: list[str]) -> list[str | None]:
-    """None where ImageFolder's loader accepts the file, else its error."""
-    proc = subprocess.run([sys.executable, "-c", IMAGEFOLDER_LOADER], input=json.dumps(paths),
-                          capture_output=True, text=True, timeout=600)
+    """None where ImageFolder's loader accepts the file, else its error (in a fresh interpreter:
+    Pillow's defaults, whatever this process has changed)."""
+    proc = run_program("imagefolder_loader", input=json.dumps(paths), capture_output=True,
+                       text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)
 
@@ -377,31 +359,6 @@ def tiff_bomb(width: int, height: int, tile: int) -> bytes:
     return b"".join(out + [struct.pack("<I", 0), struct.pack("<HHH", 8, 8, 8), data])
 
 
-# A child process: load_rgb on each (file, max_pixels); the peak RSS growth while decoding it
-# (VmHWM, reset before each through clear_refs). The address space is capped so that a
-# regression fails the test rather than the machine.
-BOMB_PROBE = r"""
-import json, re, resource, sys
-from shardkit.packing.imaging import ImageRejected, load_rgb
-status = lambda key: int(re.search(key + r":\s+(\d+)", open("/proc/self/status").read()).group(1))
-cap = status("VmSize") * 1024 + (2 << 30)
-resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-out = []
-for path, max_pixels in json.load(sys.stdin):
-    data = open(path, "rb").read()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # peak RSS := current RSS
-    base = status("VmRSS")
-    try:
-        load_rgb(data, 256, max_pixels)
-        reason = None
-    except ImageRejected as exc:
-        reason = str(exc)
-    out.append([reason, status("VmHWM") - base])
-print(json.dumps(out))
-"""
-
-
 def test_sub_image_and_tile_bombs_are_refused_without_growing_memory(tmp_path):
     """Icons whose embedded PNG declares 400 Mpixel (4000 rows of it really inflate: 320 MB of
     pixels) and TIFFs declaring billions of pixels by size or by tile: refused as ImageFolder
@@ -414,8 +371,8 @@ def test_sub_image_and_tile_bombs_are_refused_without_growing_memory(tmp_path):
     assert all(v is not None for v in imagefolder_verdicts(paths))
     runs = [(path, max_pixels) for path in paths
             for max_pixels in (178_956_970, 0, 10**12)]  # default, "no limit", above Pillow's
-    proc = subprocess.run([sys.executable, "-c", BOMB_PROBE], input=json.dumps(runs),
-                          capture_output=True, text=True, timeout=300)
+    proc = run_program("bomb_probe", input=json.dumps(runs), capture_output=True, text=True,
+                       timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for (path, max_pixels), (reason, growth_kb) in zip(runs, json.loads(proc.stdout)):
         assert reason is not None, (path, max_pixels)
@@ -430,14 +387,8 @@ def test_importing_shardkit_leaves_pillow_limits_alone(tmp_path):
     big = tmp_path / "big.jpg"
     big.write_bytes(simplejpeg.encode_jpeg(np.zeros((10_000, 10_000, 3), np.uint8), quality=50,
                                            colorsubsampling="420"))
-    code = ("import sys, warnings; from PIL import Image, ImageFile; import shardkit, "
-            "shardkit.packing.api, shardkit.packing.imaging; "
-            "assert Image.MAX_IMAGE_PIXELS == 89_478_485, Image.MAX_IMAGE_PIXELS; "
-            "assert ImageFile.LOAD_TRUNCATED_IMAGES is False; "
-            "warnings.simplefilter('error'); "
-            "print(shardkit.packing.imaging.load_rgb(open(sys.argv[1], 'rb').read(), 256).shape)")
-    proc = subprocess.run([sys.executable, "-c", code, str(big)], capture_output=True, text=True,
-                          timeout=300)
+    proc = run_program("pillow_defaults_load", str(big), capture_output=True, text=True,
+                       timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "(256, 256, 3)"
 

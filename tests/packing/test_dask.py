@@ -15,7 +15,8 @@ from shardkit.cli import main as cli_main
 from shardkit.errors import PackError
 from shardkit.read.inspect import verify
 
-from helpers.scaleout import make_tree, manifest, partial_of, shard_digests, store_files
+from helpers import image_tree, run_program
+from helpers.scaleout import manifest, partial_of, shard_digests, store_files
 
 distributed = pytest.importorskip("dask.distributed")
 
@@ -25,7 +26,7 @@ ARGS = ["--num-shards", "5", "--size", "32", "-q"]
 @pytest.fixture(scope="module")
 def src(tmp_path_factory) -> str:
     root = str(tmp_path_factory.mktemp("src"))
-    make_tree(root, classes=3, per_class=10, seed=3)
+    image_tree(root, classes=3, per_class=10, seed=3, pngs=1)
     return root
 
 
@@ -74,7 +75,7 @@ def test_dask_scheduler_address(src, local, cluster, tmp_path):
 
 def test_dask_strict_failure_keeps_finished_shards(src, cluster, tmp_path):
     bad_src = str(tmp_path / "src")
-    make_tree(bad_src, classes=3, per_class=10, seed=3)
+    image_tree(bad_src, classes=3, per_class=10, seed=3, pngs=1)
     with open(os.path.join(bad_src, "c2", "img004.jpg"), "wb") as f:
         f.write(b"\xff\xd8\xff not a jpeg")
     out = str(tmp_path / "out")
@@ -92,12 +93,8 @@ def test_dask_strict_failure_keeps_finished_shards(src, cluster, tmp_path):
 
 
 def test_dask_not_installed_message(src, tmp_path):
-    code = ("import sys; sys.modules['dask'] = None; sys.modules['dask.distributed'] = None\n"
-            "from shardkit.cli import main\n"
-            f"sys.exit(main(['pack', {src!r}, {str(tmp_path / 'o')!r}, '--num-shards', '2', "
-            "'--engine', 'dask', '-q']))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    proc = run_program("cli_without_dask", "pack", src, str(tmp_path / "o"), "--num-shards", "2",
+                       "--engine", "dask", "-q", capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "pip install 'dask[distributed]'" in proc.stderr and "Traceback" not in proc.stderr
 

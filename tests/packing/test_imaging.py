@@ -9,8 +9,6 @@ from __future__ import annotations
 import io
 import os
 import struct
-import subprocess
-import sys
 import threading
 import zlib
 
@@ -19,7 +17,7 @@ import pytest
 import simplejpeg
 from PIL import Image, ImageOps
 
-from helpers import all_records, jpeg_bytes, noise, write_bytes
+from helpers import all_records, jpeg_bytes, noise, run_program, write_bytes
 from shardkit.packing.imaging import ImageRejected, decode_rgb, load_rgb
 from shardkit.packing.api import pack
 from shardkit.packing.settings import PackSettings
@@ -254,10 +252,7 @@ def test_pack_with_another_thread_running_spawns_workers_and_same_records(tmp_pa
         write_bytes(str(src / f"c{i % 2}" / f"{i}.jpg"), jpeg_bytes(noise(rng, 300, 420), 90))
     plain = str(tmp_path / "plain.lmdb")
     # A fresh single-threaded process packs with fork.
-    script = ("import sys; from shardkit.packing.api import pack; from shardkit.packing.workers import start_method; "
-              "assert start_method() == 'fork'; pack(sys.argv[1], sys.argv[2], workers=2, "
-              "progress=False)")
-    subprocess.run([sys.executable, "-c", script, str(src), plain], check=True, timeout=120)
+    run_program("fork_pack", str(src), plain, check=True, timeout=120)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, daemon=True)
     other.start()

@@ -15,8 +15,8 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from helpers import (all_records, jpeg_bytes, noise, region_mean, resized_shape, sources_of,
-                     write_bytes)
+from helpers import (all_records, jpeg_bytes, noise, program_cmd, program_env, region_mean,
+                     resized_shape, run_program, sources_of, write_bytes)
 from shardkit import ShardDataset
 from shardkit.errors import PackError
 from shardkit.formats import detect_format
@@ -170,8 +170,7 @@ def test_overwrite_replaces_a_folder(photo_src, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["out.h5"]
 
 
-BLOCKING_PACK = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_blocking_pack.py"),
-                 "pack"]
+BLOCKING_PACK = [*program_cmd("blocking_pack"), "pack"]
 
 
 def _frozen_source(tmp_path) -> str:
@@ -184,8 +183,9 @@ def _frozen_source(tmp_path) -> str:
 
 
 def _frozen_env(tmp_path) -> dict[str, str]:
-    return dict(os.environ, SHARDKIT_TEST_BLOCK=os.path.join("a", "1.jpg"),
-                SHARDKIT_TEST_EVENTS=f"{tmp_path}.events")  # beside tmp_path: its listing is checked
+    return program_env({"SHARDKIT_TEST_BLOCK": os.path.join("a", "1.jpg"),
+                        # beside tmp_path: its listing is checked
+                        "SHARDKIT_TEST_EVENTS": f"{tmp_path}.events"})
 
 
 def _wait_for(partial: str, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -272,15 +272,8 @@ def test_12000px_jpeg_packs_cheaply(huge_src, tmp_path):
     """144 Mpixel (below Pillow's limit) must pack, via DCT-scaled decoding: far less memory than
     the 432 MB a full decode needs (the scale itself is asserted in test_imaging)."""
     out = str(tmp_path / "o.lmdb")
-    # VmHWM is this process image's peak RSS; ru_maxrss would carry over the (large) pytest
-    # parent's RSS through fork+exec. The baseline is taken once the resize kernel (torch) is
-    # loaded, so only what packing adds is counted.
-    code = ("import re, json; from shardkit.packing import resize; from shardkit.packing.api import pack; "
-            "resize.prepare(); status = lambda key: int(re.search(key + r':\\s+(\\d+)', "
-            "open('/proc/self/status').read()).group(1)); base = status('VmRSS'); "
-            f"r = pack({huge_src!r}, {out!r}, workers=1, progress=False); "
-            "print(json.dumps([r.count, status('VmHWM') - base]))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = run_program("pack_rss_growth", huge_src, out, capture_output=True, text=True,
+                       timeout=120)
     assert proc.returncode == 0, proc.stderr
     count, growth_kb = json.loads(proc.stdout)
     assert count == 2

@@ -12,24 +12,23 @@ import shlex
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 
 import numpy as np
 import pytest
 
-from helpers import all_records, one_line_error, run_cli
+from helpers import all_records, image_tree, one_line_error, program_cmd, program_env, run_cli
 from shardkit import ShardDataset
 from shardkit.errors import PackError
 from shardkit.packing.api import pack
 
-from helpers.scaleout import make_tree, partial_of, shard_digests
+from helpers.scaleout import partial_of, shard_digests
 
 
 @pytest.fixture(scope="module")
 def src(tmp_path_factory) -> str:
     root = str(tmp_path_factory.mktemp("src") / "src")
-    make_tree(root, classes=3, per_class=4, seed=2)
+    image_tree(root, classes=3, per_class=4, seed=2, pngs=1)
     return root
 
 
@@ -193,85 +192,6 @@ def test_strict_stops_on_an_unlistable_folder(src, tmp_path):
 
 # -- full disk at the end of a sharded pack, and in merge -----------------------------------------
 
-# Runs with a small tmpfs mounted on DISK. Shards finished by two "nodes" are copied there, the
-# disk is filled up to FREE pages, then the pack is finished (pack --resume, or merge): it fails
-# with one line, or succeeds; once space is freed the same call must succeed.
-DISK_DRIVER = textwrap.dedent(r'''
-    import errno, json, os, shutil, subprocess, sys
-    from shardkit import PackError
-    from shardkit.read.inspect import verify
-    from shardkit.packing.api import merge, pack
-    from shardkit.packing.staging import finalize_sharded
-
-    src, disk, pristine = sys.argv[1:4]
-    out, partial, filler = (os.path.join(disk, n) for n in ("out", ".out.partial", "filler"))
-    KW = dict(num_shards=3, size=0, encoding="raw", workers=1, progress=False)
-    PAGE = os.sysconf("SC_PAGE_SIZE")
-
-    def reset(mode):
-        for path in (out, partial, filler):
-            subprocess.run(["rm", "-rf", path], check=True)
-        shutil.copytree(os.path.join(pristine, "partial"), partial)
-        if mode in ("pack-overwrite", "install"):
-            shutil.copytree(os.path.join(pristine, "old"), out)
-        if mode == "install":  # finalized by a run whose install failed: merge installs it
-            finalize_sharded(partial)
-
-    def fill(free_pages):
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            while True:
-                os.write(fd, b"\0" * PAGE)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
-        os.ftruncate(fd, max(0, os.fstat(fd).st_size - free_pages * PAGE))
-        os.close(fd)
-
-    def finish(mode):
-        overwrite = mode != "pack" and mode != "merge"
-        if mode.startswith("pack"):
-            return pack(src, out, resume=True, overwrite=overwrite, **KW)
-        return merge(out, overwrite=overwrite)
-
-    def cli(mode):
-        cmd = [sys.executable, "-m", "shardkit.cli"]
-        cmd += (["pack", src, out, "--num-shards", "3", "--size", "0", "--encoding", "raw",
-                 "--workers", "1", "-q", "--resume"] if mode == "pack" else ["merge", out])
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        return {"rc": proc.returncode, "stderr": proc.stderr}
-
-    def state():
-        if not os.path.exists(out):
-            return None
-        report = verify(out)
-        return {"ok": report.ok, "records": report.records,
-                "shards": [[e["file"], e["sha256"]] for e in json.load(
-                    open(os.path.join(out, "manifest.json")))["shards"]]}
-
-    trials = []
-    for mode in ("pack", "pack-overwrite", "merge", "install"):
-        for free in range(4):
-            reset(mode)
-            fill(free)
-            trial = {"mode": mode, "free": free, "error": None}
-            try:
-                finish(mode)
-            except PackError as exc:
-                trial["error"] = str(exc)
-            trial["after_error"] = state()
-            if free == 0 and mode in ("pack", "merge"):
-                reset(mode)
-                fill(free)
-                trial["cli"] = cli(mode)
-            os.unlink(filler)
-            if trial["error"] is not None or "cli" in trial:
-                finish(mode)  # with space again: completes from what the failed run left
-            trial["final"] = state()
-            trials.append(trial)
-    print(json.dumps(trials))
-''')
-
-
 def _small_filesystem(folder: str, size: str) -> tuple[bool, list[str] | None]:
     """Mount a tmpfs of ``size`` on ``folder`` (as root), or find a prefix that runs a command
     with one mounted in a private namespace (``unshare -rm``): (mounted here, prefix or None)."""
@@ -298,15 +218,13 @@ def test_disk_full_while_finishing_a_sharded_pack(src, tmp_path):
     old, ref = shard_digests(str(pristine / "old")), shard_digests(str(pristine / "ref"))
     disk = tmp_path / "disk"
     disk.mkdir()
-    driver = tmp_path / "driver.py"
-    driver.write_text(DISK_DRIVER)
     mounted, prefix = _small_filesystem(str(disk), "4m")
     if not mounted and prefix is None:
         pytest.skip("cannot mount a small tmpfs here (not root, and no unshare -rm)")
     try:
-        proc = subprocess.run((prefix or []) + [sys.executable, str(driver), src, str(disk),
-                                                str(pristine)],
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run([*(prefix or []), *program_cmd("sharded_disk_full"), src, str(disk),
+                               str(pristine)], env=program_env(), capture_output=True, text=True,
+                              timeout=600)
     finally:
         if mounted:
             subprocess.run(["umount", str(disk)], capture_output=True)

@@ -1,8 +1,9 @@
 """Interrupted sharded packs: SIGKILL / Ctrl-C after some shards finished, then --resume (or not).
 
-The pack is stopped at a known point without timing races: it runs under tests/_blocking_pack.py,
-where encoding one source (inside shard 2) never finishes, so shards 0 and 1 are done and the
-rest are not when the test kills it. The resumed run is the plain CLI.
+The pack is stopped at a known point without timing races: it runs under
+tests/helpers/programs/blocking_pack.py, where encoding one source (inside shard 2) never
+finishes, so shards 0 and 1 are done and the rest are not when the test kills it. The resumed
+run is the plain CLI.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -21,24 +21,20 @@ from shardkit.cli import main as cli_main
 from shardkit.errors import StoreError
 from shardkit.read.inspect import verify
 
-from helpers.scaleout import make_tree, manifest, partial_of, store_files
+from helpers import image_tree, program_cmd, program_env
+from helpers.scaleout import manifest, partial_of, store_files
 
 BLOCKER = "c1/img005.jpg"  # source 16 + 5 = 21 of 48: inside shard 2 of 6 (8 sources each)
 PACK_ARGS = ["--num-shards", "6", "--size", "32", "-q"]
 
 
-def _tree(root: str) -> None:
-    make_tree(root, classes=3, per_class=16, seed=5)
-
-
 def _start(src: str, out: str, *extra: str) -> subprocess.Popen:
     # Own session, so the whole process group (pack + pool workers) can be signalled.
-    blocking_pack = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_blocking_pack.py")
-    return subprocess.Popen([sys.executable, blocking_pack, "pack", src, out, *PACK_ARGS, *extra],
+    return subprocess.Popen([*program_cmd("blocking_pack"), "pack", src, out, *PACK_ARGS, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True,
-                            env=dict(os.environ, SHARDKIT_TEST_BLOCK=BLOCKER,
-                                     SHARDKIT_TEST_EVENTS=_events(out)))
+                            env=program_env({"SHARDKIT_TEST_BLOCK": BLOCKER,
+                                             "SHARDKIT_TEST_EVENTS": _events(out)}))
 
 
 def _events(out: str) -> str:
@@ -88,7 +84,7 @@ def _stat(path: str) -> tuple[int, int]:
 @pytest.mark.parametrize("fmt,workers", [("lmdb", "2"), ("hdf5", "1")])
 def test_sigkill_then_resume_keeps_finished_shards(tmp_path, fmt, workers):
     src, out, ref = str(tmp_path / "src"), str(tmp_path / "out"), str(tmp_path / "ref")
-    _tree(src)
+    image_tree(src, classes=3, per_class=16, seed=5, pngs=1)
     ext = {"lmdb": ".lmdb", "hdf5": ".h5"}[fmt]
     proc = _start(src, out, "--format", fmt, "--workers", workers)
     partial = partial_of(out)
@@ -128,7 +124,7 @@ def test_sigkill_then_resume_keeps_finished_shards(tmp_path, fmt, workers):
 
 def test_ctrl_c_then_plain_rerun_starts_over(tmp_path):
     src, out = str(tmp_path / "src"), str(tmp_path / "out")
-    _tree(src)
+    image_tree(src, classes=3, per_class=16, seed=5, pngs=1)
     proc = _start(src, out, "--workers", "2")
     partial = partial_of(out)
     _wait_for(os.path.join(partial, "shard-00001.done.json"), proc)
@@ -153,7 +149,7 @@ def test_ctrl_c_then_plain_rerun_starts_over(tmp_path):
 def test_resume_without_partial_is_a_fresh_pack(tmp_path):
     src, out, ref = str(tmp_path / "src"), str(tmp_path / "out"), str(tmp_path / "ref")
     shutil.rmtree(src, ignore_errors=True)
-    make_tree(src, classes=2, per_class=6, seed=2)
+    image_tree(src, classes=2, per_class=6, seed=2, pngs=1)
     assert cli_main(["pack", src, out, "--num-shards", "3", "-q", "--resume"]) == 0
     assert cli_main(["pack", src, ref, "--num-shards", "3", "-q"]) == 0
     assert store_files(out) == store_files(ref)

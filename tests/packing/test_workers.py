@@ -2,9 +2,10 @@
 bounded by ``max_pixels``, the default count follows the CPU affinity, and a script is never
 re-run by the packer (no ``__main__`` guard needed).
 
-Packs run as real subprocesses under tests/_blocking_pack.py, which reports what the encoding
-processes do (``SHARDKIT_TEST_EVENTS``) and can freeze one on a chosen file: the test acts on those
-events (e.g. ``kill -9`` of the worker frozen on that file), never on elapsed time.
+Packs run as real subprocesses under tests/helpers/programs/blocking_pack.py, which reports what
+the encoding processes do (``SHARDKIT_TEST_EVENTS``) and can freeze one on a chosen file: the
+test acts on those events (e.g. ``kill -9`` of the worker frozen on that file), never on elapsed
+time.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from shardkit.packing.install import partial_path
 from shardkit.packing.workers import DECODE_BYTES_PER_PIXEL, DECODE_OVERHEAD
 from shardkit.read.store import Store
 
-from helpers import jpeg_bytes, noise, one_line_error, write_bytes
+from helpers import (image_tree, jpeg_bytes, noise, one_line_error, program_cmd, program_env,
+                     run_program, write_bytes)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux /proc")
 
-BLOCKING_PACK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_blocking_pack.py")
 HANG = 300  # s: only so that a broken pack cannot hang the suite; nothing waits this long
 
 
@@ -40,13 +41,11 @@ HANG = 300  # s: only so that a broken pack cannot hang the suite; nothing waits
 def src(tmp_path_factory) -> str:
     """40 small JPEGs in 2 classes: with 2 workers the first chunks hold 5 sources each."""
     root = str(tmp_path_factory.mktemp("workers") / "src")
-    rng = np.random.default_rng(11)
-    for i in range(40):
-        write_bytes(os.path.join(root, f"c{i % 2}", f"{i:02d}.jpg"), jpeg_bytes(noise(rng, 48, 64)))
+    image_tree(root, classes=2, per_class=20, seed=11)
     return root
 
 
-VICTIM = os.path.join("c0", "02.jpg")  # source 1 of 40: inside the first chunk of 5
+VICTIM = os.path.join("c0", "img001.jpg")  # source 1 of 40: inside the first chunk of 5
 
 
 def records(path: str) -> dict[str, tuple[bytes, int]]:
@@ -59,15 +58,16 @@ def records(path: str) -> dict[str, tuple[bytes, int]]:
 
 
 class Pack:
-    """``shardkit pack`` under tests/_blocking_pack.py, and the events its encoders report."""
+    """``shardkit pack`` under the program ``cli`` (``helpers.programs.blocking_pack``), and the
+    events its encoders report."""
 
     def __init__(self, tmp_path, args: list[str], block: str | None = None,
-                 preexec=None, cli: tuple[str, ...] = (BLOCKING_PACK,), **env: str) -> None:
+                 preexec=None, cli: str = "blocking_pack", **env: str) -> None:
         self.events_file = str(tmp_path / "events")
-        env = dict(os.environ, SHARDKIT_TEST_EVENTS=self.events_file, **env)
+        env = program_env(dict(SHARDKIT_TEST_EVENTS=self.events_file, **env))
         if block:
             env["SHARDKIT_TEST_BLOCK"] = block
-        self.proc = subprocess.Popen([sys.executable, *cli, "pack", *args],
+        self.proc = subprocess.Popen([*program_cmd(cli), "pack", *args],
                                      stderr=subprocess.PIPE, text=True, env=env,
                                      preexec_fn=preexec)
 
@@ -184,19 +184,8 @@ def test_no_pixel_limit_at_all_means_no_memory_bound(src, tmp_path):
     """--max-pixels 0 in a process whose Pillow limit is off too: nothing to derive a bound from.
     The packer runs a thread, so its workers are fresh interpreters: they get that Pillow
     setting as forked ones would."""
-    script = textwrap.dedent(f"""
-        import sys, threading
-        from PIL import Image
-        Image.MAX_IMAGE_PIXELS = None
-        threading.Thread(target=threading.Event().wait, daemon=True).start()
-        sys.path.insert(0, {os.path.dirname(BLOCKING_PACK)!r})
-        import _blocking_pack
-        from shardkit.cli import main
-        _blocking_pack.reach_fresh_interpreters()
-        sys.exit(main(sys.argv[1:]))
-    """)
     pack = Pack(tmp_path, [src, str(tmp_path / "out.lmdb"), "--workers", "2",
-                           "--max-pixels", "0", "-q"], block=VICTIM, cli=("-c", script))
+                           "--max-pixels", "0", "-q"], block=VICTIM, cli="unlimited_pillow_pack")
     try:
         pid = pack.next_block(set())
         assert pid is not None and pid != pack.proc.pid
@@ -225,20 +214,9 @@ def _ico_holding_a_large_png(side: int) -> bytes:
             + struct.pack("<BBBBHHII", 16, 16, 0, 0, 1, 32, len(png), 6 + 16) + png)
 
 
-PEAK = textwrap.dedent("""
-    import json, resource, sys, shardkit
-    r = shardkit.pack(sys.argv[1], sys.argv[2], workers=2, max_pixels=int(sys.argv[3]),
-                      progress=False)
-    # The largest peak RSS of the forked workers (reaped by now); each started at this
-    # process's RSS. (A process's own figure would include its parent's peak: exec keeps it.)
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    print(json.dumps({"skipped": r.skipped, "peak": peak}))
-""")
-
-
 def _pack_peak(src: str, out: str, max_pixels: int) -> tuple[list[dict], int]:
-    proc = subprocess.run([sys.executable, "-c", PEAK, src, out, str(max_pixels)],
-                          capture_output=True, text=True, timeout=HANG)
+    proc = run_program("pack_peak", src, out, str(max_pixels), capture_output=True, text=True,
+                       timeout=HANG)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     return report["skipped"], report["peak"]

@@ -374,7 +374,8 @@ def test_forked_child_never_uses_parents_handle(pack_photos, tmp_path, fmt, init
 
         def __getitem__(self, i):
             sample = ds[i]
-            return sample, ds.store.shard(0) is inherited, ds.store._pid == os.getpid()
+            # open_shards lists only shards this process opened itself (never inherited ones)
+            return sample, ds.store.shard(0) is inherited, ds.store.open_shards == [0]
 
     loader = DataLoader(Probe(), batch_size=4, num_workers=2, multiprocessing_context="fork",
                         worker_init_fn=init, collate_fn=list_collate)

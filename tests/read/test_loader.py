@@ -32,10 +32,11 @@ def store(tmp_path_factory) -> str:
 
 def mark_worker(folder: str, worker_id: int) -> None:
     """A user's ``worker_init_fn``: one file per call, named by worker id and process, saying
-    whether the worker's dataset was already open in this process (shardkit's init ran first)."""
+    whether the worker's dataset was already open in this process (shardkit's init ran first:
+    opening a single-file store opens its one shard)."""
     store = get_worker_info().dataset.store
     with open(os.path.join(folder, f"{worker_id}-{os.getpid()}"), "w") as f:
-        json.dump({"opened_here": store._pid == os.getpid()}, f)
+        json.dump({"opened_here": store.open_shards == [0]}, f)
 
 
 def as_list(batch):

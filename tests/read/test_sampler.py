@@ -18,7 +18,7 @@ import shardkit
 from shardkit import ShardSampler
 from shardkit.cli import main as cli_main
 
-from helpers.scaleout import make_tree
+from helpers import image_tree
 
 SIZES = (7, 0, 13, 5, 9, 1, 11, 4)  # uneven shards, one empty
 
@@ -175,7 +175,8 @@ def test_load_state_dict_checks_compatibility():
 def store(tmp_path_factory) -> str:
     base = tmp_path_factory.mktemp("sampler")
     src, out = str(base / "src"), str(base / "store")
-    make_tree(src, classes=3, per_class=9, seed=4)  # 27 records: odd, so 2 ranks pad / drop
+    # 27 records: odd, so 2 ranks pad / drop
+    image_tree(src, classes=3, per_class=9, seed=4, pngs=1)
     assert cli_main(["pack", src, out, "--num-shards", "5", "--size", "24", "-q",
                      "--workers", "1"]) == 0
     return out

@@ -18,9 +18,9 @@ from shardkit.errors import StoreError
 from shardkit.read.inspect import info, verify
 from shardkit.read.store import Store
 
-from helpers import flip_byte_in_file
+from helpers import flip_byte_in_file, image_tree, jpeg_bytes, random_photo, write_bytes
 
-from helpers.scaleout import make_tree, manifest, partial_of, sha256, store_files, write_image
+from helpers.scaleout import manifest, partial_of, sha256, store_files
 
 FORMATS = ["lmdb", "hdf5"]
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
@@ -30,7 +30,7 @@ N = 42  # 3 classes x 14 images
 @pytest.fixture(scope="module")
 def src(tmp_path_factory) -> str:
     root = str(tmp_path_factory.mktemp("src"))
-    make_tree(root, classes=3, per_class=14, seed=1)
+    image_tree(root, classes=3, per_class=14, seed=1, pngs=1)
     return root
 
 
@@ -270,7 +270,7 @@ def flat(tmp_path_factory):
     rows = []
     for i in range(18):
         rel = f"val/ILSVRC_val_{i:05d}.JPEG"
-        write_image(os.path.join(root, rel), rng)
+        write_bytes(os.path.join(root, rel), jpeg_bytes(random_photo(rng)))
         rows.append((rel, names[(i * 7) % 3]))
     rows.reverse()  # list order, not name order, decides record order
     return root, rows

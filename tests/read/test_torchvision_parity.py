@@ -4,7 +4,7 @@ Under one ``torch.manual_seed``, ``ShardDataset(path, crop=224, crop_mode="rando
 flip=0.5)`` must give what ``v2.Compose([v2.RandomResizedCrop(224, antialias=True),
 v2.RandomHorizontalFlip(0.5)])`` gives on ``ShardDataset(path)[i][0]``, sample by sample, in every
 path: single items, batches (the pooled buffer), threads, numpy/PIL outputs, multi-shard stores,
-DataLoader workers (fork and spawn). The probe ``tests/read/probes/tv_parity.py`` runs in the
+DataLoader workers (fork and spawn). The probe ``tests/helpers/programs/tv_parity.py`` runs in the
 torchvision environment (``.venv-tv``, built by ``scripts/torchvision_venv.sh``;
 ``SHARDKIT_TV_PYTHON`` names another interpreter) on stores packed here. Without it the tests
 skip, except under CI (env ``CI`` set), where they fail.
@@ -13,19 +13,16 @@ skip, except under CI (env ``CI`` set), where they fail.
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import run_program
 from PIL import Image
 
 import shardkit
 from shardkit import ShardDataset
 from shardkit.bench.sample import make_sample, photo_like
 
-ROOT = Path(__file__).resolve().parents[2]
-PROBE = str(ROOT / "tests" / "read" / "probes" / "tv_parity.py")
 RATIO = [3 / 4, 4 / 3]
 SEEDS = list(range(6))
 
@@ -81,8 +78,8 @@ def probe(tv_python, tmp_path_factory) -> dict:
         "normalize": {"check": "normalize", "mean": [0.485, 0.456, 0.406],
                       "std": [0.229, 0.224, 0.225]},
     }
-    done = subprocess.run([tv_python, PROBE, json.dumps(config)], capture_output=True,
-                          text=True, timeout=900)
+    done = run_program("tv_parity", json.dumps(config), python=tv_python, capture_output=True,
+                       text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     result["count"] = len(shard.heights)

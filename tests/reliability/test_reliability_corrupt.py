@@ -29,7 +29,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -42,6 +41,7 @@ from shardkit.metadata import seal
 from shardkit.fileutil import sha256_file
 from shardkit.read.store import Store
 
+from helpers import run_program
 from helpers.damage import STORES, pack_pristine, run_batch, source_tree
 
 SEED = int(os.environ.get("SHARDKIT_FUZZ_SEED", "20240501"))
@@ -310,24 +310,6 @@ def test_damaged_and_foreign_stores_fail_cleanly(pristine, tmp_path):
 
 # -- a record whose JPEG header lies about its size ----------------------------------------------
 
-HUGE_HEADER_READER = textwrap.dedent(r'''
-    import json, resource, sys
-    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, resource.RLIM_INFINITY))
-    from shardkit import ShardDataset, StoreError
-    out = []
-    for kwargs in ({}, {"output": "numpy"}, {"output": "pil"}, {"crop": 16}):
-        ds = ShardDataset(sys.argv[1], **kwargs)
-        for read in (lambda: ds[0], lambda: ds.__getitems__([1, 0])):
-            try:
-                read()
-                out.append("read")
-            except StoreError as exc:
-                out.append(str(exc))
-        ds.close()
-    print(json.dumps(out))
-''')
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_record_claiming_a_huge_image_is_refused_without_allocating_it(pristine, tmp_path, fmt):
     """Record 0's JPEG header is changed to claim 65280 x 65280 pixels (same length, so the store
@@ -352,8 +334,7 @@ def test_record_claiming_a_huge_image_is_refused_without_allocating_it(pristine,
         f.seek(data.index(record))
         f.write(damaged)
 
-    res = subprocess.run([sys.executable, "-c", HUGE_HEADER_READER, store], capture_output=True,
-                         text=True, timeout=120)
+    res = run_program("huge_header_reader", store, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     outcomes = json.loads(res.stdout.splitlines()[-1])
     assert len(outcomes) == 8
@@ -426,14 +407,7 @@ def _set_meta_raw(path: str, raw: bytes) -> None:
 
 def _read_in_children(paths: list[str]) -> dict[str, str]:
     """Open and read each store in one child process: {path: "ok" or "refused: <message>"}."""
-    code = ("import json, sys\nfrom shardkit import ShardDataset, ShardkitError\nout = {}\n"
-            "for path in sys.argv[1:]:\n"
-            "    try:\n        ds = ShardDataset(path, verify=True)\n"
-            "        [ds[i] for i in range(len(ds))]; ds.targets\n        out[path] = 'ok'\n"
-            "    except ShardkitError as e:\n        out[path] = f'refused: {e}'\n"
-            "print(json.dumps(out))\n")
-    res = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True,
-                         timeout=120)
+    res = run_program("read_stores", *paths, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.splitlines()[-1])
 
@@ -445,8 +419,8 @@ def test_pickle_in_metadata_is_refused_and_never_executed(pristine, tmp_path, fm
     assert b"system" in payload
     # The unpickler would run it (sanity check of the payload, in a child process).
     sanity = tmp_path / "sanity"
-    subprocess.run([sys.executable, "-c", "import pickle,sys; pickle.loads(sys.stdin.buffer.read())"],
-                   input=pickle.dumps(_Payload(str(sanity)), protocol=2), check=True, timeout=60)
+    run_program("unpickle_stdin", input=pickle.dumps(_Payload(str(sanity)), protocol=2),
+                check=True, timeout=60)
     assert sanity.exists()
 
     store = str(tmp_path / f"single.{fmt}")

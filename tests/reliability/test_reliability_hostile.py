@@ -22,6 +22,7 @@ import zlib
 
 import numpy as np
 import pytest
+from helpers import run_program
 from PIL import Image
 
 from shardkit import ShardDataset
@@ -256,12 +257,8 @@ def test_bomb_is_refused_before_decoding(tmp_path):
     _write(os.fsencode(str(root / "bomb.png")), png_bomb(100_000, 100_000))
     _write(os.fsencode(str(root / "ok.png")), png_bytes(_image(5, 5)))
     out = str(tmp_path / "o.lmdb")
-    code = ("import resource, sys\n"
-            "resource.setrlimit(resource.RLIMIT_AS, (1 << 31, 1 << 31))\n"  # 2 GiB address space
-            "from shardkit.cli import main\nsys.exit(main(sys.argv[1:]))\n")
-    res = subprocess.run([sys.executable, "-c", code, "pack", str(tmp_path / "src"), out,
-                          "--workers", "0", "--quiet"], capture_output=True, text=True,
-                         timeout=120)
+    res = run_program("limited_cli", "pack", str(tmp_path / "src"), out, "--workers", "0",
+                      "--quiet", capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     store = Store(out)
     assert store.count == 1

@@ -12,9 +12,9 @@
   format writers that fail with ENOSPC): exit status 1, one clear line, no OUT, and an existing
   OUT left intact.
 
-Packs are stopped on events, not after a delay: they run under tests/_blocking_pack.py, whose
-encoders report to a file and freeze on a chosen source (see there). Timeouts below only keep a
-broken pack from hanging the suite.
+Packs are stopped on events, not after a delay: they run under
+tests/helpers/programs/blocking_pack.py, whose encoders report to a file and freeze on a chosen
+source (see there). Timeouts below only keep a broken pack from hanging the suite.
 """
 from __future__ import annotations
 
@@ -26,12 +26,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import numpy as np
 import psutil
 import pytest
+from helpers import program_cmd, program_env, run_program
 from PIL import Image
 
 from shardkit.errors import StoreError
@@ -42,51 +42,24 @@ TRIALS_PER_CONFIG = int(os.environ.get("SHARDKIT_KILL_TRIALS", "5"))
 SEED = int(os.environ.get("SHARDKIT_KILL_SEED", "7"))
 CONFIGS = [("lmdb", None), ("hdf5", None), ("lmdb", 3), ("hdf5", 3)]
 
-CHECK = textwrap.dedent(r'''
-    import contextlib, hashlib, io, json, sys
-    import numpy as np
-    from shardkit import ShardDataset, ShardkitError
-    from shardkit.cli import main as cli_main
-    for line in sys.stdin:
-        path = line.rstrip("\n")
-        res = {"path": path}
-        try:
-            ds = ShardDataset(path, output="numpy", verify=True)
-            h = hashlib.sha256(json.dumps([ds.classes, [int(t) for t in ds.targets]]).encode())
-            for i in range(len(ds)):
-                img, label = ds[i]
-                h.update(np.ascontiguousarray(img).tobytes() + str(int(label)).encode())
-            res["digest"] = h.hexdigest()
-            ds.close()
-        except ShardkitError as exc:
-            res["error"] = str(exc)[:300]
-        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-            res["verify_rc"] = cli_main(["verify", "--quiet", path])
-        print(json.dumps(res), flush=True)
-''')
-
-
-def check_stores(paths: list[str], tmp: str) -> dict[str, dict]:
+def check_stores(paths: list[str]) -> dict[str, dict]:
     """Open and fully read each store in one child process (which must not die)."""
-    script = os.path.join(tmp, "check.py")
-    with open(script, "w") as f:
-        f.write(CHECK)
-    proc = subprocess.run([sys.executable, script], input="\n".join(paths) + "\n",
-                          capture_output=True, text=True, timeout=300)
+    proc = run_program("check_stores", input="\n".join(paths) + "\n", capture_output=True,
+                       text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [json.loads(line) for line in proc.stdout.splitlines()]
     return {r["path"]: r for r in results}
 
 
 HANG = 300  # s: only so that a broken pack cannot hang the suite
-BLOCKING_PACK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_blocking_pack.py")
 
 
 def pack_cmd(src: str, out: str, fmt: str, shards: int | None, *extra: str,
              blocking: bool = False) -> list[str]:
-    """The CLI command; with ``blocking``, under tests/_blocking_pack.py (same output)."""
-    prog = [BLOCKING_PACK] if blocking else ["-m", "shardkit.cli"]
-    cmd = [sys.executable, *prog, "pack", src, out, "--format", fmt, "--size", "64",
+    """The CLI command; with ``blocking``, under helpers/programs/blocking_pack.py (same output;
+    run it with ``env=program_env(...)``)."""
+    prog = program_cmd("blocking_pack") if blocking else [sys.executable, "-m", "shardkit.cli"]
+    cmd = [*prog, "pack", src, out, "--format", fmt, "--size", "64",
            "--workers", "2", "--quiet", *extra]
     return cmd + (["--num-shards", str(shards)] if shards else [])
 
@@ -193,7 +166,7 @@ def test_sigkill_at_random_points_then_rerun(src, tmp_path):
             out = str(trial / ("out" if shards else f"out.{fmt}"))
             partial = partial_path(out)
             events = str(trial / "events")
-            env = dict(os.environ, SHARDKIT_TEST_EVENTS=events)
+            env = program_env({"SHARDKIT_TEST_EVENTS": events})
             # Where to kill: as the workers start; once per sharded config with shards 0 and 1
             # finished (frozen on the last shard's first source: a chunk of sources may straddle
             # a shard boundary, but not there); once OUT exists; else frozen on a random
@@ -276,7 +249,7 @@ def test_sigkill_at_random_points_then_rerun(src, tmp_path):
             finals.append((out, (fmt, shards)))
 
     results = check_stores([p for p in ref_paths.values()] + [s for s, _, _ in snapshots]
-                           + [f for f, _ in finals], str(tmp_path))
+                           + [f for f, _ in finals])
     expected = {}
     for config, path in ref_paths.items():
         assert "digest" in results[path] and results[path]["verify_rc"] == 0, results[path]
@@ -309,7 +282,7 @@ def test_ctrl_c_stops_the_workers(src, tmp_path, fmt, shards, point):
     out = str(tmp_path / ("out" if shards else f"out.{fmt}"))
     partial = partial_path(out)
     events, release = str(tmp_path / "events"), str(tmp_path / "release")
-    env = dict(os.environ, SHARDKIT_TEST_EVENTS=events)
+    env = program_env({"SHARDKIT_TEST_EVENTS": events})
     if point == "starting workers":
         env["SHARDKIT_TEST_HOLD"] = release
         ready = _has_event(events, "starting")
@@ -345,70 +318,6 @@ def test_ctrl_c_stops_the_workers(src, tmp_path, fmt, shards, point):
 
 # -- full disk ------------------------------------------------------------------------------------
 
-DISK_DRIVER = textwrap.dedent(r'''
-    """Runs inside the small filesystem (or with an ENOSPC writer): packs, reports as JSON."""
-    import json, os, subprocess, sys
-    big, small, disk, inject = sys.argv[1:5]
-    prefix = [sys.executable, "-c", INJECT] if inject == "1" else [sys.executable, "-m", "shardkit.cli"]
-    report = {}
-
-    def pack(src, out, fmt, *extra):
-        cmd = prefix + ["pack", src, out, "--format", fmt, "--size", "0", "--encoding", "raw",
-                        "--workers", "2", "-q", *extra]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        return p.returncode, p.stderr
-
-    def listing():
-        return sorted(os.listdir(disk))
-
-    from shardkit import ShardkitError
-    from shardkit.read.inspect import verify
-    for fmt in ("lmdb", "hdf5"):
-        for shards in ([], ["--num-shards", "3"]):
-            out = os.path.join(disk, "out")
-            rc, err = pack(big, out, fmt, *shards)
-            partial = os.path.join(disk, ".out.partial")
-            try:
-                from shardkit import ShardDataset
-                ShardDataset(partial)
-                partial_opens = True
-            except ShardkitError:
-                partial_opens = False
-            report[f"{fmt}{shards}"] = {"rc": rc, "stderr": err, "listing": listing(),
-                                        "partial_opens": partial_opens}
-            subprocess.run(["rm", "-rf", out, partial])
-        # An existing store survives a failed --overwrite.
-        rc0, err0 = pack(small, os.path.join(disk, "old"), fmt)
-        rc, err = pack(big, os.path.join(disk, "old"), fmt, "--overwrite")
-        rep = verify(os.path.join(disk, "old"))
-        report[f"{fmt}-overwrite"] = {"rc0": rc0, "err0": err0, "rc": rc, "stderr": err,
-                                      "old_ok": rep.ok, "old_records": rep.records,
-                                      "listing": listing()}
-        subprocess.run(["rm", "-rf", os.path.join(disk, "old")])
-    print(json.dumps(report))
-''')
-
-# A writer that fails like a full disk once ~1 MiB is written (test_full_disk_injected_enospc).
-# It patches the format writers' append, nothing else.
-INJECT = textwrap.dedent(r'''
-    import errno, sys
-    from shardkit.formats import base, WRITERS
-    LIMIT = 1 << 20
-    for cls in WRITERS.values():
-        def make(orig):
-            def append(self, data):
-                self._written = getattr(self, "_written", 0) + len(data)
-                if self._written > LIMIT:
-                    raise OSError(errno.ENOSPC, "No space left on device")
-                return orig(self, data)
-            return append
-        cls.append = make(cls.append)
-    from shardkit.cli import main
-    sys.argv[0] = "shardkit"
-    sys.exit(main(sys.argv[1:]))
-''')
-
-
 def _mount_small(folder: str) -> tuple[bool, list[str] | None]:
     """Mount a 1 MiB tmpfs on ``folder`` (root), or find a prefix that runs a command with one
     mounted in a private namespace (``unshare -rm``); (mounted here, prefix or None)."""
@@ -427,16 +336,13 @@ def _mount_small(folder: str) -> tuple[bool, list[str] | None]:
 
 
 def _disk_report(src: str, tmp_path, prefix: list[str], inject: bool) -> dict[str, dict]:
-    """Run DISK_DRIVER (under ``prefix``) on ``tmp_path/disk``; its report."""
+    """Run ``helpers.programs.disk_driver`` (under ``prefix``) on ``tmp_path/disk``; its report."""
     small = str(tmp_path / "small")
     os.makedirs(os.path.join(small, "a"))
     Image.fromarray(np.zeros((20, 20, 3), np.uint8)).save(os.path.join(small, "a", "x.png"))
-    driver = str(tmp_path / "driver.py")
-    with open(driver, "w") as f:
-        f.write(f"INJECT = {INJECT!r}\n" + DISK_DRIVER)
-    cmd = prefix + [sys.executable, driver, src, small, str(tmp_path / "disk"),
+    cmd = prefix + [*program_cmd("disk_driver"), src, small, str(tmp_path / "disk"),
                     "1" if inject else "0"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, env=program_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 

@@ -21,13 +21,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import textwrap
 import time
 
-import numpy as np
 import pytest
-from PIL import Image
+from helpers import image_tree, program_cmd, program_env
 
 import shardkit
 from shardkit import ShardDataset
@@ -35,56 +32,6 @@ from shardkit.errors import StoreError
 from shardkit.formats import FORMATS
 
 PROCESSES, WORKERS, EPOCHS = 8, 4, 3
-
-READER = textwrap.dedent(r'''
-    import hashlib, json, sys
-    import torch
-    from torch.utils.data import DataLoader, Dataset
-    import shardkit
-
-    class Indexed(Dataset):
-        """(index, sha256 of the record bytes) for every index; ``dataset`` lets
-        shardkit.worker_init_fn find the ShardDataset inside."""
-        def __init__(self, dataset):
-            self.dataset = dataset
-        def __len__(self):
-            return len(self.dataset)
-        def __getitem__(self, i):
-            data, label = self.dataset[i]
-            return i, hashlib.sha256(data).hexdigest(), label
-
-    paths, epochs, seed, out = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    torch.manual_seed(seed)
-    loaders = {p: DataLoader(Indexed(shardkit.ShardDataset(p, output="bytes", verify=True)),
-                             batch_size=7, shuffle=True, num_workers=4,
-                             worker_init_fn=shardkit.worker_init_fn,
-                             collate_fn=lambda batch: batch)
-               for p in paths}
-    seen = {p: {} for p in paths}
-    problems = []
-    for epoch in range(epochs):
-        for p, loader in loaders.items():  # the stores take turns, so both are read at once
-            count = 0
-            for batch in loader:
-                for i, digest, label in batch:
-                    count += 1
-                    if seen[p].setdefault(i, [digest, label]) != [digest, label]:
-                        problems.append(f"{p}[{i}] changed between epochs")
-            if count != len(loader.dataset):
-                problems.append(f"{p}: epoch {epoch} read {count} of {len(loader.dataset)}")
-    with open(out, "w") as f:
-        json.dump({"seen": seen, "problems": problems}, f)
-''')
-
-
-def _source(root: str, count: int, seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    for c in range(4):
-        os.makedirs(os.path.join(root, f"c{c}"), exist_ok=True)
-    for i in range(count):
-        arr = rng.integers(0, 256, (24 + i % 9, 30, 3), dtype=np.uint8)
-        Image.fromarray(arr).save(os.path.join(root, f"c{i % 4}", f"{i:04d}.png"))
-    return root
 
 
 def _digests(path: str) -> dict[int, list]:
@@ -97,7 +44,8 @@ def _digests(path: str) -> dict[int, list]:
 
 @pytest.mark.slow
 def test_many_processes_and_workers_read_the_same_stores(tmp_path):
-    src = _source(str(tmp_path / "src"), 160, seed=1)
+    src = str(tmp_path / "src")
+    image_tree(src, classes=4, per_class=40, seed=1, pngs=40)
     stores = []
     for fmt, shards in zip(FORMATS, itertools.cycle([None, 2])):
         out = str(tmp_path / f"store-{fmt}")
@@ -105,16 +53,13 @@ def test_many_processes_and_workers_read_the_same_stores(tmp_path):
                       progress=False)
         stores.append(out)
     expected = {p: _digests(p) for p in stores}
-    script = str(tmp_path / "reader.py")
-    with open(script, "w") as f:
-        f.write(READER)
     procs = []
     t0 = time.monotonic()
     for k in range(PROCESSES):
         out = str(tmp_path / f"result{k}.json")
         procs.append((out, subprocess.Popen(
-            [sys.executable, script, json.dumps(stores), str(EPOCHS), str(k), out],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+            [*program_cmd("epochs_reader"), json.dumps(stores), str(EPOCHS), str(k), out],
+            env=program_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     failures = []
     for out, proc in procs:
         try:
@@ -145,7 +90,8 @@ def test_many_processes_and_workers_read_the_same_stores(tmp_path):
 def versions(tmp_path_factory):
     """Two packs of one source that differ in every record (A: size 24, B: size 16)."""
     base = tmp_path_factory.mktemp("versions")
-    src = _source(str(base / "src"), 30, seed=2)
+    src = str(base / "src")
+    image_tree(src, classes=4, per_class=8, seed=2, pngs=8)
     return {"src": src, "A": {"size": 24}, "B": {"size": 16}}
 
 
@@ -242,41 +188,6 @@ def test_store_replaced_before_first_use_is_refused(versions, tmp_path, fmt, sha
     assert sorted(after) == sorted(before) and all(after[i][0] != before[i][0] for i in after)
 
 
-LOOP_READER = textwrap.dedent(r'''
-    import hashlib, json, sys, time
-    from shardkit import ShardDataset, ShardkitError
-    path, refs, stop = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-    import os
-    counts = {"A": 0, "B": 0, "mixed": 0, "replaced": 0, "errors": []}
-    ready = False
-    while not os.path.exists(stop):
-        try:
-            ds = ShardDataset(path, output="bytes")
-            try:
-                ds.open()  # the first use pins the store, or refuses one replaced since creation
-            except ShardkitError as exc:
-                if "was replaced" not in str(exc):
-                    raise
-                counts["replaced"] += 1
-                continue
-            got = [hashlib.sha256(ds[i][0]).hexdigest() for i in range(len(ds))]
-            ds.close()
-        except ShardkitError as exc:
-            counts["errors"].append(str(exc))
-            continue
-        for v in ("A", "B"):
-            if got == refs[v]:
-                counts[v] += 1
-                break
-        else:
-            counts["mixed"] += 1
-        if not ready:
-            ready = True
-            open(stop + ".ready", "w").close()
-    print(json.dumps(counts))
-''')
-
-
 @pytest.mark.parametrize("fmt,shards", list(zip(FORMATS, itertools.cycle([None, 3]))))
 def test_reader_never_sees_a_mix_while_the_store_is_replaced(versions, tmp_path, fmt, shards):
     refs = _reference(versions, tmp_path, fmt, shards)
@@ -284,8 +195,9 @@ def test_reader_never_sees_a_mix_while_the_store_is_replaced(versions, tmp_path,
     out = str(tmp_path / "out")
     _pack(versions, "A", out, fmt, shards, overwrite=False)
     stop = str(tmp_path / "stop")
-    reader = subprocess.Popen([sys.executable, "-c", LOOP_READER, out, json.dumps(hashes), stop],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader = subprocess.Popen([*program_cmd("loop_reader"), out, json.dumps(hashes), stop],
+                              env=program_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
     try:
         deadline = time.monotonic() + 120
         while not os.path.exists(stop + ".ready") and reader.poll() is None \

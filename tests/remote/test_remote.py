@@ -16,7 +16,7 @@ import boto3
 import pytest
 
 import shardkit
-from helpers import photo_folder
+from helpers import image_tree
 from helpers.s3server import DUMMY_ENV, S3Server
 from shardkit import metadata
 from shardkit.errors import PackError, StoreError
@@ -33,7 +33,7 @@ FAST = {"config_kwargs": {"retries": {"total_max_attempts": 1}}}
 def local_store(tmp_path_factory) -> str:
     """A real folder store of 4 LMDB shards."""
     root = tmp_path_factory.mktemp("remote-src")
-    photo_folder(str(root / "src"), count=32, classes=4, seed=3)
+    image_tree(str(root / "src"), classes=4, per_class=8, seed=3)
     out = str(root / "store")
     shardkit.pack(str(root / "src"), out, num_shards=4, workers=1, progress=False)
     return out

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 import shardkit
 import shardkit.remote
-from helpers import one_line_error, photo_folder, run_cli
+from helpers import image_tree, one_line_error, run_cli
 from helpers.s3server import DUMMY_ENV, S3Server
 from shardkit import ShardDataset, metadata
 from shardkit.errors import PackError, StoreError
@@ -66,7 +66,7 @@ def _serve(mp: pytest.MonkeyPatch, cache: str):
 @pytest.fixture(scope="module")
 def src(tmp_path_factory) -> str:
     root = str(tmp_path_factory.mktemp("remote-store") / "src")
-    photo_folder(root, count=32, classes=4, seed=11)
+    image_tree(root, classes=4, per_class=8, seed=11)
     return root
 
 

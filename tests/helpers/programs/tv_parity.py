@@ -1,7 +1,7 @@
 """Probe run under the torchvision environment (``.venv-tv``) by
 tests/read/test_torchvision_parity.py.
 
-Usage: ``python tv_parity.py CONFIG_JSON``; prints one JSON object of measurements. For every
+argv: CONFIG_JSON; prints one JSON object of measurements. For every
 sample it compares shardkit's decode-time augmentation against torchvision v2 applied to the
 uncropped ``ShardDataset(path)[i][0]`` under the same ``torch.manual_seed``, and the evaluation
 centre crop against ``Resize(256) + CenterCrop(224)`` on the PIL-decoded source.
@@ -155,8 +155,8 @@ def check_normalize(cfg: dict) -> dict:
     return {"equal": bool(torch.equal(got, ref)), "dtype": str(got.dtype)}
 
 
-def main() -> None:
-    cfg = json.loads(sys.argv[1])
+def main(argv: list[str]) -> None:
+    cfg = json.loads(argv[0])
     checks = {"recipe": check_recipe, "loader": check_loader, "eval": check_eval,
               "normalize": check_normalize}
     result = {name: checks[c["check"]](c) for name, c in cfg.items()}
@@ -168,4 +168,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -1,16 +1,24 @@
 """Reads every store named on stdin, as a user would, and prints one JSON line per store.
 
-Run as a script by the damaged-store tests (``helpers.damage.run_batch``), with the per-store
-time limit in seconds as its argument. Each line is printed *before* the next store is read, so
+Run by the damaged-store tests (``helpers.damage.run_batch``), with the per-store time limit in
+seconds as its argument. Each line is printed *before* the next store is read, so
 when this process dies the parent knows exactly which store killed it.
 """
-import contextlib, hashlib, io, json, resource, signal, sys, traceback
+
+import contextlib
+import hashlib
+import io
+import json
+import resource
+import signal
+import sys
+import traceback
+
 import numpy as np
+
 from shardkit import ShardDataset, StoreError
 from shardkit.cli import main as cli_main
 
-# A damaged record must be refused, not decoded into gigabytes: such a request fails here.
-resource.setrlimit(resource.RLIMIT_AS, (2 << 30, resource.RLIM_INFINITY))
 
 def digest(path):
     ds = ShardDataset(path, output="numpy", verify=True)
@@ -34,6 +42,7 @@ def digest(path):
     finally:
         ds.close()
 
+
 def unverified(path):
     """verify=False: damaged bytes may decode to other pixels (the README says so), but each
     read returns an image or raises StoreError, on the single and the batched path."""
@@ -52,31 +61,39 @@ def unverified(path):
         finally:
             ds.close()
 
-for line in sys.stdin:
-    path = line.rstrip("\n")
-    res = {"path": path}
-    # A store that hangs the reader ends this process by SIGALRM (even inside C code).
-    signal.alarm(int(sys.argv[1]))
-    try:
-        res["digest"], problem = digest(path)
-        if problem:
-            res["bad"] = problem
-    except StoreError as exc:  # nothing else: the README promises StoreError
-        res["error"] = f"{type(exc).__name__}: {exc}"[:400]
-    except BaseException:
-        res["bad"] = "ShardDataset: " + traceback.format_exc()[-2000:]
-    try:
-        unverified(path)
-    except StoreError:
-        pass
-    except BaseException:
-        res["bad"] = "ShardDataset(verify=False): " + traceback.format_exc()[-2000:]
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            res["verify_rc"] = cli_main(["verify", "--quiet", path])
-        res["verify_msg"] = err.getvalue()[-400:]
-    except BaseException:
-        res["bad"] = "shardkit verify: " + traceback.format_exc()[-2000:]
-    signal.alarm(0)
-    print(json.dumps(res), flush=True)
+
+def main(argv: list[str]) -> None:
+    # A damaged record must be refused, not decoded into gigabytes: such a request fails here.
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, resource.RLIM_INFINITY))
+    for line in sys.stdin:
+        path = line.rstrip("\n")
+        res = {"path": path}
+        # A store that hangs the reader ends this process by SIGALRM (even inside C code).
+        signal.alarm(int(argv[0]))
+        try:
+            res["digest"], problem = digest(path)
+            if problem:
+                res["bad"] = problem
+        except StoreError as exc:  # nothing else: the README promises StoreError
+            res["error"] = f"{type(exc).__name__}: {exc}"[:400]
+        except BaseException:
+            res["bad"] = "ShardDataset: " + traceback.format_exc()[-2000:]
+        try:
+            unverified(path)
+        except StoreError:
+            pass
+        except BaseException:
+            res["bad"] = "ShardDataset(verify=False): " + traceback.format_exc()[-2000:]
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                res["verify_rc"] = cli_main(["verify", "--quiet", path])
+            res["verify_msg"] = err.getvalue()[-400:]
+        except BaseException:
+            res["bad"] = "shardkit verify: " + traceback.format_exc()[-2000:]
+        signal.alarm(0)
+        print(json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

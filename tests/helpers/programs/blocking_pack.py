@@ -12,6 +12,8 @@ kill a pack at a known point without timing races. Driven by environment variabl
 The patches sit at module level. Forked workers inherit them; workers started as fresh
 interpreters (replacements for dead ones, or when the packer runs other threads) import this
 module through a generated ``sitecustomize`` on ``PYTHONPATH``.
+
+argv: the CLI's arguments (run as ``helpers.run_program("blocking_pack", "pack", ...)``).
 """
 
 import os
@@ -71,8 +73,8 @@ if _EXIT:
 def reach_fresh_interpreters() -> None:
     hooks = os.path.join(tempfile.gettempdir(), f"shardkit-test-hooks-{os.getuid()}")
     os.makedirs(hooks, exist_ok=True)
-    text = (f"import sys\nsys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
-            "import _blocking_pack\n")
+    tests = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    text = f"import sys\nsys.path.insert(0, {tests!r})\nimport helpers.programs.blocking_pack\n"
     tmp = os.path.join(hooks, f"sitecustomize.py.{os.getpid()}")
     with open(tmp, "w") as f:
         f.write(text)
@@ -81,8 +83,12 @@ def reach_fresh_interpreters() -> None:
         p for p in (hooks, os.environ.get("PYTHONPATH")) if p)
 
 
-if __name__ == "__main__":
-    from shardkit.cli import main
+def main(argv: list[str]) -> int:
+    from shardkit.cli import main as cli_main
 
     reach_fresh_interpreters()
+    return cli_main(argv)
+
+
+if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
