@@ -259,7 +259,7 @@ class ShardCache:
         self._claim()
         entry = self.remote.meta["shards"][k]
         path = self.path(k)
-        fd = _open_lock(self._side(entry["file"], "use"), fcntl.LOCK_SH)
+        fd = _open_lock(self.side_file(entry["file"], "use"), fcntl.LOCK_SH)
         try:
             if not has_size(path, entry["bytes"]):
                 self._download(entry["file"], entry["bytes"], entry["sha256"])
@@ -309,7 +309,7 @@ class ShardCache:
 
     def _prefetch(self, entry: dict[str, Any]) -> None:
         try:
-            with _locked(self._side(entry["file"], "use"), fcntl.LOCK_SH):
+            with _locked(self.side_file(entry["file"], "use"), fcntl.LOCK_SH):
                 if not has_size(os.path.join(self.folder, entry["file"]), entry["bytes"]):
                     self._download(entry["file"], entry["bytes"], entry["sha256"])
         except Exception:  # noqa: BLE001 - see prefetch()
@@ -323,14 +323,15 @@ class ShardCache:
             self._download(labels["file"], None, labels["sha256"])
         return path
 
-    def _side(self, name: str, kind: str) -> str:
+    def side_file(self, name: str, kind: str) -> str:
+        """The lock file of cached file ``name``: kind "dl" (held while downloading) or "use"."""
         return os.path.join(self.folder, f".{name}.{kind}")
 
     def _download(self, name: str, size: int | None, sha256: str) -> None:
         """Download ``name`` into the cache once (whoever holds ``.NAME.dl`` does it)."""
         path = os.path.join(self.folder, name)
         where = self.remote.where(name)
-        with _locked(self._side(name, "dl"), fcntl.LOCK_EX):
+        with _locked(self.side_file(name, "dl"), fcntl.LOCK_EX):
             if has_size(path, size):
                 return  # another process or thread finished it while we waited
             for entry in os.scandir(self.folder):  # left by a killed download

@@ -174,8 +174,8 @@ def test_processes_download_a_shard_once(s3, url, tmp_path, method):
             s3.hold_reached.wait()
             # ... until the other process is blocked on the shard's download lock (or, without
             # the lock, has sent a second GET).
-            while not (os.path.exists(cache._side(name, "dl"))
-                       and _blocked_waiters(cache._side(name, "dl")) >= 1) \
+            while not (os.path.exists(cache.side_file(name, "dl"))
+                       and _blocked_waiters(cache.side_file(name, "dl")) >= 1) \
                     and s3.count("GET", key(url, name)) < 2:
                 assert all(p.is_alive() for p in procs), [p.exitcode for p in procs]
                 time.sleep(0.01)
