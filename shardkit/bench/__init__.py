@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exact JPEG decode (default: libjpeg-turbo fast DCT/upsampling, the "
                         "fast_decode=True setting, in ShardDataset and the ceiling alike)")
     p.add_argument("--pack-workers", type=int, default=None,
-                   help="processes for packing the stores (default: all cores)")
+                   help="processes for packing the stores (default: the CPUs this process may use)")
     p.add_argument("--pack-sample", type=int, default=0,
                    help="sources timed for the one-process pack figures (0: all) [0]")
     p.add_argument("--no-pack-figures", action="store_true",
