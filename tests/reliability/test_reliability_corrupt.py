@@ -38,11 +38,10 @@ import shardkit
 from shardkit.errors import StoreError
 from shardkit.formats import FORMATS
 from shardkit.metadata import seal
-from shardkit.fileutil import sha256_file
 from shardkit.read.store import Store
 
 from helpers import run_program
-from helpers.damage import STORES, pack_pristine, run_batch, source_tree
+from helpers.damage import STORES, pack_pristine, run_batch, source_tree, vouch_for_labels
 
 SEED = int(os.environ.get("SHARDKIT_FUZZ_SEED", "20240501"))
 N_SINGLE = int(os.environ.get("SHARDKIT_FUZZ_N", "40"))  # per format, single-file stores
@@ -360,12 +359,7 @@ def test_verify_compares_labels_npy_with_the_shards(tmp_path, fmt, shards):
     labels = np.load(labels_path, allow_pickle=False)
     assert sorted(set(labels.tolist())) == [0, 1]
     np.save(labels_path, 1 - labels, allow_pickle=False)
-    manifest_path = os.path.join(out, "manifest.json")
-    with open(manifest_path) as f:
-        manifest = json.load(f)
-    manifest["labels"]["sha256"] = sha256_file(labels_path)
-    with open(manifest_path, "w") as f:
-        json.dump(seal(manifest), f)
+    vouch_for_labels(out)
     assert shardkit.ShardDataset(out).targets.tolist() == (1 - labels).tolist()  # accepted
 
     report = shardkit.verify(out)
@@ -432,12 +426,7 @@ def test_pickle_in_metadata_is_refused_and_never_executed(pristine, tmp_path, fm
     shutil.copytree(pristine[f"{fmt}-sharded"], folder)
     labels = os.path.join(folder, "labels.npy")
     np.save(labels, np.array([_Payload(marker)] * 12, dtype=object), allow_pickle=True)
-    manifest_path = os.path.join(folder, "manifest.json")
-    with open(manifest_path) as f:
-        manifest = json.load(f)
-    manifest["labels"]["sha256"] = sha256_file(labels)
-    with open(manifest_path, "w") as f:
-        json.dump(seal(manifest), f)
+    vouch_for_labels(folder)
     # manifest.json itself replaced by a pickle
     folder2 = str(tmp_path / f"folder2-{fmt}")
     shutil.copytree(pristine[f"{fmt}-sharded"], folder2)
