@@ -8,7 +8,6 @@ tests skip, except under CI (env ``CI`` set), which builds it: there they fail.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -17,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 from helpers import run_program
+from helpers.digests import digest, loader_digests, record_digests
 from PIL import Image
-from torch.utils.data import DataLoader
 
 import shardkit
 from shardkit import ShardDataset
@@ -40,26 +39,6 @@ def src(tmp_path_factory) -> Path:
     return root
 
 
-def _digest(array: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
-
-
-def _records(store: str) -> list[str]:
-    ds = ShardDataset(store, output="bytes")
-    return [hashlib.sha256(ds[i][0]).hexdigest() for i in range(len(ds))]
-
-
-def _batches(store: str) -> tuple[list[str], list[int]]:
-    """What a training loop gets: 2 workers, crop at decode, shardkit.collate."""
-    loader = DataLoader(ShardDataset(store, crop=CROP), batch_size=BATCH, num_workers=2,
-                        collate_fn=shardkit.collate, worker_init_fn=shardkit.worker_init_fn)
-    digests, labels = [], []
-    for images, targets in loader:
-        digests.append(_digest(images.numpy()))
-        labels += targets.tolist()
-    return digests, labels
-
-
 def test_shardkit_in_the_torchvision_env_matches_this_torch(tv_python, src, tmp_path):
     """Same records, batches and labels under torch 2.14 (+torchvision) as under this torch;
     torchvision's v2 transforms take ShardDataset's tensors."""
@@ -76,8 +55,8 @@ def test_shardkit_in_the_torchvision_env_matches_this_torch(tv_python, src, tmp_
     here = str(tmp_path / "here.lmdb")
     result = shardkit.pack(str(src), here, workers=2, progress=False)
     assert tv["count"] == result.count == 12
-    assert tv["records"] == _records(here)  # byte for byte: decode, resize, encode agree
-    batches, labels = _batches(here)
+    assert tv["records"] == record_digests(here)  # byte for byte: decode, resize, encode agree
+    batches, labels = loader_digests(here, CROP, BATCH)
     assert tv["batches"] == batches and tv["labels"] == labels
     assert labels == [int(t) for t in ShardDataset(here).targets]
     assert sorted(set(labels)) == [0, 1, 2]
@@ -91,10 +70,10 @@ def test_shardkit_in_the_torchvision_env_matches_this_torch(tv_python, src, tmp_
         img, label = ds[i]
         h, w = img.shape[1:]
         top, left = int(round((h - CROP) / 2.0)), int(round((w - CROP) / 2.0))
-        flipped.append(_digest(img[:, top:top + CROP, left:left + CROP].flip(-1).numpy()))
+        flipped.append(digest(img[:, top:top + CROP, left:left + CROP].flip(-1).numpy()))
         assert tv["flipped_labels"][i] == label
         # v2.ToDtype(float32, scale=True) multiplies by 1/255 (not a division: other last bits)
-        floats.append(["torch.float32", _digest(img.float().mul_(1.0 / 255).numpy())])
+        floats.append(["torch.float32", digest(img.float().mul_(1.0 / 255).numpy())])
     assert tv["flipped"] == flipped
     assert tv["floats"] == floats
 

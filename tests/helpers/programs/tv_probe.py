@@ -7,36 +7,24 @@ torchvision v2 CenterCrop+flip and ToDtype results on the dataset's tensors, and
 samples beside the store's sources.
 """
 
-import hashlib
 import importlib.metadata as md
 import json
 import sys
 
 
 def main(argv: list[str]) -> None:
-    import numpy as np
     import torch
     import torchvision
-    from torch.utils.data import DataLoader
     from torchvision import datasets
     from torchvision.transforms import v2
 
     import shardkit
+    from helpers.digests import digest, loader_digests, record_digests
     from shardkit import ShardDataset
 
     src, out, crop, batch = argv[0], argv[1], int(argv[2]), int(argv[3])
-
-    def digest(a):
-        return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
-
     result = shardkit.pack(src, out, workers=2, progress=False)
-    raw = ShardDataset(out, output="bytes")
-    loader = DataLoader(ShardDataset(out, crop=crop), batch_size=batch, num_workers=2,
-                        collate_fn=shardkit.collate, worker_init_fn=shardkit.worker_init_fn)
-    batches, labels = [], []
-    for images, targets in loader:
-        batches.append(digest(images.numpy()))
-        labels += targets.tolist()
+    batches, labels = loader_digests(out, crop, batch)
     flip = ShardDataset(out, transform=v2.Compose([v2.CenterCrop(crop),
                                                     v2.RandomHorizontalFlip(p=1.0)]))
     flipped = [flip[i] for i in range(len(flip))]
@@ -48,7 +36,7 @@ def main(argv: list[str]) -> None:
         "torch": torch.__version__, "torchvision": torchvision.__version__,
         "shardkit_requires": [r for r in md.requires("shardkit") if r.startswith("torch")],
         "count": result.count,
-        "records": [hashlib.sha256(raw[i][0]).hexdigest() for i in range(len(raw))],
+        "records": record_digests(out),
         "batches": batches, "labels": labels,
         "flipped": [digest(img.numpy()) for img, _ in flipped],
         "flipped_labels": [label for _, label in flipped],
