@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import run_program
+from helpers.digests import digest
 from PIL import Image
 
 import shardkit
@@ -51,7 +51,7 @@ def many_shards(tmp_path_factory) -> dict[str, str]:
 def _reference(path: str) -> list[list]:
     ds = ShardDataset(path, output="numpy")
     try:
-        return [[hashlib.sha256(np.ascontiguousarray(img).tobytes()).hexdigest(), int(label)]
+        return [[digest(img), int(label)]
                 for img, label in (ds[i] for i in range(len(ds)))]
     finally:
         ds.close()

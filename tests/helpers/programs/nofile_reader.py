@@ -5,7 +5,6 @@ descriptors after creation and at peak, open shards, digests of every sample rea
 as one batch, what ``close()`` leaves, and what forked DataLoader workers read and held.
 """
 
-import hashlib
 import json
 import os
 import resource
@@ -15,10 +14,10 @@ import sys
 def main(argv: list[str]) -> None:
     path, limit, nofile = argv
     resource.setrlimit(resource.RLIMIT_NOFILE, (int(nofile), int(nofile)))
-    import numpy as np
     from torch.utils.data import DataLoader, Dataset
 
     import shardkit
+    from helpers.digests import digest
 
     inside = os.path.realpath(path) + os.sep
 
@@ -34,9 +33,6 @@ def main(argv: list[str]) -> None:
             except OSError:
                 pass
         return n
-
-    def digest(img):
-        return hashlib.sha256(np.ascontiguousarray(img).tobytes()).hexdigest()
 
     class Probe(Dataset):
         """(index, digest, label, store descriptors open in this worker) per sample."""
