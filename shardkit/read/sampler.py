@@ -26,7 +26,7 @@ import math
 from typing import Any, Iterator, Sized
 
 import numpy as np
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler
 
 from .store import locate_many
 
@@ -71,8 +71,13 @@ def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
     return num_replicas, rank
 
 
-class ShardSampler(Sampler[int]):
+class ShardSampler(DistributedSampler):
     """Distributed sampler that gives each rank a few whole shards (drop-in for DistributedSampler).
+
+    It is an ``isinstance`` of ``torch.utils.data.DistributedSampler`` (so Lightning, timm and
+    other trainers use it as given instead of wrapping it) with the same attributes
+    (``num_replicas``, ``rank``, ``epoch``, ``num_samples``, ``total_size``, ...), but none of
+    DistributedSampler's code runs: the order is this class's own.
 
     Args:
         dataset: a ``ShardDataset`` (or any dataset with ``len()``, treated as one shard).

@@ -271,3 +271,12 @@ def test_torch_distributed_two_processes(store, tmp_path):
     pairs = [p for rank in result["distributed_sampler"] for p in rank]
     assert {i for i, _ in pairs} == set(range(n)) and result["all_reduce"] == 28
     assert all(y == targets[i] for i, y in pairs)
+
+
+def test_is_a_distributed_sampler():
+    # Lightning and timm check isinstance(sampler, DistributedSampler) and wrap anything else.
+    s = ShardSampler(_concat(), 2, 1, seed=3)
+    assert isinstance(s, DistributedSampler)
+    assert (s.num_replicas, s.rank, s.epoch, s.seed, s.shuffle, s.drop_last) == (2, 1, 0, 3, True,
+                                                                                  False)
+    assert s.num_samples == len(DistributedSampler(s.dataset, 2, 1)) and s.total_size == 2 * 25
