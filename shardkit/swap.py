@@ -2,7 +2,8 @@
 
 Single-file store: the new file is renamed over OUT (atomic). A process that opened the old file
 keeps reading its inode; a ``Store`` remembers which file its metadata came from, pins that file
-on first use in a process and never reads another (:func:`open_identity`, ``store._open_pinned``).
+on first use in a process and never reads another (:func:`open_identity`,
+``read.shard.open_pinned``).
 
 Folder store: shard files are immutable once installed. An overwrite moves the new shard files
 into OUT under names no live file uses (``shard-00000-<sha256 prefix>.<suffix>`` when the plain name

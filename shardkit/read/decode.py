@@ -18,7 +18,8 @@ from ..errors import StoreError
 from . import augment
 
 if TYPE_CHECKING:
-    from .store import OpenShard, Store
+    from .shard import OpenShard
+    from .store import Store
 
 
 def shard_name(store: Store, k: int) -> str:
