@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import shardkit
-import shardkit.remote
+import shardkit.remote.access
 from helpers import image_tree, one_line_error, run_cli
 from helpers.s3server import DUMMY_ENV, S3Server
 from shardkit import ShardDataset, metadata
@@ -301,7 +301,7 @@ def test_eviction_under_load_never_breaks_a_read(packed, local, tmp_path):
 # -- failures ---------------------------------------------------------------------------------
 
 def test_server_stopped_mid_epoch_raises_store_error(s3, local, tmp_path, monkeypatch):
-    monkeypatch.setattr(shardkit.remote, "RETRY_DELAYS", (0.1, 0.1))  # inherited by forks
+    monkeypatch.setattr(shardkit.remote.access, "RETRY_DELAYS", (0.1, 0.1))  # inherited by forks
     url = f"s3://{s3.new_bucket()}/train"
     upload_folder_store(local, url)
     ds = ShardDataset(url, output="bytes", cache_dir=tmp_path / "cache", storage_options=FAST)
@@ -323,7 +323,7 @@ def test_server_stopped_mid_epoch_raises_store_error(s3, local, tmp_path, monkey
 @pytest.mark.parametrize("method", ["spawn"])
 def test_second_epoch_with_the_server_gone_is_served_from_the_cache(s3, local, tmp_path,
                                                                     method, monkeypatch):
-    monkeypatch.setattr(shardkit.remote, "RETRY_DELAYS", (0.1, 0.1))
+    monkeypatch.setattr(shardkit.remote.access, "RETRY_DELAYS", (0.1, 0.1))
     url = f"s3://{s3.new_bucket()}/train"
     upload_folder_store(local, url)
     ds = ShardDataset(url, output="bytes", cache_dir=tmp_path / "cache", storage_options=FAST)

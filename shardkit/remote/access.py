@@ -1,0 +1,144 @@
+"""Access to one remote URL prefix: its fsspec filesystem (per process), retried calls, the
+manifest of a remote folder store (:class:`RemoteFolder`)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any, Callable, TypeVar
+
+from .. import metadata
+from ..errors import ShardkitError, StoreError
+from ..urls import is_url
+
+RETRY_DELAYS = (1.0, 2.0)  # seconds slept between the attempts of one remote call
+# A stalled endpoint fails one attempt after total_max_attempts * read_timeout (read_timeout bounds
+# a read that gets no byte, not a whole transfer): with RETRY_DELAYS about 3 minutes in all.
+_S3_CONFIG = {"connect_timeout": 10, "read_timeout": 30,
+              "retries": {"total_max_attempts": 2, "mode": "standard"}}
+
+T = TypeVar("T")
+
+
+class ObjectNotFound(StoreError):
+    """The remote object does not exist (reported at once, not retried)."""
+
+
+def default_cache_dir() -> str:
+    """``$SHARDKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/shardkit``, else ``~/.cache/shardkit``."""
+    explicit = os.environ.get("SHARDKIT_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "shardkit")
+
+
+def _options(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """``storage_options`` plus bounded timeouts and retries for S3 (the user's keys win).
+
+    Our own filesystem instance: fsspec's shared one would keep the endpoint it first resolved
+    and would be shared with the user's code.
+    """
+    options = {"skip_instance_cache": True} | dict(storage_options or {})
+    scheme = url.split("://", 1)[0]
+    if _is_s3(url):
+        options["config_kwargs"] = _S3_CONFIG | dict(options.get("config_kwargs") or {})
+    elif scheme in ("file", "local"):
+        options.setdefault("auto_mkdir", True)  # object stores need no folders; a disk does
+    return options
+
+
+def _is_s3(url: str) -> bool:
+    return url.split("://", 1)[0] in ("s3", "s3a")
+
+
+def _describe(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class _Remote:
+    """An fsspec filesystem for one URL prefix (made per process), and retried calls on it."""
+
+    def __init__(self, url: str | os.PathLike, storage_options: dict[str, Any] | None = None):
+        self.url = os.fspath(url).rstrip("/")
+        if not is_url(self.url):
+            raise ValueError(f"url must be scheme://..., got {self.url!r}")
+        self.storage_options = dict(storage_options or {})
+        self._fs: Any = None
+        self._root = ""
+        self._fs_pid: int | None = None
+
+    @property
+    def fs(self) -> Any:
+        """This process's filesystem (fsspec's hold event loops and connections: not forked)."""
+        if self._fs is None or self._fs_pid != os.getpid():
+            try:
+                import fsspec
+
+                self._fs, self._root = fsspec.core.url_to_fs(
+                    self.url, **_options(self.url, self.storage_options))
+                if _is_s3(self.url):
+                    # s3fs retries every call 5 times on top of botocore's retries and ours:
+                    # with timeouts that multiplies to many minutes. This instance is ours.
+                    self._fs.retries = 1
+            except (ImportError, ValueError) as exc:
+                need = ("pip install 'shardkit[remote]'" if _is_s3(self.url) else
+                        "fsspec and the package for this protocol")
+                raise ShardkitError(f"{self.url}: {_describe(exc)} (remote stores need "
+                                    f"{need})") from None
+            self._fs_pid = os.getpid()
+        return self._fs
+
+    def path(self, name: str) -> str:
+        """The filesystem path of object ``name`` (what ``fs`` methods take)."""
+        if self._fs is None:
+            self.fs  # noqa: B018 - creating the filesystem sets _root
+        return f"{self._root.rstrip('/')}/{name}"
+
+    def where(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+    def retry(self, name: str, call: Callable[[], T]) -> T:
+        """``call()``, retried on transport errors; ``StoreError`` naming the object otherwise."""
+        for attempt in range(len(RETRY_DELAYS) + 1):
+            try:
+                return call()
+            except ShardkitError:
+                raise
+            except FileNotFoundError:
+                raise ObjectNotFound(f"{self.where(name)}: object not found") from None
+            except PermissionError as exc:
+                raise StoreError(f"{self.where(name)}: access denied ({_describe(exc)})") from None
+            # Backends raise their own types (botocore, aiohttp, gcsfs...): any other is transient.
+            except Exception as exc:  # noqa: BLE001
+                if attempt == len(RETRY_DELAYS):
+                    raise StoreError(f"{self.where(name)}: {_describe(exc)} (gave up after "
+                                     f"{attempt + 1} attempts)") from None
+                time.sleep(RETRY_DELAYS[attempt])
+        raise AssertionError("unreachable")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__ | {"_fs": None, "_fs_pid": None}
+
+
+class RemoteFolder(_Remote):
+    """A folder store under ``url``: its manifest, read and checked at construction."""
+
+    def __init__(self, url: str | os.PathLike, storage_options: dict[str, Any] | None = None):
+        super().__init__(url, storage_options)
+        name = metadata.MANIFEST_NAME
+        try:
+            raw = self.retry(name, lambda: self.fs.cat_file(self.path(name)))
+        except ObjectNotFound:
+            raise StoreError(f"{self.url} has no {name}: not a shardkit store, or a pack "
+                             "that did not finish") from None
+        self.meta = metadata.parse_manifest(raw, self.where(name))
+        self.manifest_sha256 = hashlib.sha256(raw).hexdigest()
+        self.manifest_bytes = len(raw)
+
+    def get(self, name: str, local_path: str) -> None:
+        """Download object ``name`` to ``local_path`` (retried)."""
+        self.retry(name, lambda: self.fs.get_file(self.path(name), local_path))
+
