@@ -17,7 +17,8 @@ from .errors import StoreError
 
 FORMAT_TAG = "shardkit"
 FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+FIELDS_VERSION = 2  # a store with typed fields (shardkit.fields); one without stays version 1
+SUPPORTED_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 MAX_META_BYTES = 1 << 30
 
@@ -159,7 +160,17 @@ def parse_shard_meta(raw: bytes | str, where: str) -> dict[str, Any]:
     check_seal(obj, where)
     check_dataset_fields(obj, where)
     check_shard_fields(obj, where)
+    check_typed_fields(obj, where)
     return obj
+
+
+def check_typed_fields(obj: dict[str, Any], where: str) -> None:
+    """A version-2 store's field declarations and columns (:mod:`shardkit.fields.columns`)."""
+    from .fields import check_meta  # here: fields imports this module
+
+    if (obj.get("format_version") == FIELDS_VERSION) != ("fields" in obj):
+        raise StoreError(f"{where}: format version and field declarations disagree")
+    check_meta(obj, where)
 
 
 def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
@@ -169,6 +180,7 @@ def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
     check_header(obj, where, "sharded")
     check_seal(obj, where)
     check_dataset_fields(obj, where)
+    check_typed_fields(obj, where)
     shards = _need(obj, "shards", list, where)
     start = 0
     for k, entry in enumerate(shards):

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import metadata
 from .._version import __version__
+from .. import fields as fieldstore
 from ..codec import encode
 from ..errors import PackError
 from ..fileutil import remove, sha256_file
@@ -44,11 +45,16 @@ def remove_store_files(paths: Iterable[str], fmt: str) -> None:
 
 
 def common_meta(classes: list[str], class_to_idx: dict[str, int], settings: PackSettings,
-                source_root: str) -> dict[str, Any]:
-    """The metadata every shard of a store (and its manifest) shares."""
-    return {"format": metadata.FORMAT_TAG, "format_version": metadata.FORMAT_VERSION,
+                source_root: str, schema: Any = None,
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The metadata every shard of a store (and its manifest) shares; a store with fields
+    (``schema``, a :class:`shardkit.fields.Schema`) declares them and is format version 2."""
+    meta = {"format": metadata.FORMAT_TAG, "format_version": metadata.FORMAT_VERSION,
             "shardkit_version": __version__, "classes": classes, "class_to_idx": class_to_idx,
             "settings": settings.as_meta(), "source_root": os.path.abspath(source_root)}
+    if schema is not None and len(schema):
+        meta |= {"format_version": metadata.FIELDS_VERSION, "fields": schema.as_json()}
+    return meta | (extra or {})
 
 
 class StoreWriter:
@@ -88,6 +94,10 @@ class StoreWriter:
         first_source: the number of this shard's first source in the whole pack (metadata
             ``shard.sources`` is ``[first_source, first_source + records + skipped]``).
         skipped: sources left out before writing, listed first in the metadata.
+        schema: the typed fields each record carries (``add(..., **fields)``): a
+            :class:`shardkit.fields.Schema`, a list of field kinds, or a schema JSON file. None:
+            inferred from the first record's fields (if it has any).
+        extra_meta: more JSON-able metadata shared by every shard (e.g. COCO's categories).
     """
 
     def __init__(self, path: str | os.PathLike, classes: Iterable[str], *,
@@ -96,7 +106,8 @@ class StoreWriter:
                  class_to_idx: dict[str, int] | None = None, source_root: str | None = None,
                  kind: Kind = "single", overwrite: bool = False, install: bool = True,
                  shard_index: int = 0, first_source: int = 0,
-                 skipped: Iterable[Skipped | dict[str, str]] = ()) -> None:
+                 skipped: Iterable[Skipped | dict[str, str]] = (), schema: Any = None,
+                 extra_meta: dict[str, Any] | None = None) -> None:
         self.path = os.fspath(path)
         self.classes = list(classes)
         self.settings = PackSettings(size, quality, encoding, format or format_for_path(self.path),
@@ -123,6 +134,8 @@ class StoreWriter:
         self.crcs: list[int] = []
         self.paths: list[bytes] = []
         self.entry: dict[str, Any] | None = None  # set by finish()
+        self.extra_meta = extra_meta
+        self.columns = None if schema is None else fieldstore.builder(schema)
         self._writer = open_writer(self.file, self.settings.format)
         self._open = True
 
@@ -131,22 +144,29 @@ class StoreWriter:
         """Records written so far."""
         return len(self.labels)
 
-    def add(self, image: np.ndarray, label: int, source_path: str | None = None) -> None:
-        """Encode HxWx3 uint8 RGB pixels with the store's encoding and append them."""
+    def add(self, image: np.ndarray, label: int, source_path: str | None = None,
+            **fields: Any) -> None:
+        """Encode HxWx3 uint8 RGB pixels with the store's encoding and append them, with the
+        record's ``fields`` (every field of the schema; checked against the image's size)."""
         if not (isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 3
                 and image.shape[2] == 3):
             raise PackError("`image` must be an HxWx3 uint8 RGB array (encoded records go "
                             "through `add_encoded`)")
         height, width = image.shape[:2]
+        checked = self._check_fields(fields, height, width)
         self.add_encoded(encode(image, self.settings.encoding, self.settings.quality), label,
-                         height, width, source_path)
+                         height, width, source_path, _checked=checked)
 
     def add_encoded(self, data: bytes, label: int, height: int, width: int,
-                    source_path: str | None = None, crc: int | None = None) -> None:
+                    source_path: str | None = None, crc: int | None = None,
+                    _checked: dict[str, Any] | None = None, **fields: Any) -> None:
         """Append a record already in the store's encoding, of ``height`` x ``width`` pixels;
-        ``crc`` is its CRC-32 where already known."""
+        ``crc`` is its CRC-32 where already known; ``fields`` as in :meth:`add`."""
         self._check_open()
+        checked = _checked if _checked is not None else self._check_fields(fields, height, width)
         self._writer.append(data)
+        if self.columns is not None:
+            self.columns.append(checked)
         self.labels.append(int(label))
         self.heights.append(height)
         self.widths.append(width)
@@ -156,6 +176,16 @@ class StoreWriter:
         elif self.source_root is not None:
             source_path = relative_path(self.source_root, source_path)
         self.paths.append(source_path.encode("utf-8", "surrogateescape"))
+
+    def _check_fields(self, fields: dict[str, Any], height: int, width: int) -> dict[str, Any]:
+        """The record's fields checked (FieldError naming the field), before anything is written."""
+        if self.columns is None:
+            if not fields:
+                return {}
+            if self.count:
+                raise PackError(f"this store was started without fields; got {sorted(fields)}")
+            self.columns = fieldstore.builder(fieldstore.Schema.infer([fields]))
+        return self.columns.check(fields, height, width)
 
     def skip(self, source_path: str, reason: str) -> None:
         """Record that a source is left out, and why (listed in the metadata's ``skipped``)."""
@@ -211,11 +241,18 @@ class StoreWriter:
         skipped = [s.as_json() for s in self.skipped]
         sources = n + len(self.skipped) - self._extra_skipped
         root = self.source_root if self.source_root is not None else os.path.dirname(self.path)
-        meta = common_meta(self.classes, self.class_to_idx, self.settings, root) | {
+        schema = self.columns.schema if self.columns is not None else None
+        described = metadata.describe_arrays(arrays)
+        if schema is not None and len(schema):
+            columns = self.columns.arrays()
+            described |= fieldstore.describe(columns)
+            arrays |= columns
+        meta = common_meta(self.classes, self.class_to_idx, self.settings, root, schema,
+                           self.extra_meta) | {
             "kind": self.kind, "count": n, "skipped": skipped,
             "shard": {"index": self.shard_index, "count": n,
                       "sources": [self.first_source, self.first_source + sources]},
-            "arrays": metadata.describe_arrays(arrays),
+            "arrays": described,
         }
         self._writer.finish(arrays, metadata.dumps(metadata.seal(meta)))
         entry = {"file": os.path.basename(self.path), "format": self.settings.format,

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import fields as fieldstore
 from .. import metadata, swap
 from ..errors import StoreError
 from ..fileutil import file_size
@@ -51,8 +52,8 @@ class OpenShard:
                 raise StoreError(f"{where}: shard says it is #{shard['index']} holding "
                                  f"{shard['count']} records; the store expects #{index} "
                                  f"with {entry.count}")
-            for key in ("classes", "settings"):
-                if meta[key] != expect[key]:
+            for key in ("classes", "settings", "fields"):
+                if meta.get(key) != expect.get(key):
                     raise StoreError(f"{where}: shard {key} differ from the store's (mixed stores)")
             self.meta = meta
             self.arrays = {name: checked_array(self.reader, name, desc, where)
@@ -60,6 +61,10 @@ class OpenShard:
             offsets = self.arrays["path_offsets"]
             if len(offsets) and (offsets[0] != 0 or offsets[-1] != len(self.arrays["path_blob"])):
                 raise StoreError(f"{where}: source-path index is inconsistent (damaged store)")
+            #: The typed fields' columns (:class:`shardkit.fields.ShardFields`), or None.
+            self.fields = (None if "fields" not in meta else fieldstore.ShardFields(
+                fieldstore.Schema.from_json(meta["fields"]), self.arrays, self.arrays["heights"],
+                self.arrays["widths"], where))
             self.reader.release_library_handle()
         except BaseException:
             self.reader.close()
@@ -76,6 +81,7 @@ class OpenShard:
 
     def close(self) -> None:
         self.arrays = {}
+        self.fields = None
         self.labels = self.heights = self.widths = self.crc32 = None
         self.reader.close()
 

@@ -1,0 +1,128 @@
+"""Fields on disk: a writer's per-record values turned into index-array columns, the metadata
+that describes them, and a shard's columns checked and read back.
+
+Columns are ordinary index arrays (``meta["arrays"]``, each with dtype, shape and CRC32, read and
+checksummed by the shard reader like the store's own); ``meta["fields"]`` holds the schema. A
+store with fields has format version 2; one without is written exactly as before (version 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import StoreError
+from .kinds import DISK_DTYPES, Blob, FieldError
+from .schema import Schema
+
+FIELDS_KEY = "fields"
+
+
+class ColumnBuilder:
+    """Collects each record's checked field values; ``arrays()`` builds the columns at the end."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
+        self.values: dict[str, list[Any]] = {f.name: [] for f in schema}
+
+    def add(self, record: dict[str, Any], height: int, width: int) -> None:
+        checked = self.schema.validate(record, height, width)
+        for name, value in checked.items():
+            self.values[name].append(value)
+
+    def check(self, record: dict[str, Any], height: int, width: int) -> dict[str, Any]:
+        """Validate without keeping (the writer checks before it appends the image)."""
+        return self.schema.validate(record, height, width)
+
+    def append(self, checked: dict[str, Any]) -> None:
+        for name, value in checked.items():
+            self.values[name].append(value)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for f in self.schema:
+            out.update(f.columns(self.values[f.name]))
+        return out
+
+
+def describe(arrays: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
+    """Dtype, shape and CRC32 of each column (as ``metadata.describe_arrays`` does for the
+    store's own arrays)."""
+    from ..metadata import array_crc32
+
+    out = {}
+    for name, arr in arrays.items():
+        dtype = arr.dtype.str if arr.dtype.itemsize > 1 else "|" + arr.dtype.str[1:]
+        out[name] = {"dtype": dtype, "shape": [int(s) for s in arr.shape],
+                     "crc32": array_crc32(arr)}
+    return out
+
+
+def check_meta(obj: dict[str, Any], where: str) -> Schema | None:
+    """A shard's (or manifest's) field declarations and, for a shard, their column descriptions:
+    plain numeric dtypes, sane shapes, a checksum each, exactly the columns the schema needs."""
+    raw = obj.get(FIELDS_KEY)
+    if raw is None:
+        return None
+    try:
+        schema = Schema.from_json(raw, where)
+    except FieldError as exc:
+        raise StoreError(f"{where}: field declarations are invalid: {exc}") from None
+    arrays = obj.get("arrays")
+    if arrays is None:  # a manifest: shards carry the columns
+        return schema
+    wanted = {c for f in schema for c in f.column_names()}
+    present = {name for name in arrays if name.startswith("f.")}
+    if wanted != present:
+        missing = sorted(wanted - present) or sorted(present - wanted)
+        raise StoreError(f"{where}: field column {missing[0]!r} is "
+                         f"{'missing' if wanted - present else 'not declared'} (damaged store)")
+    for name in wanted:
+        desc = arrays[name]
+        shape = desc.get("shape") if isinstance(desc, dict) else None
+        if not isinstance(desc, dict) or desc.get("dtype") not in DISK_DTYPES:
+            raise StoreError(f"{where}: field column {name!r} has no plain numeric dtype")
+        if not (isinstance(shape, list) and 1 <= len(shape) <= 8 and all(
+                isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 48
+                for s in shape)):
+            raise StoreError(f"{where}: field column {name!r} has an invalid shape")
+        crc = desc.get("crc32")
+        if not isinstance(crc, int) or isinstance(crc, bool):
+            raise StoreError(f"{where}: field column {name!r} has no checksum (damaged store)")
+    return schema
+
+
+class ShardFields:
+    """One open shard's field columns (views of the shard's memory-mapped index arrays)."""
+
+    def __init__(self, schema: Schema, arrays: dict[str, np.ndarray], heights: np.ndarray,
+                 widths: np.ndarray, where: str) -> None:
+        self.schema = schema
+        self.cols = {name: arr for name, arr in arrays.items() if name.startswith("f.")}
+        self.heights, self.widths = heights, widths
+        count = len(heights)
+        for f in schema:
+            try:
+                f.check_columns(self.cols, count, where)
+            except FieldError as exc:
+                raise StoreError(str(exc)) from None
+        self.where = where
+
+    def value(self, name: str, local: int) -> Any:
+        f = self.schema[name]
+        if isinstance(f, Blob):
+            ctx = {"height": int(self.heights[local]), "width": int(self.widths[local])}
+            try:
+                return f.read(self.cols, local, ctx)
+            except (FieldError, ValueError, UnicodeDecodeError) as exc:  # zlib.error is one
+                raise StoreError(f"{self.where}: record {local}, field {name!r}: {exc}") from None
+        return f.read(self.cols, local)
+
+    def rows(self, name: str, local: int) -> int:
+        """How many rows record ``local`` has in ragged field ``name``."""
+        offsets = self.cols[self.schema[name].col("offsets")]
+        return int(offsets[local + 1] - offsets[local])
+
+
+__all__ = ["FIELDS_KEY", "ColumnBuilder", "ShardFields", "check_meta", "describe"]
