@@ -1,93 +1,293 @@
-"""``ShardSampler``: a ``DistributedSampler`` whose ranks each read a few shards, not every shard.
+"""``ShardSampler``: a ``DistributedSampler`` whose ranks each read a few shards, not every shard,
+in an order that is a pure function of ``(seed, epoch)`` and resumes exactly at any world size
+that divides ``num_canonical``.
 
 ``DistributedSampler`` deals a shuffled permutation out round-robin, so every rank reads every
-shard. ``ShardSampler`` keeps the same contract (each rank gets ``ceil(N / R)`` indices, padded by
+shard. ``ShardSampler`` keeps its contract (each rank gets ``ceil(N / R)`` indices, padded by
 repeating samples, or ``floor(N / R)`` with ``drop_last``; the ranks' lists together cover the
-dataset; ``set_epoch`` reshuffles deterministically from ``seed``) but builds each epoch's order
-from whole shards:
+dataset; ``set_epoch`` reshuffles deterministically from ``seed``) but builds the epoch from whole
+shards cut into ``num_canonical`` runs (see :mod:`shardkit.read.order`): rank ``r`` of ``R``
+reads the runs ``r, r + R, ...``, so with the default ``num_canonical = R`` it reads one
+contiguous run of about ``S / R + 1`` of the ``S`` shards.
 
-1. the shard order is shuffled (seeded by ``seed`` and the epoch), and each shard's records are
-   shuffled within the shard;
-2. the shards are laid end to end and cut into ``R`` contiguous runs, one per rank, so a rank
-   holds about ``S / R + 1`` shards (a shard at a cut is split between two ranks);
-3. each rank shuffles its own run, interleaving its few shards.
+The rule (as Streaming's ``num_canonical_nodes``): the global sequence of samples, read one step
+of ``R`` samples at a time, is the same at every world size that divides ``num_canonical``, and a
+state saved at one such world size resumes exactly at any other. Pick ``num_canonical`` as a
+multiple of every world size a run may use (e.g. 24 for 1, 2, 3, 4, 6, 8, 12 or 24 GPUs); a
+state carries it, and a sampler built with the default adopts it.
 
-A rank that needs padding repeats its own samples, so padding never opens another shard. Over a
-remote store, the sampler downloads its rank's next shard (in the rank's order of first use) in
-the background while the one before is read; the store's own k+1 guess is off.
-Resuming: ``state_dict(consumed=n)`` records the epoch and how many samples of it the training loop
-has *consumed* (the DataLoader's prefetching runs ahead of that, so the sampler's own position is
-not used); after ``load_state_dict`` the next iteration starts at exactly the next sample.
+Over a remote store, the sampler downloads its rank's next shard (in the rank's order of first
+use) in the background while the one before is read; the store's own k+1 guess is off.
 """
 
 from __future__ import annotations
 
-import math
+import hashlib
 from typing import Any, Iterator, Sized
 
 import numpy as np
 from torch.utils.data import DistributedSampler
 
-from .store import locate_many
+from ..errors import OptionError
+from .order import EpochOrder, Groups, per_rank
 
-_MASK64 = (1 << 64) - 1
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
-def shard_starts(dataset: Sized) -> np.ndarray:
-    """Start index of every shard plus the length: ``[0, s1, ..., N]``.
+def shard_groups(dataset: Sized) -> Groups:
+    """The dataset's samples grouped by shard (see :class:`shardkit.read.order.Groups`).
 
-    A ``ShardDataset`` (single-file or multi-shard) gives its store's shards, a ``ConcatDataset``
-    its parts; any other dataset with ``len()`` is one shard.
+    A ``ShardDataset`` gives its store's shards (through a subset or the pack's mixed layout:
+    the indices each shard holds); a ``ConcatDataset`` its parts' groups end to end; any other
+    dataset with ``len()`` is one group.
     """
     n = len(dataset)
     store = getattr(dataset, "store", None)
-    starts = getattr(store, "starts", None)
-    if starts is None and hasattr(dataset, "cumulative_sizes"):
-        starts = [0, *dataset.cumulative_sizes]
-    if starts is None:
-        return np.array([0, n], dtype=np.int64)
-    starts = np.asarray(starts, dtype=np.int64)
+    if store is not None and hasattr(store, "groups"):
+        groups = store.groups()
+    elif store is not None and getattr(store, "starts", None) is not None:
+        groups = Groups(np.asarray(store.starts, dtype=np.int64))
+    elif hasattr(dataset, "datasets") and hasattr(dataset, "cumulative_sizes"):
+        starts, members, offset = [0], [], 0
+        for part in dataset.datasets:
+            inner = shard_groups(part)
+            starts.extend((inner.starts[1:] + offset).tolist())
+            members.append(inner.index(np.arange(inner.total)) + offset)
+            offset += inner.total
+        groups = Groups(np.asarray(starts, dtype=np.int64),
+                        np.concatenate(members) if members else None)
+    else:
+        groups = Groups(np.array([0, n], dtype=np.int64))
+    starts = groups.starts
     if starts.ndim != 1 or len(starts) < 2 or starts[0] != 0 or starts[-1] != n \
             or np.any(np.diff(starts) < 0):
         raise ValueError(f"shard starts {starts.tolist()[:8]}... do not describe a dataset of {n}")
-    return starts
+    return groups
 
 
-def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+def shard_starts(dataset: Sized) -> np.ndarray:
+    """Start position of every shard's samples plus the length: ``[0, s1, ..., N]``."""
+    return shard_groups(dataset).starts
+
+
+def fingerprint(dataset: Sized, groups: Groups) -> str:
+    """SHA-256 naming the dataset's contents and order: shard checksums and sizes (the
+    manifest's), the pack's layout and any subset, so a state from another store is refused."""
+    h = hashlib.sha256(np.ascontiguousarray(groups.starts, dtype="<i8").tobytes())
+    if groups.members is not None:
+        h.update(np.ascontiguousarray(groups.members, dtype="<i8").tobytes())
+    for part in _parts(dataset):
+        store = getattr(part, "store", None)
+        h.update((store_content(store) if store is not None and hasattr(store, "shards")
+                  else f"{type(part).__name__}:{len(part)}").encode())
+    return h.hexdigest()
+
+
+def store_content(store: Any) -> str:
+    """What names a store's records: each shard's SHA-256 and size from the manifest (a
+    single-file store: the checksums of its labels and of its records' CRC32s)."""
+    parts = []
+    for entry in store.shards:
+        if entry.sha256 is not None:
+            parts.append(f"{entry.sha256}:{entry.count}:{entry.bytes}")
+        else:
+            arrays = store.meta["arrays"]
+            parts.append(f"{arrays['crc32']['crc32']}:{arrays['labels']['crc32']}:{entry.count}")
+    return ",".join(parts)
+
+
+def _parts(dataset: Any) -> list[Any]:
+    inner = getattr(dataset, "datasets", None)
+    if inner is not None and not hasattr(dataset, "store"):
+        return [p for d in inner for p in _parts(d)]
+    return [dataset]
+
+
+def _world(num_replicas: int | None, rank: int | None, owner: str) -> tuple[int, int]:
     if num_replicas is None or rank is None:
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError("ShardSampler: pass num_replicas and rank, or initialise "
+            raise RuntimeError(f"{owner}: pass num_replicas and rank, or initialise "
                                "torch.distributed first (init_process_group)")
         num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
         rank = dist.get_rank() if rank is None else rank
-    if num_replicas < 1:
-        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    if not 0 <= rank < num_replicas:
-        raise ValueError(f"invalid rank {rank}: rank should be in the interval [0, "
-                         f"{num_replicas - 1}]")
+    if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
+        raise OptionError(f"num_replicas must be an integer >= 1, got {num_replicas!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_replicas:
+        raise OptionError(f"invalid rank {rank!r}: rank should be in the interval [0, "
+                          f"{num_replicas - 1}]")
     return num_replicas, rank
 
 
-class ShardSampler(DistributedSampler):
-    """Distributed sampler that gives each rank a few whole shards (drop-in for DistributedSampler).
+class OrderedSampler(DistributedSampler):
+    """What ``ShardSampler`` and ``MixSampler`` share: the world, the epoch, the canonical
+    partition, the resume position and the checkpoint state. Subclasses give each epoch's
+    :class:`Groups` (``_groups``) and what identifies their data (``_identity``).
 
     It is an ``isinstance`` of ``torch.utils.data.DistributedSampler`` (so Lightning, timm and
     other trainers use it as given instead of wrapping it) with the same attributes
-    (``num_replicas``, ``rank``, ``epoch``, ``num_samples``, ``total_size``, ...), but none of
-    DistributedSampler's code runs: the order is this class's own.
+    (``num_replicas``, ``rank``, ``epoch``, ``shuffle``, ``seed``, ``drop_last``,
+    ``num_samples``, ``total_size``), but none of DistributedSampler's code runs.
+    """
+
+    _name = "sampler"
+
+    def _setup(self, total: int, num_replicas: int | None, rank: int | None, shuffle: bool,
+               seed: int, drop_last: bool, num_canonical: int | None) -> None:
+        self.num_replicas, self.rank = _world(num_replicas, rank, type(self).__name__)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.total = int(total)
+        self._canonical_given = num_canonical is not None
+        self.num_canonical = self.num_replicas if num_canonical is None else num_canonical
+        self._check_canonical(self.num_canonical, "num_canonical")
+        self.num_samples = per_rank(self.total, 0, self.num_replicas, self.drop_last)
+        self.total_size = self.num_samples * self.num_replicas
+        self.epoch = 0
+        #: Samples of the current epoch this rank's training loop has consumed (kept by the
+        #: loop, e.g. ``sampler.consumed += batch_size``); ``state_dict`` saves it.
+        self.consumed = 0
+        self._origin = 0  # where this epoch starts in the global sequence (a resume sets it)
+        self._skip = 0    # samples per rank this epoch starts past (a resume sets it)
+        self._order_cache: tuple[int, EpochOrder] | None = None
+
+    def _check_canonical(self, canonical: Any, what: str) -> None:
+        if isinstance(canonical, bool) or not isinstance(canonical, int) or canonical < 1:
+            raise OptionError(f"{what} must be an integer >= 1, got {canonical!r}")
+        if canonical % self.num_replicas:
+            raise OptionError(f"{what}={canonical} is not a multiple of num_replicas="
+                              f"{self.num_replicas}: the world size must divide the canonical "
+                              "partition (choose num_canonical as a multiple of every world "
+                              "size the run may use)")
+
+    # -- the epoch's order ----------------------------------------------------------------------
+
+    def _groups(self, epoch: int) -> Groups:
+        raise NotImplementedError
+
+    def _identity(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def epoch_order(self) -> EpochOrder:
+        """The current epoch's global sequence (see :mod:`shardkit.read.order`)."""
+        if self._order_cache is None or self._order_cache[0] != self.epoch:
+            order = EpochOrder(self._groups(self.epoch), self.seed, self.epoch,
+                               self.num_canonical, self.shuffle)
+            self._order_cache = (self.epoch, order)
+        return self._order_cache[1]
+
+    def indices(self) -> np.ndarray:
+        """This rank's indices for the rest of the current epoch, in order (``len(self)``)."""
+        return self.epoch_order().indices(self._origin, self.rank, self.num_replicas,
+                                          self.drop_last, self._skip)
+
+    def __iter__(self) -> Iterator[int]:
+        # The resume position belongs to the epoch, not to one iter(): a DataLoader with
+        # batch_size=None and workers calls iter(sampler) twice.
+        return iter(self.indices().tolist())
+
+    def __len__(self) -> int:
+        return per_rank(self.total, self._origin, self.num_replicas, self.drop_last) - self._skip
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for ``epoch`` (call before each epoch, with the same value on every rank).
+
+        Changing the epoch resets ``consumed`` and the resume position; setting the epoch a
+        resumed state already holds keeps them.
+        """
+        if int(epoch) != self.epoch:
+            self.consumed = 0
+            self._origin = self._skip = 0
+        self.epoch = int(epoch)
+
+    # -- checkpointing --------------------------------------------------------------------------
+
+    def position(self, consumed: int | None = None) -> int:
+        """Global position in the epoch's sequence after this rank consumed ``consumed``
+        samples (every rank consumes the same number)."""
+        consumed = self.consumed if consumed is None else consumed
+        if isinstance(consumed, bool) or not isinstance(consumed, (int, np.integer)):
+            raise OptionError(f"consumed must be an integer, got {consumed!r}")
+        most = per_rank(self.total, self._origin, self.num_replicas, self.drop_last)
+        if not 0 <= consumed <= most:
+            raise OptionError(f"consumed={consumed} is outside 0..{most} (samples per rank "
+                              "this epoch)")
+        return min(self._origin + int(consumed) * self.num_replicas, self.total)
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """Where to resume: the epoch and the global position the ranks reached in it.
+
+        Args:
+            consumed: samples of the current epoch this rank's loop has consumed, counted from
+                the start of the epoch (after a resume, from the count ``load_state_dict`` set
+                in ``self.consumed``), e.g. ``batches_done * batch_size``. Default:
+                ``self.consumed``.
+
+        The state does not depend on the rank (one rank may save it for all), and it resumes at
+        any world size that divides ``num_canonical``. JSON-serialisable.
+        """
+        return {"version": STATE_VERSION, "epoch": self.epoch,
+                "position": self.position(consumed), "consumed": int(
+                    self.consumed if consumed is None else consumed),
+                "num_replicas": self.num_replicas, "num_canonical": self.num_canonical,
+                "seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                **self._identity()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next ``iter()`` yields the rest of that epoch.
+
+        At another world size the ranks together yield exactly the samples the saved run had
+        not consumed, in the same global order. ``self.consumed`` is set to this rank's count
+        at the resume point (keep adding to it).
+        """
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            got = state.get("version") if isinstance(state, dict) else state
+            raise OptionError(f"unsupported {type(self).__name__} state version {got!r} "
+                              f"(this shardkit writes {STATE_VERSION}; an older state's order "
+                              "differs)")
+        canonical = state.get("num_canonical")
+        if not self._canonical_given:
+            try:
+                self._check_canonical(canonical, "the saved num_canonical")
+            except OptionError as exc:
+                raise OptionError(f"cannot resume: {exc}") from None
+        mine = {"num_canonical": canonical if not self._canonical_given else self.num_canonical,
+                "seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                **self._identity()}
+        for key, value in mine.items():
+            if state.get(key) != value:
+                raise OptionError(f"cannot resume: saved {key}={state.get(key)!r}, this "
+                                  f"sampler has {value!r} (the order would differ)")
+        position = state.get("position")
+        if isinstance(position, bool) or not isinstance(position, int) \
+                or not 0 <= position <= self.total:
+            raise OptionError(f"cannot resume: saved position {position!r} is outside "
+                              f"0..{self.total}")
+        self.num_canonical = canonical
+        self.epoch = int(state["epoch"])
+        w = self.num_replicas
+        self._origin, self._skip = position % w, position // w
+        self.consumed = self._skip
+
+
+class ShardSampler(OrderedSampler):
+    """Distributed sampler that gives each rank a few whole shards (drop-in for DistributedSampler).
 
     Args:
-        dataset: a ``ShardDataset`` (or any dataset with ``len()``, treated as one shard).
+        dataset: a ``ShardDataset`` (also a subset), a ``ConcatDataset`` of them, or any dataset
+            with ``len()`` (one shard).
         num_replicas: number of ranks (default: ``torch.distributed`` world size).
         rank: this rank (default: ``torch.distributed`` rank).
-        shuffle: shuffle shard order, records within shards and each rank's run, per epoch.
-            Without it, rank ``r`` reads the contiguous range ``[r*n, (r+1)*n)`` in order.
+        shuffle: shuffle shard order and each canonical run, per epoch. Without it, with the
+            default ``num_canonical``, rank ``r`` reads one contiguous range in order.
         seed: base seed; must be the same on every rank.
         drop_last: drop the tail so every rank gets ``floor(N / R)`` distinct samples, instead of
             padding to ``ceil(N / R)`` by repeating samples.
+        num_canonical: the canonical partition ``C`` (default ``num_replicas``); the world size
+            must divide it. The order, and exact resume, are the same at every world size that
+            divides ``C``; each rank reads ``C / R`` runs (about ``S / R + C / R`` shards).
 
     Call ``set_epoch(epoch)`` before each epoch, as with ``DistributedSampler``. To checkpoint,
     save ``state_dict(consumed=samples_this_epoch)`` (or maintain ``sampler.consumed``); after
@@ -95,148 +295,51 @@ class ShardSampler(DistributedSampler):
     """
 
     def __init__(self, dataset: Sized, num_replicas: int | None = None, rank: int | None = None,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 num_canonical: int | None = None) -> None:
         self.dataset = dataset
-        self.num_replicas, self.rank = _world(num_replicas, rank)
-        self.shuffle = shuffle
-        self.seed = int(seed)
-        self.drop_last = drop_last
-        self.starts = shard_starts(dataset)
+        self.groups = shard_groups(dataset)
+        self.starts = self.groups.starts
+        self._setup(self.groups.total, num_replicas, rank, shuffle, seed, drop_last,
+                    num_canonical)
         store = getattr(dataset, "store", None)
         # A remote store's reads follow this rank's order, not k, k+1: the sampler prefetches.
         self._remote = store if getattr(store, "cache", None) is not None else None
         if self._remote is not None:
             self._remote.prefetch_next = False  # before the DataLoader sends it to its workers
-        self.total = int(self.starts[-1])
-        r = self.num_replicas
-        if drop_last and self.total % r != 0:
-            self.num_samples = math.ceil((self.total - r) / r)
-        else:
-            self.num_samples = math.ceil(self.total / r)
-        self.total_size = self.num_samples * r
-        self.epoch = 0
-        #: Samples of the current epoch the training loop has consumed (kept by the loop).
-        self.consumed = 0
-        self._skip = 0  # set by load_state_dict, applied by the next __iter__
+        self._fingerprint = fingerprint(dataset, self.groups)
 
-    # -- the epoch's order ----------------------------------------------------------------------
+    def _groups(self, epoch: int) -> Groups:
+        return self.groups
 
-    def _rng(self, *key: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed & _MASK64, self.epoch, *key])
-
-    def _shard_order(self) -> np.ndarray:
-        n_shards = len(self.starts) - 1
-        if not self.shuffle:
-            return np.arange(n_shards)
-        return self._rng(0).permutation(n_shards)
-
-    def _run(self, lo: int, hi: int, order: np.ndarray, cum: np.ndarray) -> np.ndarray:
-        """Dataset indices at positions ``[lo, hi)`` of the epoch's shard-by-shard order."""
-        if hi <= lo:
-            return np.zeros(0, dtype=np.int64)
-        first = int(np.searchsorted(cum, lo, side="right")) - 1
-        parts = []
-        j = first
-        while j < len(order) and cum[j] < hi:
-            s = int(order[j])
-            size = int(self.starts[s + 1] - self.starts[s])
-            a, b = max(lo - int(cum[j]), 0), min(hi - int(cum[j]), size)
-            if b > a:
-                local = self._rng(1, s).permutation(size)[a:b] if self.shuffle \
-                    else np.arange(a, b, dtype=np.int64)
-                parts.append(local + self.starts[s])
-            j += 1
-        return np.concatenate(parts).astype(np.int64, copy=False)
-
-    def indices(self) -> np.ndarray:
-        """This rank's indices for the current epoch, in order (all ``num_samples`` of them)."""
-        n, m = self.total, self.num_samples
-        if m == 0:
-            return np.zeros(0, dtype=np.int64)
-        order = self._shard_order()
-        sizes = np.diff(self.starts)[order]
-        cum = np.concatenate([[0], np.cumsum(sizes)])
-        lo, hi = self.rank * m, (self.rank + 1) * m
-        own = self._run(lo, min(hi, n), order, cum)
-        if len(own) < m:  # padding (never with drop_last): repeat this rank's own samples
-            if len(own):
-                own = np.resize(own, m)
-            else:  # more ranks than samples: repeat from the start, as DistributedSampler does
-                own = self._run(0, n, order, cum)[(np.arange(lo, hi) - n) % n]
-        if self.shuffle:
-            own = own[self._rng(2, self.rank).permutation(m)]
-        return own
+    def _identity(self) -> dict[str, Any]:
+        return {"dataset_len": self.total, "num_shards": len(self.starts) - 1,
+                "fingerprint": self._fingerprint}
 
     def __iter__(self) -> Iterator[int]:
-        skip, self._skip = self._skip, 0
-        indices = self.indices()[skip:]
         if self._remote is None:
-            return iter(indices.tolist())
-        return self._prefetching(indices)
+            return super().__iter__()
+        return self._prefetching()
 
-    def _prefetching(self, indices: np.ndarray) -> Iterator[int]:
-        """``indices``; as the first index of each shard is handed out (to the DataLoader, which
-        runs ahead of the workers' reads), the rank's next shard starts downloading."""
-        shards = locate_many(self.starts, indices)[0]
+    def _prefetching(self) -> Iterator[int]:
+        """This rank's indices; as the first index of each shard is handed out (to the
+        DataLoader, which runs ahead of the workers' reads), the next shard starts downloading."""
+        order = self.epoch_order()
+        positions = order.at(order.places(self._origin, self.rank, self.num_replicas,
+                                          self.drop_last, self._skip))
+        shards = self.groups.group_of(positions)
+        indices = self.groups.index(positions)
         first = np.sort(np.unique(shards, return_index=True)[1])
-        order = shards[first].tolist()
+        sequence = shards[first].tolist()
         ends = [*first.tolist()[1:], len(indices)]
         for j, (start, end) in enumerate(zip(first.tolist(), ends)):
-            if j + 1 < len(order):
-                self._remote.prefetch(order[j + 1])
+            if j + 1 < len(sequence):
+                self._remote.prefetch(sequence[j + 1])
             yield from indices[start:end].tolist()
 
-    def __len__(self) -> int:
-        return self.num_samples - self._skip
-
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for ``epoch`` (call before each epoch, with the same value on every rank).
-
-        Changing the epoch resets ``consumed``; setting the epoch a resumed state already holds
-        keeps the resume position.
-        """
-        if epoch != self.epoch:
-            self.consumed = 0
-            self._skip = 0
-        self.epoch = int(epoch)
-
     def shards_of_rank(self) -> list[int]:
-        """Shard numbers this rank reads in the current epoch (sorted)."""
-        return np.unique(locate_many(self.starts, self.indices())[0]).tolist()
-
-    # -- checkpointing --------------------------------------------------------------------------
-
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Where to resume: the epoch and how many of its samples the training loop consumed.
-
-        Args:
-            consumed: samples of the current epoch this rank's loop has consumed, counted from
-                the start of the epoch (including any consumed before an earlier resume), e.g.
-                ``batches_done * batch_size``. Default: ``self.consumed``.
-
-        The state does not depend on the rank: one rank may save it for all.
-        """
-        consumed = self.consumed if consumed is None else int(consumed)
-        if not 0 <= consumed <= self.num_samples:
-            raise ValueError(f"consumed={consumed} is outside 0..{self.num_samples} "
-                             "(samples per rank per epoch)")
-        return {"version": STATE_VERSION, "epoch": self.epoch, "consumed": consumed,
-                "seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
-                "num_replicas": self.num_replicas, "dataset_len": self.total,
-                "num_shards": len(self.starts) - 1}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next ``iter()`` yields the rest of that epoch."""
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unsupported ShardSampler state version {state.get('version')!r}")
-        mine = self.state_dict(0)
-        for key in ("seed", "shuffle", "drop_last", "num_replicas", "dataset_len", "num_shards"):
-            if state.get(key) != mine[key]:
-                raise ValueError(f"cannot resume: saved {key}={state.get(key)!r}, this sampler "
-                                 f"has {mine[key]!r} (the order would differ)")
-        consumed = int(state["consumed"])
-        if not 0 <= consumed <= self.num_samples:
-            raise ValueError(f"saved consumed={consumed} is outside 0..{self.num_samples}")
-        self.epoch = int(state["epoch"])
-        self.consumed = consumed
-        self._skip = consumed
+        """Shard numbers this rank reads in the rest of the current epoch (sorted)."""
+        order = self.epoch_order()
+        positions = order.at(order.places(self._origin, self.rank, self.num_replicas,
+                                          self.drop_last, self._skip))
+        return np.unique(self.groups.group_of(positions)).tolist()
