@@ -1,0 +1,359 @@
+"""Checks for the documentation (used by tests/test_docs.py): links, anchors, repository paths,
+fenced python / bash / diff blocks against the real code and the real CLI parsers."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import glob
+import inspect
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+
+from markdown_it import MarkdownIt
+
+import shardkit
+from shardkit import cli
+from shardkit.bench import build_parser as bench_parser
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PAGES = sorted(["README.md", "benchmarks/README.md"]
+               + [os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))])
+SHELL = {"bash", "sh", "shell", "console"}
+# Words in code spans and shell blocks that name a file of this repository.
+REPO_PATH = re.compile(r"(?:\./)?(?:shardkit|tests|benchmarks|scripts|examples|docs)/[\w./-]*\w")
+# Blocks that cannot run on a CPU-only machine without a cluster or a bucket.
+NEEDS_MORE = re.compile(r"cuda|init_process_group|://|/data/|/shared/")
+# What a runnable block finds in its working folder (see ``doc_stores``).
+STORES = ("imgs", "train.lmdb", "val.lmdb", "train.h5", "train-shards")
+
+_MD = MarkdownIt("commonmark").enable("table")
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced code block: the page it is on, its first line (1-based), language and text."""
+    page: str
+    line: int
+    lang: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def github_slug(text: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation other than '-' and '_' dropped, each
+    space a hyphen (duplicates get -1, -2, ... in ``headings``)."""
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def _inline_text(token) -> str:
+    return "".join(c.content for c in token.children or () if c.type in ("text", "code_inline"))
+
+
+def headings(text: str) -> set[str]:
+    tokens = _MD.parse(text)
+    seen: dict[str, int] = {}
+    out = set()
+    for i, tok in enumerate(tokens):
+        if tok.type == "heading_open":
+            slug = github_slug(_inline_text(tokens[i + 1]))
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def blocks(page: str, text: str) -> list[Block]:
+    return [Block(page, tok.map[0] + 1, tok.info.split()[0] if tok.info else "", tok.content)
+            for tok in _MD.parse(text) if tok.type == "fence"]
+
+
+def read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def link_problems(page: str, root: str = ROOT) -> list[str]:
+    """Broken relative links, images and anchors on ``page``, and repository paths in its code
+    spans and shell blocks that do not exist."""
+    path = os.path.join(root, page)
+    text = read_text(path)
+    problems = []
+    refs = []
+    for tok in _MD.parse(text):
+        line = tok.map[0] + 1 if tok.map else 0
+        for child in tok.children or ():
+            if child.type == "link_open":
+                refs.append((line, child.attrs["href"]))
+            elif child.type == "image":
+                refs.append((line, child.attrs["src"]))
+            elif child.type == "code_inline":
+                problems += _path_problems(page, line, child.content, root)
+        if tok.type == "fence" and tok.info.split()[:1] and tok.info.split()[0] in SHELL:
+            problems += _path_problems(page, line, tok.content, root)
+    for line, href in refs:
+        if re.match(r"[a-z][a-z0-9+.-]*:", href):  # https:, mailto:: not ours to check
+            continue
+        target, _, anchor = href.partition("#")
+        file = os.path.normpath(os.path.join(os.path.dirname(path), target)) if target else path
+        if not os.path.exists(file):
+            problems.append(f"{page}:{line}: link to a missing file: {href}")
+        elif anchor and file.endswith(".md") and anchor not in headings(read_text(file)):
+            problems.append(f"{page}:{line}: no heading #{anchor} in {os.path.relpath(file, root)}")
+    return problems
+
+
+def _path_problems(page: str, line: int, text: str, root: str) -> list[str]:
+    return [f"{page}:{line}: names a missing file: {word}"
+            for word in REPO_PATH.findall(text)
+            if not os.path.exists(os.path.join(root, word))]
+
+
+# --- shell blocks ---------------------------------------------------------------------------
+
+def shell_commands(script: str) -> tuple[list[list[str]], list[str]]:
+    """(simple commands as argv lists, heredoc bodies) of a shell script: continuation lines
+    joined, comments, heredoc bodies and redirections removed; ``$VAR`` reads as ``0``."""
+    commands, heredocs = [], []
+    lines = script.replace("\\\n", " ").split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        here = re.search(r"<<-?\s*['\"]?(\w+)['\"]?", line)
+        if here:
+            body = []
+            while i < len(lines) and lines[i].strip() != here.group(1):
+                body.append(lines[i])
+                i += 1
+            i += 1
+            heredocs.append("\n".join(body) + "\n")
+            line = line[:here.start()]
+        line = re.sub(r"\$\{?\w+\}?", "0", line)
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        argv: list[str] = []
+        redirected = False
+        for word in list(lexer) + [";"]:
+            if word in ("&&", "||", ";", "|", "&", "(", ")"):
+                if argv:
+                    commands.append(argv)
+                argv, redirected = [], False
+            elif set(word) <= set("<>&") or redirected:
+                redirected = True  # a redirection and its target are not arguments
+            elif argv or not re.match(r"\w+=", word):  # leading VAR=value assignments
+                argv.append(word)
+    return commands, heredocs
+
+
+def command_problem(argv: list[str]) -> str | None:
+    """Why shardkit's own parsers refuse ``argv`` (a ``shardkit ...`` or ``python
+    benchmarks/throughput.py ...`` line), or None; other commands are not ours to check."""
+    if argv[0] == "shardkit" or argv[:3] == [argv[0], "-m", "shardkit"]:
+        args = argv[1:] if argv[0] == "shardkit" else argv[3:]
+        # As cli.main does: ``bench`` hands its arguments to the benchmark's parser.
+        parser, args = (bench_parser(), args[1:]) if args[:1] == ["bench"] else \
+            (cli.build_parser(), args)
+    elif os.path.basename(argv[0]).startswith("python") and len(argv) > 1 \
+            and argv[1].endswith("benchmarks/throughput.py"):
+        parser, args = bench_parser(), argv[2:]
+    else:
+        return None
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            parser.parse_args(args)
+        except SystemExit as exc:
+            if exc.code:
+                return err.getvalue().strip().splitlines()[-1]
+    return None
+
+
+def bash_problems(block: Block) -> list[str]:
+    run = subprocess.run(["bash", "-n"], input=block.text, capture_output=True, text=True)
+    if run.returncode:
+        return [f"{block}: bash -n: {run.stderr.strip()}"]
+    commands, heredocs = shell_commands(block.text)
+    problems = [f"{block}: {' '.join(argv)}: {why}" for argv in commands
+                if (why := command_problem(argv))]
+    for argv in commands:
+        if argv[:2] in (["python", "-"], ["python3", "-"]):
+            problems += python_problems(Block(block.page, block.line, "python", heredocs.pop(0)))
+    return problems
+
+
+# --- python blocks --------------------------------------------------------------------------
+
+class _Placeholder:
+    """Stands for any argument when binding a documented call to the real signature."""
+
+
+def _api_call_problems(tree: ast.AST, where: str) -> list[str]:
+    """Calls into shardkit that name a missing attribute or pass arguments the real signature
+    refuses. Names bound by ``import shardkit``, ``from shardkit import X`` and ``x =
+    shardkit.Class(...)`` (or ``with ... as x``) are followed; anything else is not judged."""
+    modules, objects, instances = set(), {}, {}
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.asname or a.name for a in node.names if a.name == "shardkit"}
+        elif isinstance(node, ast.ImportFrom) and node.module == "shardkit":
+            for a in node.names:
+                if not hasattr(shardkit, a.name):
+                    problems.append(f"{where}: shardkit has no {a.name}")
+                else:
+                    objects[a.asname or a.name] = getattr(shardkit, a.name)
+
+    def resolve(func):
+        if isinstance(func, ast.Name):
+            return objects.get(func.id), func.id, None
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            owner = func.value.id
+            if owner in modules:
+                if not hasattr(shardkit, func.attr):
+                    problems.append(f"{where}: shardkit has no {func.attr}")
+                    return None, "", None
+                return getattr(shardkit, func.attr), f"shardkit.{func.attr}", None
+            cls = instances.get(owner)
+            if cls is not None:
+                if not hasattr(cls, func.attr):
+                    problems.append(f"{where}: {cls.__name__} has no {func.attr}")
+                    return None, "", None
+                return getattr(cls, func.attr), f"{cls.__name__}.{func.attr}", cls
+        return None, "", None
+
+    def bind(call: ast.Call) -> None:
+        obj, name, cls = resolve(call.func)
+        if obj is None or not callable(obj) or any(
+                isinstance(a, ast.Starred) for a in call.args) or any(
+                k.arg is None for k in call.keywords):
+            return
+        # A method looked up on the class takes the instance first, unless static or class.
+        method = cls is not None and not isinstance(
+            inspect.getattr_static(cls, call.func.attr), (staticmethod, classmethod))
+        args = [_Placeholder()] * (len(call.args) + method)  # + self for a method
+        try:
+            inspect.signature(obj).bind(*args, **{k.arg: _Placeholder() for k in call.keywords})
+        except TypeError as exc:
+            problems.append(f"{where}: {name}(...): {exc}")
+        except ValueError:  # no signature to check (a builtin)
+            pass
+
+    for node in ast.walk(tree):  # in source order enough for ``x = shardkit.C(...)``
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            cls = resolve(node.value.func)[0]
+            if inspect.isclass(cls):
+                instances.update({t.id: cls for t in node.targets if isinstance(t, ast.Name)})
+        elif isinstance(node, ast.withitem) and isinstance(node.context_expr, ast.Call):
+            cls = resolve(node.context_expr.func)[0]
+            if inspect.isclass(cls) and isinstance(node.optional_vars, ast.Name):
+                instances[node.optional_vars.id] = cls
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            bind(node)
+    return problems
+
+
+def python_problems(block: Block) -> list[str]:
+    try:
+        tree = ast.parse(block.text, filename=str(block))
+        compile(tree, str(block), "exec")
+    except SyntaxError as exc:
+        return [f"{block}: does not compile: {exc.msg} (block line {exc.lineno})"]
+    return _api_call_problems(tree, str(block))
+
+
+def free_names(code: str) -> set[str]:
+    """Names a block reads that it never binds and that are not builtins."""
+    tree = ast.parse(code)
+    bound, read = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return read - bound - set(dir(builtins))
+
+
+def runnable(block: Block) -> bool:
+    """A block runs when it compiles, binds every name it reads, and needs no GPU, cluster,
+    bucket or absolute data path."""
+    try:
+        return not free_names(block.text) and not NEEDS_MORE.search(block.text)
+    except SyntaxError:
+        return False
+
+
+def written_paths(code: str) -> set[str]:
+    """String paths a block writes: the OUT of ``pack(SRC, OUT)`` and ``StoreWriter(OUT)``."""
+    out = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            pos = {"pack": 1, "StoreWriter": 0}.get(name)
+            if pos is not None and len(node.args) > pos and \
+                    isinstance(node.args[pos], ast.Constant):
+                out.add(str(node.args[pos].value).rstrip("/"))
+    return out
+
+
+# --- diff blocks ----------------------------------------------------------------------------
+
+def diff_problems(block: Block, root: str = ROOT) -> list[str]:
+    """A diff with ``--- a/FILE`` headers must apply here; the added lines of any diff must call
+    shardkit as its signatures accept (a diff against another project's file, such as
+    pytorch/examples' main.py, cannot be applied here)."""
+    problems = []
+    if re.search(r"^--- (a/)?\S+\n\+\+\+ ", block.text, re.M):
+        run = subprocess.run(["git", "apply", "--check", "-"], input=block.text, cwd=root,
+                             capture_output=True, text=True)
+        if run.returncode:
+            problems.append(f"{block}: does not apply: {run.stderr.strip()}")
+    added = [ln[1:] for ln in block.text.splitlines() if ln.startswith("+") and not
+             ln.startswith("+++")]
+    imports = "\n".join(ln.strip() for ln in added if ln.strip().startswith(("import", "from")))
+    for ln in added:
+        try:
+            tree = ast.parse(imports + "\n" + textwrap.dedent(ln).strip())
+        except SyntaxError:
+            continue  # a fragment of a longer statement
+        problems += _api_call_problems(tree, str(block))
+    problems += [f"{block}: shardkit has no {name}" for name in
+                 re.findall(r"\bshardkit\.(\w+)", "\n".join(added)) if not hasattr(shardkit, name)]
+    return problems
+
+
+# Runs each block in its own folder, in one fresh interpreter (torch is imported once).
+_RUNNER = """
+import json, os, sys, traceback
+for cwd, name, code in json.load(sys.stdin):
+    os.chdir(cwd)
+    try:
+        exec(compile(code, name, "exec"), {"__name__": "__main__"})
+    except BaseException as exc:
+        print("DOC-BLOCK-FAILED", json.dumps(f"{name}: "
+              f"{traceback.format_exception_only(exc)[-1].strip()}"))
+"""
+
+
+def run_blocks(jobs: list[tuple[str, str, str]]) -> list[str]:
+    """Run (folder, name, code) jobs in one fresh interpreter; one line per block that raised."""
+    run = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(jobs),
+                         capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr
+    return [json.loads(line.split(" ", 1)[1]) for line in run.stdout.splitlines()
+            if line.startswith("DOC-BLOCK-FAILED ")]
