@@ -61,7 +61,7 @@ def check_seal(obj: dict[str, Any], where: str) -> None:
                          "(damaged store or not written by shardkit)")
     try:
         actual = zlib.crc32(dumps({k: v for k, v in obj.items() if k != SEAL_KEY}))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         actual = None
     if actual != stored:
         raise StoreError(f"{where}: metadata checksum mismatch (damaged store)")
@@ -75,6 +75,9 @@ def loads(raw: bytes | str, where: str) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError) as exc:
         raise StoreError(f"{where}: metadata is not valid JSON ({exc}); "
                          "damaged store or not written by shardkit") from None
+    except RecursionError:  # shardkit's own metadata nests 4 levels at most
+        raise StoreError(f"{where}: metadata nests too deeply to parse; damaged store or not "
+                         "written by shardkit") from None
     if not isinstance(obj, dict):
         raise StoreError(f"{where}: metadata is not a JSON object")
     return obj
@@ -82,6 +85,18 @@ def loads(raw: bytes | str, where: str) -> dict[str, Any]:
 
 def _reject_constant(name: str) -> None:
     raise ValueError(f"non-finite number {name}")
+
+
+def _shown(value: Any) -> str:
+    """A field's value for an error message: short, whatever a damaged file holds there (a
+    deeply nested list's repr would recurse; a huge string would flood the message)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        text = repr(value)
+    elif isinstance(value, str):
+        text = repr(value[:60] + ("..." if len(value) > 60 else ""))
+    else:
+        return f"<a JSON {'object' if isinstance(value, dict) else 'array'}>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _need(obj: dict, key: str, types: type | tuple[type, ...], where: str) -> Any:
@@ -94,16 +109,17 @@ def _need(obj: dict, key: str, types: type | tuple[type, ...], where: str) -> An
 def check_header(obj: dict[str, Any], where: str, kind: str | tuple[str, ...]) -> None:
     """Format tag, version and kind: the first thing checked in any metadata."""
     if obj.get("format") != FORMAT_TAG:
-        raise StoreError(f"{where}: not a shardkit store (format tag {obj.get('format')!r})")
+        raise StoreError(f"{where}: not a shardkit store (format tag {_shown(obj.get('format'))})")
     version = obj.get("format_version")
     if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
         supported = ", ".join(map(str, SUPPORTED_VERSIONS))
-        raise StoreError(f"{where}: store format version {version!r} is not supported by "
+        raise StoreError(f"{where}: store format version {_shown(version)} is not supported by "
                          f"shardkit {__version__} (supports version {supported}); "
                          "upgrade shardkit or re-pack the data")
     kinds = (kind,) if isinstance(kind, str) else kind
     if obj.get("kind") not in kinds:
-        raise StoreError(f"{where}: metadata kind {obj.get('kind')!r}, expected {' or '.join(kinds)}")
+        raise StoreError(f"{where}: metadata kind {_shown(obj.get('kind'))}, "
+                         f"expected {' or '.join(kinds)}")
 
 
 def check_dataset_fields(obj: dict[str, Any], where: str) -> None:
@@ -119,7 +135,7 @@ def check_dataset_fields(obj: dict[str, Any], where: str) -> None:
         raise StoreError(f"{where}: class_to_idx does not match classes")
     settings = _need(obj, "settings", dict, where)
     if settings.get("encoding") not in ENCODINGS:
-        raise StoreError(f"{where}: unknown record encoding {settings.get('encoding')!r}")
+        raise StoreError(f"{where}: unknown record encoding {_shown(settings.get('encoding'))}")
     skipped = obj.get("skipped", [])
     if not isinstance(skipped, list) or not all(
             isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("reason"), str)
@@ -188,7 +204,7 @@ def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
             raise StoreError(f"{where}: shard entry {k} is not an object")
         _plain_name(_need(entry, "file", str, where), where)
         if entry.get("format") not in FORMATS:
-            raise StoreError(f"{where}: shard {k} has unknown format {entry.get('format')!r}")
+            raise StoreError(f"{where}: shard {k} has unknown format {_shown(entry.get('format'))}")
         for key in ("count", "start", "bytes"):
             _need(entry, key, int, where)
         _need(entry, "sha256", str, where)

@@ -47,7 +47,7 @@ def completed_shards(partial: str, plan: Plan, plan_id: str, shards: Iterable[in
         try:
             with open(entry_path(partial, k), "rb") as f:
                 entry = json.loads(f.read())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
         if not isinstance(entry, dict) or entry.get("plan_id") != plan_id:
             continue
@@ -79,7 +79,7 @@ def prepare_partial(partial: str, plan: Plan, plan_id: str, resume: bool,
         try:
             with open(plan_file, "rb") as f:
                 old = json.loads(f.read())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             old = {}
         if not isinstance(old, dict) or old.get("plan_id") not in (None, plan_id):
             raise PackError(f"cannot resume: {partial} was started with different sources, "
@@ -112,7 +112,7 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
     try:
         with open(os.path.join(partial, PLAN_NAME), "rb") as f:
             plan_info = json.loads(f.read())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         raise PackError(f"{partial}: no pack in progress to merge") from None
     plan_id, num_shards = plan_info["plan_id"], plan_info["num_shards"]
     entries, missing = [], []
@@ -120,7 +120,7 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
         try:
             with open(entry_path(partial, k), "rb") as f:
                 entry = json.loads(f.read())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             missing.append(k)
             continue
         if entry.get("plan_id") != plan_id:
