@@ -9,6 +9,7 @@ batch buffer (shared memory inside a worker) that ``shardkit.collate`` hands on 
 
 from __future__ import annotations
 
+import copy
 import functools
 import gc
 import os
@@ -19,7 +20,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
 from .. import codec
+from ..errors import OptionError
+from ..integrations.loader import ShardLoader
 from . import augment, batchpool
+from . import targets as targetmod
 from .decode import Decoder
 from .store import OpenShard, Store
 from .threads import Fanout
@@ -45,8 +49,10 @@ class Batch(list):
         return state
 
 
-def collate(batch: Sequence[Any]) -> Any:
-    """``default_collate``, except that a ``Batch`` from ``ShardDataset`` is passed on uncopied.
+def collate(batch: Sequence[Any], ragged: Any = "list") -> Any:
+    """``default_collate``, except that a ``Batch`` from ``ShardDataset`` is passed on uncopied,
+    and samples whose target is a dict of fields (``ShardDataset(fields=...)``) are collated by
+    :func:`shardkit.read.targets.collate_targets` (ragged fields as ``ragged`` says).
 
     In a DataLoader worker the batch then travels to the main process as a reference to its
     reusable shared-memory buffer (see :mod:`shardkit.read.batchpool`), not as a new segment.
@@ -56,6 +62,9 @@ def collate(batch: Sequence[Any]) -> Any:
         if slot is not None and slot.fd is not None:
             return batchpool.PooledBatch(batch.images, batch.labels, slot)
         return [batch.images, batch.labels]
+    if batch and isinstance(batch[0], (tuple, list)) and len(batch[0]) == 2 \
+            and isinstance(batch[0][1], dict):
+        return targetmod.collate_samples(batch, ragged)
     return default_collate(batch)
 
 
@@ -107,6 +116,19 @@ class ShardDataset(Dataset):
         storage_options: options for the fsspec filesystem (e.g. ``{"profile": "research"}``,
             ``{"endpoint_url": ...}`` for s3fs); credentials and endpoint otherwise come from the
             environment (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ...).
+        fields: return ``(image, target)`` with ``target`` a dict of these typed fields of the
+            store (``"label"``: the class label), as torchvision's wrapped ``CocoDetection``
+            does; boxes and masks follow ``crop``/``flip`` exactly as torchvision v2 moves them
+            (see ``docs/fields.md``). None: ``(image, label)``.
+        transforms: applied to ``(image, target)`` together (torchvision v2 style), after the
+            decode-time crop.
+        sanitize: drop boxes as ``v2.SanitizeBoundingBoxes()`` does after the crop, with
+            their per-box fields and masks.
+        tv_tensors: boxes as ``tv_tensors.BoundingBoxes`` and masks as ``tv_tensors.Mask``
+            (None: when torchvision is installed; False: plain tensors).
+        multi_hot: multi-label fields (True: all) as float32 multi-hot vectors.
+        ragged: how batches carry ragged fields: ``"list"``, ``"padded"`` or ``"packed"``,
+            or a dict of those per field (``shardkit.read.targets``).
     """
 
     def __init__(self, path: str | os.PathLike, transform: Callable | None = None,
@@ -118,7 +140,12 @@ class ShardDataset(Dataset):
                  ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip: float = 0.0,
                  dct_scale: bool = True, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | None = None,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None,
+                 fields: Sequence[str] | None = None, transforms: Callable | None = None,
+                 sanitize: bool = False, tv_tensors: bool | None = None,
+                 multi_hot: bool | Sequence[str] = False,
+                 ragged: targetmod.RaggedMode | dict[str, targetmod.RaggedMode] = "list"
+                 ) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
         if crop_mode not in codec.CROP_MODES:
@@ -132,7 +159,7 @@ class ShardDataset(Dataset):
         self.store = Store(path, max_open_shards, cache_dir=cache_dir, cache_limit=cache_limit,
                            storage_options=storage_options)
         self.root = self.store.path
-        self.transform = transform
+        self._transform = transform  # composed explicitly here; see the ``transform`` setter
         self.target_transform = target_transform
         self.output = output
         self.crop = crop
@@ -141,10 +168,52 @@ class ShardDataset(Dataset):
         self._recipe = recipe  # draws each sample's box and flip (None: plain centre crop)
         self._decoder = Decoder(self.store, fast_decode, verify)
         self._fanout = fanout
+        #: Builds each sample's target dict from the requested fields (None: the class label).
+        self._targets = None if fields is None else targetmod.Targets(
+            targetmod.store_schema(self.store), fields, sanitize=sanitize,
+            tv_tensors=tv_tensors, multi_hot=multi_hot, ragged=ragged)
+        self.transforms = transforms
 
     threads = _forward("_fanout", "threads")
     verify = _forward("_decoder", "verify")
     fast_decode = _forward("_decoder", "fast")
+
+    @property
+    def transform(self) -> Callable | None:
+        """The per-sample transform, applied after the decode-time crop (if ``crop`` is set)."""
+        return self._transform
+
+    @transform.setter
+    def transform(self, value: Callable | None) -> None:
+        # Trainers assign ``dataset.transform = <crop + augmentation>`` (timm's create_loader
+        # does): on a dataset that already crops at decode that would crop twice, silently.
+        if value is not None and self.crop is not None:
+            raise OptionError(
+                f"this ShardDataset crops at decode (crop={self.crop}, "
+                f"crop_mode={self.crop_mode!r}); assigning transform afterwards would crop "
+                "twice. Pass transform= to ShardDataset(...) to apply it after the decode crop "
+                "on purpose, create the dataset without crop, or (timm) use "
+                "shardkit.timm.create_loader, which builds the decode recipe from timm's flags")
+        self._transform = value
+
+    def with_recipe(self, crop: int, crop_mode: codec.CropMode = "center",
+                    scale: Sequence[float] = (0.08, 1.0),
+                    ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip: float = 0.0,
+                    dct_scale: bool = True) -> "ShardDataset":
+        """This dataset (same store, output, options), cropping at decode with another recipe:
+        what ``ShardDataset(path, crop=crop, crop_mode=..., ...)`` with the same other arguments
+        gives. The copy shares the store's handles (``close()`` on either closes both)."""
+        if self._transform is not None:
+            raise OptionError("with_recipe: this dataset has a transform; a decode crop under it "
+                              "would crop before the transform does (create one without)")
+        if isinstance(crop, bool) or not isinstance(crop, int) or crop <= 0 \
+                or self.output == "bytes":
+            raise OptionError(f"crop must be a positive size and cannot be used with "
+                              f"output='bytes', got crop={crop!r}, output={self.output!r}")
+        twin = copy.copy(self)
+        twin._recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale)
+        twin.crop, twin.crop_mode, twin.flip = crop, crop_mode, flip
+        return twin
 
     # -- ImageFolder-compatible attributes ------------------------------------------------------
 
@@ -205,11 +274,21 @@ class ShardDataset(Dataset):
             img = self.transform(img)
         if self.target_transform is not None:
             label = self.target_transform(label)
+        if self.transforms is not None:
+            img, label = self.transforms(img, label)
         return img, label
+
+    def _label(self, shard: OpenShard, local: int, plan: augment.Plan | None) -> Any:
+        """The class label, or with ``fields`` the target dict moved by the sample's crop."""
+        if self._targets is None:
+            return int(shard.labels[local])
+        move = (None if self.output == "bytes" else targetmod.move_for(
+            plan, self.crop_mode, self.crop, int(shard.heights[local]), int(shard.widths[local])))
+        return self._targets.build(shard, local, move)
 
     def _item(self, shard: OpenShard, k: int, local: int, buf,
               origin: augment.Plan | None) -> tuple[Any, Any]:
-        label = int(shard.labels[local])
+        label = self._label(shard, local, origin)
         if self.output == "bytes":
             if self.verify:
                 self._decoder.check(shard, k, local, buf)
@@ -231,6 +310,7 @@ class ShardDataset(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list:
         """A batch: one read transaction per shard, optional threads, one buffer when cropping."""
         if self.output == "bytes" or self.crop is None or self.transform is not None \
+                or self.transforms is not None \
                 or self.output == "pil":
             return self._getitems_each(indices)
         return self._getitems_batched(indices)
@@ -281,6 +361,7 @@ class ShardDataset(Dataset):
         else:
             pixels = np.empty((n, c, c, 3), dtype=np.uint8)
         labels = np.empty(n, dtype=np.int64)
+        target_list: list[Any] = [None] * n
         located = self._by_shard(indices)
         plans = self._plans(located, n)
         for k, positions, local in located:
@@ -293,8 +374,11 @@ class ShardDataset(Dataset):
                 jobs = [(pixels[pos], shard, k, i, get(i), h, w, plans[pos])
                         for pos, i, h, w in zip(positions.tolist(), local_list, heights, widths)]
                 self._fanout.run(self._decoder.into, jobs)
+            if self._targets is not None:
+                for pos, i in zip(positions.tolist(), local_list):
+                    target_list[pos] = self._label(shard, i, plans[pos])
         batch = Batch()
-        label_list = labels.tolist()
+        label_list = labels.tolist() if self._targets is None else target_list
         if self.target_transform is not None:
             label_list = [self.target_transform(t) for t in label_list]
         if self.output == "tensor":
@@ -305,8 +389,11 @@ class ShardDataset(Dataset):
         else:
             batch.extend(zip(pixels, label_list))
             batch.images = pixels
-        batch.labels = (torch.from_numpy(labels) if self.target_transform is None
-                        else default_collate(label_list))
+        if self._targets is not None:
+            batch.labels = self._targets.collate(label_list)
+        else:
+            batch.labels = (torch.from_numpy(labels) if self.target_transform is None
+                            else default_collate(label_list))
         return batch
 
     def loader(self, batch_size: int | None = 1, **kwargs: Any) -> DataLoader:
@@ -318,15 +405,21 @@ class ShardDataset(Dataset):
         ``batch_sampler``, ``num_workers``, ``pin_memory``, ``drop_last``, ``timeout``,
         ``prefetch_factor``, ``multiprocessing_context``, ``generator``, ...); a ``collate_fn`` or
         ``persistent_workers`` of yours replaces the default.
+
+        It is a :class:`shardkit.integrations.loader.ShardLoader`: ``state_dict()`` /
+        ``load_state_dict()`` resume mid-epoch (Lightning does it from its checkpoints), and
+        ``normalize=(mean, std)`` (with ``device``, ``dtype``, ``memory_format``) yields
+        normalised float batches, contiguous NCHW by default.
         """
-        kwargs.setdefault("collate_fn", collate)
+        kwargs.setdefault("collate_fn", collate if self._targets is None
+                          else functools.partial(collate, ragged=self._targets.ragged))
         kwargs.setdefault("persistent_workers", bool(kwargs.get("num_workers")))
         user_init = kwargs.get("worker_init_fn")
         if user_init is None or user_init is worker_init_fn:
             kwargs["worker_init_fn"] = worker_init_fn
         else:
             kwargs["worker_init_fn"] = functools.partial(_init_then, user_init)
-        return DataLoader(self, batch_size=batch_size, **kwargs)
+        return ShardLoader(self, batch_size=batch_size, **kwargs)
 
     def __repr__(self) -> str:
         return (f"ShardDataset({self.root!r}, records={len(self)}, classes={len(self.classes)}, "

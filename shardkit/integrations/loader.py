@@ -1,0 +1,272 @@
+"""``ShardLoader``: the ``torch.utils.data.DataLoader`` that ``ShardDataset.loader`` returns.
+
+It behaves as the DataLoader built from the same arguments, plus:
+
+- ``state_dict()`` / ``load_state_dict()`` in the protocol Lightning (2.x) and torchdata's
+  ``StatefulDataLoader`` use: the state counts the batches the training loop has *received* from
+  this loader in the current epoch (not what workers prefetched), so a checkpoint written
+  after step ``k`` resumes at batch ``k + 1`` of that epoch, exactly, with no user code. With a
+  ``ShardSampler`` the state is the sampler's own (so it also resumes at another world size
+  that divides its ``num_canonical``); with another sampler the loader skips the consumed
+  batches' indices (no decoding) after restoring the epoch, or the generator of a
+  ``RandomSampler``. A sampler whose order cannot be reproduced is refused at resume.
+- ``len(loader)`` stays the epoch's full batch count after a resume (what Lightning expects).
+- It refuses to iterate when its sampler is a wrapper around a ``ShardSampler`` (Lightning's
+  ``DistributedSamplerWrapper``, for one): the wrapper would give each rank a share of a share.
+- ``normalize=(mean, std)``, ``device``: normalised float batches (see ``output``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import (DataLoader, DistributedSampler, RandomSampler, SequentialSampler,
+                              SubsetRandomSampler, WeightedRandomSampler)
+
+from ..errors import OptionError
+from ..read.sampler import OrderedSampler
+from .output import BatchOutput
+
+STATE_VERSION = 1
+
+
+def wrapped_sampler(sampler: Any) -> Any:
+    """The ``OrderedSampler`` (``ShardSampler``...) that ``sampler`` wraps, if it is a wrapper."""
+    if sampler is None or isinstance(sampler, OrderedSampler):
+        return None
+    dataset = getattr(sampler, "dataset", None)  # Lightning: DistributedSamplerWrapper.dataset
+    for inner in (getattr(sampler, "sampler", None), getattr(sampler, "_sampler", None),
+                  getattr(dataset, "_sampler", None), getattr(dataset, "sampler", None)):
+        if isinstance(inner, OrderedSampler):
+            return inner
+    return None
+
+
+def check_not_wrapped(loader: DataLoader) -> None:
+    """Raise if the loader's sampler wraps a ShardSampler (never train a fraction silently)."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for sampler in (loader.sampler, getattr(batch_sampler, "sampler", None)):
+        inner = wrapped_sampler(sampler)
+        if inner is not None:
+            raise OptionError(
+                f"this loader's sampler is a {type(sampler).__name__} wrapped around a "
+                f"{type(inner).__name__}: each rank would read 1/{inner.num_replicas} of its "
+                "own share. Use the ShardSampler as the loader's sampler (Lightning leaves a "
+                "DistributedSampler, which ShardSampler is, as it is; with "
+                "Trainer(use_distributed_sampler=False) it never wraps)")
+
+
+def _reproducible(sampler: Any) -> bool:
+    """Whether ``sampler`` gives the same order again (so consumed batches can be skipped)."""
+    if isinstance(sampler, (DistributedSampler, SequentialSampler, range, list, tuple)):
+        return True
+    if isinstance(sampler, (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)):
+        return getattr(sampler, "generator", None) is not None
+    return False
+
+
+class _Progress:
+    """Where the loader is in its epoch (batches handed to the loop) and what a resume set."""
+
+    def __init__(self) -> None:
+        self.batches = 0         # batches handed to the training loop this epoch
+        self.sizes: list[int] = []  # cumulative samples of the epoch's batches, as indexed
+        self.base_batches = 0    # batches a resume already counts (kind "sampler")
+        self.base_samples = 0    # samples those batches held
+        self.epoch: Any = None   # the sampler's epoch this iteration runs
+        self.rng_start: torch.Tensor | None = None  # a RandomSampler generator at epoch start
+        self.pending: dict[str, Any] | None = None  # a loaded "skip" state, for the next epoch
+        self.armed = False       # a ShardSampler was resumed: the next iteration continues it
+        self.in_resume = False   # this iteration continues a resumed ShardSampler epoch
+        self.resume_epoch: Any = None
+
+
+class _Resuming:
+    """The loader's index sampler, wrapped: counts each batch's samples, restores a
+    RandomSampler's generator and skips the batches a resume says were consumed."""
+
+    def __init__(self, inner: Any, loader: "ShardLoader") -> None:
+        self.inner = inner
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Iterator[Any]:
+        progress = self.loader._progress
+        generator = self.loader._sampler_generator()
+        skip = 0
+        pending, progress.pending = progress.pending, None
+        if pending is not None and pending["kind"] == "skip":
+            if generator is not None and pending.get("rng") is not None:
+                generator.set_state(pending["rng"])
+            skip = 0 if pending["complete"] else pending["batches"]
+        progress.rng_start = None if generator is None else generator.get_state()
+        progress.sizes = []
+        total = 0
+        for number, batch in enumerate(self.inner):
+            size = len(batch) if hasattr(batch, "__len__") else 1
+            total += size
+            progress.sizes.append(total)
+            if number >= skip:
+                yield batch
+
+
+class ShardLoader(DataLoader):
+    """A ``DataLoader`` with a resumable position and opt-in normalised output.
+
+    Args:
+        dataset, batch_size, **kwargs: as ``torch.utils.data.DataLoader``.
+        normalize: ``(mean, std)``: yield ``[float images, labels]`` normalised as
+            ``images.float() / 255`` then ``v2.Normalize(mean, std)``, in ``memory_format``
+            (contiguous NCHW by default), instead of uint8 ``[B, 3, H, W]`` channels-last views.
+        device: move the uint8 batch there before converting (needs ``normalize``).
+        dtype: the float type of normalised batches.
+        memory_format: ``torch.contiguous_format`` or ``torch.channels_last``.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int | None = 1, *args: Any,
+                 normalize: Any = None, device: Any = None, dtype: torch.dtype = torch.float32,
+                 memory_format: torch.memory_format = torch.contiguous_format,
+                 **kwargs: Any) -> None:
+        super().__init__(dataset, batch_size, *args, **kwargs)
+        self._output = BatchOutput.make(normalize, device, dtype, memory_format)
+        self._progress = _Progress()
+        sampler = self.sampler
+        if isinstance(sampler, RandomSampler) and sampler.generator is None:
+            # RandomSampler would seed a fresh generator from torch's RNG each epoch, an order
+            # no checkpoint can replay; one generator seeded from that RNG once can be saved.
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            sampler.generator = torch.Generator().manual_seed(seed)
+        check_not_wrapped(self)
+
+    # -- iteration ------------------------------------------------------------------------------
+
+    @property
+    def _index_sampler(self) -> Any:
+        return _Resuming(super()._index_sampler, self)
+
+    def _samplers(self) -> tuple[Any, Any]:
+        return self.sampler, getattr(self.batch_sampler, "sampler", None)
+
+    def _ordered(self) -> OrderedSampler | None:
+        """The ShardSampler (or other OrderedSampler) this loader draws from, if any."""
+        found = [s for s in self._samplers() if isinstance(s, OrderedSampler)]
+        return found[0] if found else None
+
+    def _sampler_generator(self) -> torch.Generator | None:
+        for sampler in self._samplers():
+            generator = getattr(sampler, "generator", None)
+            if isinstance(generator, torch.Generator):
+                return generator
+        return None
+
+    def _epoch(self) -> Any:
+        for sampler in self._samplers():
+            if hasattr(sampler, "epoch"):
+                return sampler.epoch
+        return None
+
+    def __iter__(self) -> Iterator[Any]:
+        check_not_wrapped(self)
+        progress = self._progress
+        progress.epoch = self._epoch()
+        # A ShardSampler resumed by load_state_dict yields only the rest of its epoch: the
+        # batches before count as done, for this one iteration.
+        progress.in_resume, progress.armed = progress.armed, False
+        if not progress.in_resume:
+            progress.base_batches = progress.base_samples = 0
+        pending = progress.pending  # kind "skip": _Resuming applies it as the epoch starts
+        progress.batches = progress.base_batches
+        if pending is not None and not pending["complete"]:
+            progress.batches = pending["batches"]
+        return self._counted(super().__iter__())
+
+    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        progress, output = self._progress, self._output
+        for batch in batches:
+            progress.batches += 1
+            yield batch if output is None else output(batch)
+
+    def __len__(self) -> int:
+        progress, ordered = self._progress, self._ordered()
+        resumed = (progress.armed or progress.in_resume) and ordered is not None \
+            and ordered.epoch == progress.resume_epoch
+        return super().__len__() + (progress.base_batches if resumed else 0)
+
+    # -- checkpointing --------------------------------------------------------------------------
+
+    def _consumed_samples(self) -> int:
+        """Samples of the current epoch in the batches the loop has received."""
+        progress = self._progress
+        done = progress.batches - progress.base_batches
+        if done <= 0:
+            return progress.base_samples
+        if done > len(progress.sizes):  # cannot happen: a batch is indexed before it is yielded
+            raise RuntimeError("ShardLoader lost count of its batches")
+        return progress.base_samples + progress.sizes[done - 1]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training loop is in this epoch (torch-serialisable)."""
+        progress = self._progress
+        ordered = self._ordered()
+        state: dict[str, Any] = {"version": STATE_VERSION, "batches": progress.batches,
+                                 "epoch": self._epoch(), "batches_per_epoch": len(self)}
+        if ordered is not None:
+            state.update(kind="sampler", samples=self._consumed_samples(),
+                         sampler=ordered.state_dict(consumed=self._consumed_samples()))
+            return state
+        complete = progress.batches >= len(self)
+        generator = self._sampler_generator()
+        rng = None
+        if generator is not None:  # complete: the next epoch starts from the generator as it is
+            rng = generator.get_state() if complete or progress.rng_start is None \
+                else progress.rng_start
+        state.update(kind="skip", complete=complete, rng=rng)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next ``iter()`` yields the rest of that epoch."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise OptionError(f"unsupported ShardLoader state {state!r:.80}")
+        ordered = self._ordered()
+        kind = "sampler" if ordered is not None else "skip"
+        if state.get("kind") != kind:
+            raise OptionError(f"cannot resume: the state was saved with a "
+                              f"{'ShardSampler' if state.get('kind') == 'sampler' else 'sampler'} "
+                              f"of another kind than this loader's {type(self.sampler).__name__}")
+        progress = self._progress
+        progress.pending = None
+        progress.armed = False
+        if ordered is not None:
+            ordered.load_state_dict(state["sampler"])
+            if len(ordered) == 0:  # the saved epoch was complete: the next one starts afresh
+                ordered.set_epoch(ordered.epoch + 1)
+                return
+            progress.base_samples = ordered.consumed
+            same_world = ordered.num_replicas == state["sampler"].get("num_replicas")
+            progress.base_batches = state["batches"] if same_world \
+                else self._batches_for(ordered.consumed)
+            progress.armed, progress.resume_epoch = True, ordered.epoch
+            return
+        if state.get("batches_per_epoch") != len(self):
+            raise OptionError(f"cannot resume: the state is for {state.get('batches_per_epoch')} "
+                              f"batches per epoch, this loader has {len(self)} (batch_size, "
+                              "drop_last, the dataset or the world size changed)")
+        epoch = state.get("epoch")
+        setter = getattr(self.sampler, "set_epoch", None)
+        if epoch is not None and setter is not None:
+            setter(epoch + 1 if state["complete"] else epoch)
+        if not state["complete"] and state["batches"] and not _reproducible(self.sampler):
+            raise OptionError(f"cannot resume mid-epoch: {type(self.sampler).__name__} does not "
+                              "give the same order again; use shardkit.ShardSampler(dataset, "
+                              "num_replicas=1, rank=0) (or a sampler with a seeded generator)")
+        progress.pending = dict(state)
+
+    def _batches_for(self, samples: int) -> int:
+        """Batches that hold ``samples`` samples at this loader's batch size (another world size
+        resumed: the position is in samples, its batch count follows)."""
+        size = self.batch_size or 1
+        return -(-samples // size)
+

@@ -1,0 +1,93 @@
+"""Normalised float batches for loops that feed the model directly.
+
+shardkit's uint8 batches are ``[B, 3, H, W]`` views of ``[B, H, W, 3]`` memory (channels-last):
+a decoded image is written row by row, pixel by pixel. That layout is what makes the batch free to
+build, but a float batch derived from it by element-wise ops (``shardkit.normalize``) keeps it,
+and a model whose weights are in the default (contiguous) layout then computes channels-last
+gradients: DDP warns "Grad strides do not match bucket view strides" and copies them each step.
+``BatchOutput`` therefore writes the normalised floats in the layout asked for, contiguous NCHW by
+default (``torch.channels_last`` for a model converted with ``model.to(memory_format=...)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+from ..errors import OptionError
+
+MEMORY_FORMATS = (torch.contiguous_format, torch.channels_last)
+
+
+def _triple(value: Any, name: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        raise OptionError(f"normalize must be (mean, std), each one number per channel; "
+                          f"{name} is {value!r}") from None
+    if not values:
+        raise OptionError(f"normalize: {name} is empty")
+    return values
+
+
+class BatchOutput(NamedTuple):
+    """What ``ShardLoader`` does to each ``[images, labels]`` batch before the loop sees it."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    device: torch.device | None
+    dtype: torch.dtype
+    memory_format: torch.memory_format
+
+    @classmethod
+    def make(cls, normalize: Sequence[Sequence[float]] | None, device: Any,
+             dtype: torch.dtype = torch.float32,
+             memory_format: torch.memory_format = torch.contiguous_format) -> "BatchOutput | None":
+        """None when nothing is asked for (batches stay uint8, where the dataset made them)."""
+        if normalize is None:
+            if device is not None:
+                raise OptionError("device needs normalize=(mean, std): uint8 batches are moved "
+                                  "by the training loop (or pin_memory=True and .to(device))")
+            return None
+        try:
+            mean, std = normalize
+        except (TypeError, ValueError):
+            raise OptionError(f"normalize must be a pair (mean, std), got {normalize!r}") from None
+        mean, std = _triple(mean, "mean"), _triple(std, "std")
+        if len(mean) != len(std):
+            raise OptionError(f"normalize: mean has {len(mean)} values and std {len(std)}")
+        if any(s == 0 for s in std):
+            raise OptionError(f"normalize: std must not contain 0, got {std}")
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise OptionError(f"dtype must be a floating-point torch dtype, got {dtype!r}")
+        if memory_format not in MEMORY_FORMATS:
+            raise OptionError(f"memory_format must be torch.contiguous_format or "
+                              f"torch.channels_last, got {memory_format!r}")
+        return cls(mean, std, None if device is None else torch.device(device), dtype,
+                   memory_format)
+
+    def __call__(self, batch: Any) -> list:
+        """``[normalised float images, labels]``, both on ``device`` (when given)."""
+        try:
+            images, labels = batch
+        except (TypeError, ValueError):
+            raise OptionError("normalize needs batches of (images, labels); this loader's "
+                              f"collate_fn gives {type(batch).__name__}") from None
+        if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 \
+                or images.dim() != 4 or images.shape[1] != len(self.mean):
+            raise OptionError("normalize needs uint8 [B, C, H, W] image batches with "
+                              f"C={len(self.mean)} (a dataset with crop set and "
+                              f"output='tensor'), got {getattr(images, 'dtype', type(images))} "
+                              f"{tuple(getattr(images, 'shape', ()))}")
+        if self.device is not None:
+            images = images.to(self.device, non_blocking=True)  # uint8: a quarter of the bytes
+            if isinstance(labels, torch.Tensor):
+                labels = labels.to(self.device, non_blocking=True)
+        # One copy into the chosen layout, then in place: exactly images.float().div(255) and
+        # v2.Normalize(mean, std), as shardkit.normalize computes it.
+        out = images.to(self.dtype, memory_format=self.memory_format)
+        shape = (1, -1, 1, 1)
+        mean = torch.tensor(self.mean, dtype=self.dtype, device=out.device).view(shape)
+        std = torch.tensor(self.std, dtype=self.dtype, device=out.device).view(shape)
+        return [out.div_(255).sub_(mean).div_(std), labels]
