@@ -224,7 +224,8 @@ def _as_flags(message: str) -> str:
         name, value = "--" + m.group(1).replace("_", "-"), m.group(2)
         return name if value in (None, "True") else f"{name} {value.strip(chr(39))}"
 
-    return _PARAMETER.sub(flag, message)
+    message = _PARAMETER.sub(flag, message)
+    return message.replace("`src`", "SRC").replace("`out`", "OUT")  # the positional arguments
 
 
 def main(argv: Sequence[str] | None = None) -> int:

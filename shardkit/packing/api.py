@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import metadata
-from ..errors import Interrupted, PackError
+from ..errors import Interrupted, PackError, PackOptionError
 from ..fileutil import remove, replace_atomic
 from ..formats import format_for_path
 from ..urls import is_url
@@ -57,26 +57,28 @@ def check_options(src: str, out: str, file_list: str | None, sharded: bool, resu
     """Refuse options that cannot work together, before any work is done."""
     for path, what in ((src, "the source folder"), (file_list, "`file_list`")):
         if path is not None and is_url(path):
-            raise PackError(f"{path}: {what} must be a local path (only OUT may be a URL)")
+            raise PackOptionError(f"{path}: {what} must be a local path (only OUT may be a URL)")
     if engine not in ENGINES:
-        raise PackError(f"`engine` must be {' or '.join(map(repr, ENGINES))}, not {engine!r}")
+        raise PackOptionError(f"`engine` must be {' or '.join(map(repr, ENGINES))}, "
+                              f"not {engine!r}")
     if scheduler is not None and engine != "dask":
-        raise PackError("`scheduler` needs `engine='dask'`")
+        raise PackOptionError("`scheduler` needs `engine='dask'`")
     if not 0 <= node_rank < num_nodes:
-        raise PackError("`node_rank` must be in 0..`num_nodes`-1")
+        raise PackOptionError("`node_rank` must be in 0..`num_nodes`-1")
     if not sharded:
         for name, given in (("engine='dask'", engine == "dask"), ("resume=True", resume),
                             ("num_nodes", num_nodes > 1)):
             if given:
-                raise PackError(f"`{name}` needs a sharded OUT: give `shard_size` or "
+                raise PackOptionError(f"`{name}` needs a sharded OUT: give `shard_size` or "
                                 "`num_shards`")
     if is_url(out):
         if not sharded:
-            raise PackError(f"{out}: a remote OUT is a folder store: give `shard_size` or "
-                            "`num_shards`")
+            raise PackOptionError(f"{out}: a remote OUT is a folder store: give `shard_size` "
+                                  "or `num_shards`")
         if num_nodes > 1:
-            raise PackError(f"{out}: `num_nodes` needs a local OUT that every node shares; "
-                            "pack to a URL from one machine, or with `engine='dask'`")
+            raise PackOptionError(f"{out}: `num_nodes` needs a local OUT that every node "
+                                  "shares; pack to a URL from one machine, or with "
+                                  "`engine='dask'`")
         return
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):
@@ -140,7 +142,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     t0 = time.perf_counter()
     src, out = os.fspath(src), os.fspath(out).rstrip("/") or "/"
     if shard_size is not None and num_shards is not None:
-        raise PackError("give `shard_size` or `num_shards`, not both")
+        raise PackOptionError("give `shard_size` or `num_shards`, not both")
     check_options(src, out, file_list, shard_size is not None or num_shards is not None,
                    resume, engine, scheduler, num_nodes, node_rank)
     settings = PackSettings(size, quality, encoding, format or format_for_path(out), max_pixels)
@@ -150,7 +152,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         raise PackError(f"{out} already exists (use `overwrite=True` to replace it)")
     if not remote and (os.path.abspath(out) == os.path.abspath(src) or
                        os.path.abspath(out).startswith(os.path.abspath(src) + os.sep)):
-        raise PackError("OUT must not be inside SRC")
+        raise PackOptionError("`out` must not be inside `src` (the source folder)")
     if remote:  # its filesystem, endpoint and emptiness; the old manifest goes once packing starts
         from ..remote import check_target
 
@@ -230,8 +232,8 @@ def merge(out: str | os.PathLike, overwrite: bool = False) -> PackResult:
     t0 = time.perf_counter()
     out = os.fspath(out).rstrip("/") or "/"
     if is_url(out):
-        raise PackError(f"{out}: `merge` finishes a multi-node pack into a local folder (a pack "
-                        "to a URL uploads its manifest itself)")
+        raise PackOptionError(f"{out}: `merge` finishes a multi-node pack into a local folder "
+                              "(a pack to a URL uploads its manifest itself)")
     partial = partial_path(out)
     if not os.path.isdir(partial):
         raise PackError(f"no pack in progress for {out} (expected {partial})")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .. import metadata
-from ..errors import PackError
+from ..errors import PackError, PackOptionError
 from ..formats import SUFFIXES
 from . import workers
 from .discovery import Discovery, discover, read_file_list
@@ -70,7 +70,7 @@ def shard_bounds(n: int, num_shards: int | None, per_shard: int | None) -> list[
     """Where each of the shards of ``n`` sources starts (and, last, ``n``)."""
     if num_shards is not None:
         if num_shards < 1:
-            raise PackError("`num_shards` must be >= 1")
+            raise PackOptionError("`num_shards` must be >= 1")
         num_shards = min(num_shards, max(n, 1))
         return [round(k * n / num_shards) for k in range(num_shards + 1)]
     per_shard = max(1, per_shard or n or 1)
@@ -103,7 +103,7 @@ def make_plan(src: str, settings: PackSettings, *, allow_empty: bool = False,
     per_shard = None
     if shard_size is not None:
         if shard_size <= 0:
-            raise PackError("`shard_size` must be positive")
+            raise PackOptionError("`shard_size` must be positive")
         per_shard = max(1, shard_size // estimate_record_bytes(paths, settings))
     bounds = shard_bounds(len(paths), num_shards, per_shard) if sharded else [0, len(paths)]
     return Plan(found.root, found.classes, found.class_to_idx, paths, labels, bounds, settings,

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from ..codec import ENCODINGS
-from ..errors import PackError
-from ..formats import FORMATS
+from ..errors import PackOptionError
+from ..formats import DEFAULT_FORMAT, FORMATS
 from .imaging import PILLOW_PIXEL_LIMIT
 
 Engine = Literal["local", "dask"]
@@ -24,7 +24,7 @@ class PackSettings:
     size: int = 256
     quality: int = 90
     encoding: str = "jpeg"  # a name in shardkit.codec.ENCODINGS
-    format: str = "lmdb"    # a name in shardkit.formats.FORMATS
+    format: str = DEFAULT_FORMAT  # a name in shardkit.formats.FORMATS
     max_pixels: int = PILLOW_PIXEL_LIMIT
 
     def as_meta(self) -> dict[str, Any]:
@@ -33,17 +33,18 @@ class PackSettings:
                 "alpha_background": "white", "chroma_subsampling": "4:2:0"}
 
     def validate(self) -> None:
-        """Raise PackError naming the parameter that is out of range."""
+        """Raise PackOptionError (a PackError and ValueError) naming the parameter that is out
+        of range."""
         if self.size < 0:
-            raise PackError("`size` must be >= 0 (0 keeps the original size)")
+            raise PackOptionError("`size` must be >= 0 (0 keeps the original size)")
         if not 1 <= self.quality <= 100:
-            raise PackError("`quality` must be between 1 and 100")
+            raise PackOptionError("`quality` must be between 1 and 100")
         if self.encoding not in ENCODINGS:
-            raise PackError(f"`encoding` must be one of {', '.join(ENCODINGS)}")
+            raise PackOptionError(f"`encoding` must be one of {', '.join(ENCODINGS)}")
         if self.format not in FORMATS:
-            raise PackError(f"`format` must be one of {', '.join(FORMATS)}")
+            raise PackOptionError(f"`format` must be one of {', '.join(FORMATS)}")
         if self.max_pixels < 0:
-            raise PackError("`max_pixels` must be >= 0 (0 disables the limit)")
+            raise PackOptionError("`max_pixels` must be >= 0 (0 disables the limit)")
 
 
 class Skipped(NamedTuple):

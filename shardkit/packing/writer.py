@@ -17,7 +17,7 @@ from .. import metadata
 from .._version import __version__
 from .. import fields as fieldstore
 from ..codec import encode
-from ..errors import PackError
+from ..errors import PackError, PackOptionError
 from ..fileutil import remove, sha256_file
 from ..formats import format_for_path, open_writer, remove_shard_file
 from .imaging import PILLOW_PIXEL_LIMIT
@@ -114,7 +114,7 @@ class StoreWriter:
                                      max_pixels)
         self.settings.validate()
         if kind not in KINDS:
-            raise PackError(f"`kind` must be {' or '.join(map(repr, KINDS))}, not {kind!r}")
+            raise PackOptionError(f"`kind` must be {' or '.join(map(repr, KINDS))}, not {kind!r}")
         self.class_to_idx = ({name: i for i, name in enumerate(self.classes)}
                              if class_to_idx is None else dict(class_to_idx))
         self.source_root = source_root
@@ -150,8 +150,8 @@ class StoreWriter:
         record's ``fields`` (every field of the schema; checked against the image's size)."""
         if not (isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 3
                 and image.shape[2] == 3):
-            raise PackError("`image` must be an HxWx3 uint8 RGB array (encoded records go "
-                            "through `add_encoded`)")
+            raise PackOptionError("`image` must be an HxWx3 uint8 RGB array (encoded records "
+                                  "go through `add_encoded`)")
         height, width = image.shape[:2]
         checked = self._check_fields(fields, height, width)
         self.add_encoded(encode(image, self.settings.encoding, self.settings.quality), label,

@@ -19,7 +19,7 @@ import pytest
 
 from helpers import all_records, image_tree, one_line_error, program_cmd, program_env, run_cli
 from shardkit import ShardDataset
-from shardkit.errors import PackError
+from shardkit.errors import OptionError, PackError
 from shardkit.packing.api import pack
 
 from helpers.scaleout import partial_of, shard_digests
@@ -68,12 +68,59 @@ def test_cli_refuses_options_before_any_work(tmp_path, args, message):
     ({"resume": True}, "`resume=True` needs a sharded OUT"),
     ({"shard_size": 1 << 20, "num_shards": 2}, "give `shard_size` or `num_shards`, not both"),
     ({"num_nodes": 2, "node_rank": 2, "num_shards": 2}, "`node_rank` must be in 0..`num_nodes`-1"),
-], ids=["engine", "dask", "scheduler", "resume", "both-sizes", "node-rank"])
+    ({"size": -1}, "`size` must be >= 0 (0 keeps the original size)"),
+    ({"quality": 0}, "`quality` must be between 1 and 100"),
+    ({"quality": 101}, "`quality` must be between 1 and 100"),
+    ({"encoding": "webp"}, "`encoding` must be one of jpeg, raw"),
+    ({"format": "zip"}, "`format` must be one of lmdb, hdf5"),
+    ({"max_pixels": -1}, "`max_pixels` must be >= 0 (0 disables the limit)"),
+], ids=["engine", "dask", "scheduler", "resume", "both-sizes", "node-rank", "size", "quality-0",
+        "quality-101", "encoding", "format", "max-pixels"])
 def test_pack_refuses_options_before_any_work(tmp_path, kwargs, message):
-    with pytest.raises(PackError) as info:
+    """Option errors are PackErrors and ValueErrors (Python's convention for a bad argument)."""
+    with pytest.raises(ValueError) as info:
         pack(str(tmp_path / "no-src"), str(tmp_path / "out"), progress=False, **kwargs)
+    assert isinstance(info.value, PackError) and isinstance(info.value, OptionError)
     assert str(info.value) == message or str(info.value).startswith(message), str(info.value)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"num_shards": 0}, "`num_shards` must be >= 1"),
+    ({"shard_size": 0}, "`shard_size` must be positive"),
+], ids=["num-shards", "shard-size"])
+def test_shard_options_are_value_errors(src, tmp_path, kwargs, message):
+    with pytest.raises(ValueError) as info:
+        pack(src, str(tmp_path / "out"), workers=1, progress=False, **kwargs)
+    assert isinstance(info.value, PackError) and str(info.value) == message
+    assert os.listdir(tmp_path) == []
+
+
+def test_out_inside_src_names_the_parameters(src, tmp_path):
+    tree = str(tmp_path / "src")
+    shutil.copytree(src, tree)
+    with pytest.raises(ValueError) as info:
+        pack(tree, os.path.join(tree, "c0", "out.lmdb"), workers=1, progress=False)
+    assert isinstance(info.value, PackError)
+    assert str(info.value) == "`out` must not be inside `src` (the source folder)"
+    proc = run_cli("pack", tree, os.path.join(tree, "c0", "out.lmdb"), "-q")
+    assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+    assert proc.stderr.strip() == \
+        "shardkit pack: error: OUT must not be inside SRC (the source folder)"
+
+
+def test_store_writer_option_errors_are_value_errors(tmp_path):
+    from shardkit import StoreWriter
+
+    with pytest.raises(ValueError, match="^`kind` must be 'single' or 'shard', not 'half'$"):
+        StoreWriter(str(tmp_path / "w.lmdb"), ["a"], kind="half")
+    with pytest.raises(ValueError, match="^`quality` must be between 1 and 100$"):
+        StoreWriter(str(tmp_path / "w.lmdb"), ["a"], quality=0)
+    with StoreWriter(str(tmp_path / "w.lmdb"), ["a"], size=0) as writer:
+        with pytest.raises(ValueError, match="^`image` must be an HxWx3 uint8 RGB array"):
+            writer.add(np.zeros((4, 4), np.uint8), 0)
+        writer.add(np.zeros((4, 4, 3), np.uint8), 0)
+    assert [label for _, label in all_records(str(tmp_path / "w.lmdb"))] == [0]
 
 
 @pytest.mark.parametrize("args, message", [
