@@ -20,6 +20,7 @@ from .imaging import PILLOW_PIXEL_LIMIT
 from .install import install, install_finished, partial_path
 from .local import run_local, upload_shard
 from .plan import Plan, make_plan
+from .sources import SourceOptions, check_source, detect
 from .settings import ENGINES, Engine, PackSettings
 from .staging import (PLAN_NAME, entry_path, finalize_sharded, prepare_partial, read_entries,
                       staging_path)
@@ -92,6 +93,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
          shard_size: int | None = None, num_shards: int | None = None, resume: bool = False,
          engine: Engine = "local", scheduler: str | None = None, num_nodes: int = 1,
          node_rank: int = 0, progress: bool = True,
+         source_format: str | None = None, image_key: str | None = None,
+         label_key: str | None = None,
          storage_options: dict[str, Any] | None = None) -> PackResult:
     """Pack an ImageFolder-layout folder (or a file list) into an LMDB or HDF5 store.
 
@@ -121,6 +124,13 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
             bounded accordingly; 0 disables the limit. Default: Pillow's decompression-bomb limit.
         allow_empty: keep classes without images instead of refusing the source folder.
         file_list: a CSV/TSV file of ``path,label`` lines to pack instead of class folders.
+        source_format: what SRC is, a name from
+            ``shardkit.packing.sources.SOURCE_FORMATS``: ``folder``, ``webdataset`` (a tar, a
+            brace pattern, a folder of tars), ``parquet`` (Hugging Face parquet/Arrow) or
+            ``mds``; default: detected from SRC's content (docs/sources.md).
+        image_key: the member suffixes (WebDataset, ``'jpg;png'``: the first present) or the
+            column holding the image; default: the format's conventions.
+        label_key: the member suffix or column holding the label (``'cls'``), likewise.
         shard_size: write a sharded folder store, shards of about this many bytes.
         num_shards: write a sharded folder store of this many shards (not with ``shard_size``).
         resume: continue an interrupted sharded pack, keeping the shards it finished.
@@ -147,6 +157,10 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
                    resume, engine, scheduler, num_nodes, node_rank)
     settings = PackSettings(size, quality, encoding, format or format_for_path(out), max_pixels)
     settings.validate()
+    source_options = SourceOptions(image_key, label_key)
+    check_source(source_format, source_options, file_list)
+    if source_format is None and file_list is None:
+        source_format = detect(src)
     remote = is_url(out)
     if not remote and os.path.lexists(out) and not overwrite:
         raise PackError(f"{out} already exists (use `overwrite=True` to replace it)")
@@ -168,7 +182,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         return PackResult(out, count, skipped, now - t0, plan.num_shards, sources,
                           (started[0] if started else now) - t0)
 
-    plan = make_plan(src, settings, allow_empty=allow_empty, file_list=file_list,
+    plan = make_plan(src, settings, source_format=source_format,
+                     source_options=source_options, allow_empty=allow_empty, file_list=file_list,
                      shard_size=shard_size, num_shards=num_shards, strict=strict)
     partial = staging_path(out) if remote else partial_path(out)
     if not plan.sharded:

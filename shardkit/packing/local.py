@@ -39,7 +39,7 @@ def run_local(plan: Plan, shards: list[int], dest: dict[int, str], *, workers: i
 
     ``on_start`` is called once the encoders are up, as encoding begins.
     """
-    paths = [plan.paths[i] for k in shards for i in range(plan.bounds[k], plan.bounds[k + 1])]
+    paths = [plan.item(i) for k in shards for i in range(plan.bounds[k], plan.bounds[k + 1])]
     records = stream.encoded_stream(paths, plan.settings, workers)
     on_start()
     bar = progress_bar(len(paths), progress, "pack")
@@ -68,7 +68,7 @@ def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False,
     remove_store_files([dest], plan.settings.format)
     with plan.shard_writer(k, dest) as writer:
         for i in range(plan.bounds[k], plan.bounds[k + 1]):
-            add_source(writer, plan, i, encoders.encode_file(plan.paths[i], plan.settings), None,
+            add_source(writer, plan, i, encoders.encode_file(plan.item(i), plan.settings), None,
                        strict)
     return writer.entry if upload is None else upload_shard(upload, dest, writer.entry)
 

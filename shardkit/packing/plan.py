@@ -14,6 +14,7 @@ from ..errors import PackError, PackOptionError
 from ..formats import SUFFIXES
 from . import workers
 from .discovery import Discovery, discover, read_file_list
+from .sources.plan import discover_container
 from .settings import PackSettings
 from .writer import StoreWriter, common_meta, relative_path
 
@@ -33,6 +34,8 @@ class Plan:
     settings: PackSettings
     sharded: bool
     discovery_skipped: list[dict[str, str]] = field(default_factory=list)
+    #: A container source's index (:mod:`shardkit.packing.sources`); None: image files.
+    container: Any = None
 
     @property
     def num_shards(self) -> int:
@@ -45,6 +48,12 @@ class Plan:
         for path, label in zip(self.paths, self.labels):
             h.update(os.fsencode(self.relpath(path)) + b"\0" + str(label).encode() + b"\n")
         return h.hexdigest()
+
+    def item(self, i: int) -> Any:
+        """What an encoding worker reads for slot ``i``: a file path, or a container member."""
+        if self.container is None:
+            return self.paths[i]
+        return self.container.item(i if self.slots is None else int(self.slots[i]))
 
     def relpath(self, path: str) -> str:
         return relative_path(self.root, path)
@@ -90,10 +99,12 @@ def estimate_record_bytes(paths: Sequence[str], settings: PackSettings) -> int:
 
 
 def make_plan(src: str, settings: PackSettings, *, allow_empty: bool = False,
-              file_list: str | None = None, shard_size: int | None = None,
+              file_list: str | None = None, source_format: str | None = None,
+              source_options: Any = None, shard_size: int | None = None,
               num_shards: int | None = None, strict: bool = False) -> Plan:
     """Find the sources and fix the shard boundaries (see :func:`shardkit.pack`)."""
-    found: Discovery = read_file_list(file_list, src) if file_list else discover(src, allow_empty)
+    container_found, container = discover_container(src, source_format, source_options)
+    found: Discovery = container_found if container is not None else read_file_list(file_list, src) if file_list else discover(src, allow_empty)
     if strict and found.skipped:  # a folder that cannot be listed hides images: as bad as one
         first = found.skipped[0]
         raise PackError(f"{first['path']}: {first['reason']} (`strict=True`: no output written)")
@@ -104,7 +115,12 @@ def make_plan(src: str, settings: PackSettings, *, allow_empty: bool = False,
     if shard_size is not None:
         if shard_size <= 0:
             raise PackOptionError("`shard_size` must be positive")
-        per_shard = max(1, shard_size // estimate_record_bytes(paths, settings))
+        per_shard = max(1, shard_size // estimate_record_bytes(
+            paths if container is None else container.items(), settings))
     bounds = shard_bounds(len(paths), num_shards, per_shard) if sharded else [0, len(paths)]
-    return Plan(found.root, found.classes, found.class_to_idx, paths, labels, bounds, settings,
+    if container is not None and sharded:
+        bounds = container.snap(bounds)
+    plan = Plan(found.root, found.classes, found.class_to_idx, paths, labels, bounds, settings,
                 sharded, found.skipped)
+    plan.container = container
+    return plan

@@ -35,8 +35,13 @@ class Encoded(NamedTuple):
         return cls(None, 0, 0, reason)
 
 
-def encode_file(path: str, settings: PackSettings) -> Encoded:
-    """One source file read, decoded, resized and encoded (or rejected, with the reason)."""
+def encode_file(path: Any, settings: PackSettings) -> Encoded:
+    """One source file read, decoded, resized and encoded (or rejected, with the reason);
+    ``path`` may also be a container member (a :class:`shardkit.packing.sources.Item`)."""
+    if not isinstance(path, str):
+        from .sources.encode import encode_item
+
+        return encode_item(path, settings)
     try:
         # Only regular files are read: a FIFO blocks, a device such as /dev/zero never ends.
         fd, st = open_regular(path)
@@ -53,6 +58,11 @@ def encode_file(path: str, settings: PackSettings) -> Encoded:
         return Encoded.rejected(f"cannot read file: {exc.strerror or exc}")
     except MemoryError:
         return Encoded.rejected("out of memory while reading the file")
+    return encode_data(data, settings)
+
+
+def encode_data(data: bytes, settings: PackSettings) -> Encoded:
+    """One encoded source image decoded, resized and encoded (or rejected, with the reason)."""
     try:
         pixels = load_rgb(data, settings.size, settings.max_pixels)
         height, width = pixels.shape[:2]

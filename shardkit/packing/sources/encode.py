@@ -1,0 +1,65 @@
+"""One container sample through the folder pipeline: read its bytes, then exactly what a
+folder's file goes through (:func:`shardkit.packing.workers.encode_data`).
+
+With ``size=0`` and ``encoding='jpeg'`` a source JPEG that decodes cleanly is kept byte for
+byte: baseline or progressive YCbCr/grey, decoded by libjpeg-turbo without a warning, no EXIF
+rotation, within ``max_pixels``. Its pixels are then the ones the pipeline would have encoded,
+without a second lossy step.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import simplejpeg
+
+from ..imaging import exif_orientation
+from ..settings import PackSettings
+from ..workers import Encoded, encode_data
+from . import MemberError, read_item
+from .base import Item
+
+
+def clean_jpeg(data: bytes, max_pixels: int) -> tuple[int, int] | None:
+    """(height, width) of a JPEG the store can keep as it is, else None."""
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            im = Image.open(io.BytesIO(data))
+            if im.format != "JPEG" or im.mode not in ("RGB", "L"):
+                return None
+            width, height = im.size
+            if max_pixels and width * height > max_pixels:
+                return None
+            if exif_orientation(im) != 1:
+                return None
+        except Exception:  # noqa: BLE001 - the pipeline then decides, with its reason
+            return None
+    try:
+        pixels = simplejpeg.decode_jpeg(data, "RGB")
+    except ValueError:  # any libjpeg warning
+        return None
+    if pixels.shape[:2] != (height, width):
+        return None
+    return height, width
+
+
+def encode_item(item: Item, settings: PackSettings) -> Encoded:
+    # No image within max_pixels needs more than 8 bytes a pixel (the folder pipeline's bound).
+    limit = settings.max_pixels * 8 + (64 << 20) if settings.max_pixels else None
+    try:
+        data = read_item(item, limit)
+    except MemberError as exc:
+        return Encoded.rejected(str(exc))
+    except MemoryError:
+        return Encoded.rejected("out of memory while reading the member")
+    if settings.size == 0 and settings.encoding == "jpeg":
+        kept = clean_jpeg(data, settings.max_pixels)
+        if kept is not None:
+            return Encoded(data, kept[0], kept[1], None)
+    return encode_data(data, settings)

@@ -1,0 +1,212 @@
+"""WebDataset tar shards: one tar, a brace pattern (``train-{000000..000127}.tar``) or a folder
+of tars, read with the standard library's ``tarfile`` (no dependency on ``webdataset``).
+
+Members group into samples by WebDataset's own key rule: the path up to the first dot of the
+basename (directory kept) is the sample key, the rest (lower-cased) the member's suffix;
+consecutive members with the same key form one sample; top-level ``__*__`` names are metadata.
+The image is the first of ``image_key``'s suffixes the sample has, the label the first of
+``label_key``'s (its text, an integer or a class name). The scan reads headers and label
+members only; workers read each image at its offset (uncompressed tars: one ``pread``).
+
+Refused with one line, before anything is packed: member names that are absolute or climb out
+(``..``), symlink, hard-link and device members. Pickled members (``.pkl``, ``.pickle``,
+``.pyd``, ``.pth``) are never read: each is listed in the skip list.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tarfile
+import zlib
+from pathlib import PurePosixPath
+
+from ...errors import PackError
+from .base import (ContainerFormat, MemberError, Scanned, Shard, SourceOptions, member_name,
+                   read_classes_file)
+from .files import open_cached
+
+IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff")
+LABEL_KEYS = ("cls", "class", "label", "index")
+PICKLED = ("pkl", "pickle", "pyd", "pth")
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+LABEL_BYTES = 4096  # a label member is a short text; more is not a label
+_BRACE = re.compile(r"\{[^{}]*\.\.[^{}]*\}")
+
+
+def base_plus_ext(path: str) -> tuple[str | None, str | None]:
+    """WebDataset's key rule: (``dir/key``, ``suffix``) split at the basename's first dot."""
+    match = re.match(r"^((?:.*/|)[^.]+)[.]([^/]*)$", path)
+    return (match.group(1), match.group(2)) if match else (None, None)
+
+
+def expand(src: str) -> list[str]:
+    """The shard files of ``src``: a brace pattern expanded, a folder's tars sorted, or ``src``."""
+    if _BRACE.search(src):
+        try:
+            from braceexpand import braceexpand
+        except ImportError:
+            raise PackError("a brace pattern needs braceexpand: pip install braceexpand") from None
+        files = list(braceexpand(src))
+        missing = [f for f in files if not os.path.isfile(f)]
+        if missing:
+            raise PackError(f"{src}: {len(missing)} of its {len(files)} shards do not exist "
+                            f"(first: {missing[0]})")
+        return files
+    if os.path.isdir(src):
+        files = sorted(os.path.join(src, n) for n in os.listdir(src)
+                       if n.lower().endswith(TAR_SUFFIXES))
+        if not files:
+            raise PackError(f"{src}: no tar files ({', '.join(TAR_SUFFIXES)})")
+        return files
+    if not os.path.isfile(src):
+        raise PackError(f"source not found: {src}")
+    return [src]
+
+
+class WebDatasetFormat(ContainerFormat):
+    name = "webdataset"
+    summary = "WebDataset tar shards (a tar, a brace pattern, or a folder of tars)"
+
+    def detect(self, src: str) -> bool:
+        if _BRACE.search(src):
+            return True
+        if os.path.isdir(src):
+            return any(n.lower().endswith(TAR_SUFFIXES) for n in os.listdir(src))
+        try:
+            return os.path.isfile(src) and tarfile.is_tarfile(src)
+        except OSError:
+            return False
+
+    def scan(self, src: str, options: SourceOptions) -> Scanned:
+        image_keys = options.keys(options.image_key, IMAGE_KEYS)
+        label_keys = options.keys(options.label_key, LABEL_KEYS)
+        files = expand(src)
+        root = src if os.path.isdir(src) else os.path.dirname(os.path.abspath(files[0]))
+        root = os.path.abspath(root)
+        scanned = Scanned(root, [], read_classes_file(root))
+        for path in files:
+            scanned.shards.append(self._scan_tar(os.path.abspath(path), root, image_keys,
+                                                 label_keys, scanned.skipped))
+        return scanned
+
+    def _scan_tar(self, path: str, root: str, image_keys: tuple[str, ...],
+                  label_keys: tuple[str, ...], skipped: list[dict[str, str]]) -> Shard:
+        rel = os.path.relpath(path, root)
+        shard = Shard(path, rel)
+        where = os.path.join(root, rel)
+
+        def skip(member: str, reason: str) -> None:
+            skipped.append({"path": member_name(where, member), "reason": reason})
+
+        try:
+            raw = open(path, "rb")
+        except OSError as exc:
+            skipped.append({"path": where, "reason": f"cannot read tar: {exc.strerror}"})
+            return shard
+        with raw:
+            size = os.fstat(raw.fileno()).st_size
+            try:
+                tar = tarfile.open(fileobj=raw, mode="r:*")
+            except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+                skipped.append({"path": where, "reason": f"not a readable tar: {exc}"})
+                return shard
+            compressed = tar.fileobj is not raw
+            sample: dict[str, tuple[str, int, int]] = {}
+            labels: dict[str, bytes] = {}
+            key = None
+
+            def flush() -> None:
+                if key is None:
+                    return
+                self._add_sample(shard, key, sample, labels, image_keys, label_keys, skip)
+
+            while True:
+                try:
+                    info = tar.next()
+                except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+                    skipped.append({"path": where, "reason": f"corrupt tar after {len(shard.members)}"
+                                    f" samples: {exc}; the rest of this tar is not packed"})
+                    break
+                if info is None:
+                    break
+                tar.members = []  # headers already seen are not kept (bounded memory)
+                name = info.name
+                parts = PurePosixPath(name).parts
+                if name.startswith("/") or ".." in parts:
+                    raise PackError(f"{where}: member {name!r} points outside the archive; "
+                                    "refusing this tar")
+                if info.issym() or info.islnk():
+                    raise PackError(f"{where}: member {name!r} is a link; refusing this tar")
+                if info.isdir():
+                    continue
+                if not info.isreg():
+                    raise PackError(f"{where}: member {name!r} is not a regular file; refusing "
+                                    "this tar")
+                if "/" not in name and name.startswith("__") and name.endswith("__"):
+                    continue
+                if not compressed and info.offset_data + info.size > size:
+                    skip(name, f"truncated member: its header says {info.size} bytes, the tar "
+                         f"holds {max(0, size - info.offset_data)} more")
+                    break
+                prefix, suffix = base_plus_ext(name)
+                if prefix is None:
+                    continue
+                suffix = suffix.lower()
+                if prefix != key:
+                    flush()
+                    key, sample, labels = prefix, {}, {}
+                if suffix in sample:
+                    skip(name, f"duplicate member suffix {suffix!r} in sample {prefix!r}")
+                    continue
+                sample[suffix] = (name, info.offset_data, info.size)
+                if suffix in label_keys and info.size <= LABEL_BYTES:
+                    try:
+                        labels[suffix] = tar.extractfile(info).read()
+                    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+                        skip(name, f"cannot read label member: {exc}")
+            flush()
+        return shard
+
+    @staticmethod
+    def _add_sample(shard: Shard, key: str, sample: dict[str, tuple[str, int, int]],
+                    labels: dict[str, bytes], image_keys: tuple[str, ...],
+                    label_keys: tuple[str, ...], skip) -> None:
+        for suffix, (name, _, _) in sample.items():
+            if suffix.rsplit(".", 1)[-1] in PICKLED:
+                skip(name, "pickled member refused (never loaded)")
+        image = next((k for k in image_keys if k in sample), None)
+        if image is None:
+            first = next(iter(sample.values()))[0]
+            skip(first, f"sample {key!r} has no image member ({';'.join(image_keys)})")
+            return
+        name, offset, size = sample[image]
+        label_key = next((k for k in label_keys if k in sample), None)
+        if label_key is None:
+            skip(name, f"sample {key!r} has no label member ({';'.join(label_keys)})")
+            return
+        if label_key not in labels:
+            skip(name, f"label member {sample[label_key][0]!r} is not a short text")
+            return
+        try:
+            label = labels[label_key].decode("utf-8").strip()
+        except UnicodeDecodeError:
+            skip(name, f"label member {sample[label_key][0]!r} is not UTF-8 text")
+            return
+        shard.members.append(member_name(shard.name, name))
+        shard.refs.append((offset, size))
+        shard.labels.append(label)
+
+    @staticmethod
+    def read(file: str, a: int, b: int, limit: int | None) -> bytes:
+        if limit is not None and b > limit:
+            raise MemberError(f"member of {b} bytes is larger than any image within "
+                              "--max-pixels can be")
+        f = open_cached(file)
+        try:
+            data = f.pread(a, b)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise MemberError(f"cannot read member: {exc}") from None
+        if len(data) != b:
+            raise MemberError(f"truncated member: {len(data)} of {b} bytes")
+        return data
