@@ -20,6 +20,10 @@ IMG_EXTENSIONS: tuple[str, ...] = (
     ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
 )
 _INT_LABEL = re.compile(r"-?[0-9]+")
+#: Integer labels of a file list number the classes ``0..max(label)``, so one huge label (an id
+#: column, a typo) would make that many class names: a label must be below
+#: ``max(number of rows, MAX_SPARSE_LABEL)``.
+MAX_SPARSE_LABEL = 1 << 16
 
 
 @dataclass
@@ -131,7 +135,9 @@ def read_file_list(list_path: str, root: str) -> Discovery:
 
     Paths are relative to ``root`` (or absolute). With class names, classes are the sorted set of
     names, as ImageFolder would number them; with integers, classes are their decimal strings
-    ``0..max`` (never renumbered). The list is UTF-8, with or without a BOM (Excel's "CSV UTF-8").
+    ``0..max`` (never renumbered), and each must be below ``max(number of rows,
+    MAX_SPARSE_LABEL)`` (65,536): a label above both is refused, before any class is made. The
+    list is UTF-8, with or without a BOM (Excel's "CSV UTF-8").
     The first row is a header when its label is not an integer and its path names no file.
     """
     try:
@@ -160,9 +166,7 @@ def read_file_list(list_path: str, root: str) -> Discovery:
     labels = [row[1].strip() for row in rows]
     is_int = [bool(_INT_LABEL.fullmatch(lab)) for lab in labels]
     if all(is_int):
-        ints = [int(lab) for lab in labels]
-        if min(ints) < 0:
-            raise PackError(f"file list {list_path}: negative label {min(ints)}")
+        ints = _integer_labels(labels, list_path)
         classes = [str(i) for i in range(max(ints) + 1)]
         targets = ints
     elif any(is_int):  # sorting "10" before "2" as names would silently renumber classes
@@ -175,3 +179,22 @@ def read_file_list(list_path: str, root: str) -> Discovery:
         targets = [index[lab] for lab in labels]
     samples = [(os.path.join(root, row[0].strip()), t) for row, t in zip(rows, targets)]
     return Discovery(os.fspath(root), classes, {c: i for i, c in enumerate(classes)}, samples)
+
+
+def _integer_labels(labels: list[str], list_path: str) -> list[int]:
+    """The labels as integers, each in ``0 <= label < max(len(labels), MAX_SPARSE_LABEL)``."""
+    bound = max(len(labels), MAX_SPARSE_LABEL)
+    ints = []
+    for n, text in enumerate(labels, 1):
+        digits = text.lstrip("-").lstrip("0") or "0"
+        if text.startswith("-") and digits != "0":
+            raise PackError(f"file list {list_path} row {n}: negative label {text}")
+        # Compared as digits first: int() of a 5,000-digit label raises, and needs no doing.
+        if len(digits) > len(str(bound)) or int(digits) >= bound:
+            shown = text if len(text) <= 30 else f"{text[:12]}...({len(text)} digits)"
+            raise PackError(f"file list {list_path} row {n}: label {shown} is too large: integer "
+                            f"labels number the classes 0..max, and must be below {bound:,} "
+                            f"(the larger of the {len(labels):,} rows and {MAX_SPARSE_LABEL:,}); "
+                            "write class names to use sparse ids")
+        ints.append(int(digits))
+    return ints

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from helpers import (imagefolder_reference, jpeg_bytes, noise, one_line_error, relpaths, run_cli,
-                     sources_of, write_bytes)
+                     run_program, sources_of, write_bytes)
 from shardkit import ShardDataset
 from shardkit.packing.discovery import IMG_EXTENSIONS, discover, read_file_list
 from shardkit.errors import PackError
@@ -193,3 +193,50 @@ def test_file_list_not_utf8_is_one_line(tmp_path):
     assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
     assert str(listing) in proc.stderr and "not UTF-8" in proc.stderr and "line 3" in proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("label", ["100000000000", "9" * 5000], ids=["1e11", "5000-digits"])
+def test_file_list_huge_integer_label_is_refused_before_allocating(tmp_path, label):
+    """A label that would make 1e11 class names (an id column, a typo) is one line, in a 2 GiB
+    address space: refused before a class name is made."""
+    root = str(tmp_path / "root")
+    rels = _flat_images(root, 3)
+    listing = tmp_path / "list.csv"
+    listing.write_text(f"{rels[0]},0\n{rels[1]},{label}\n{rels[2]},1\n", encoding="utf-8")
+    out = tmp_path / "out.lmdb"
+    proc = run_program("limited_cli", "pack", root, str(out), "--file-list", str(listing),
+                       "--workers", "1", "-q", capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr[-2000:]
+    assert f"file list {listing} row 2: label " in proc.stderr, proc.stderr
+    assert "must be below 65,536 (the larger of the 3 rows and 65,536)" in proc.stderr
+    assert len(proc.stderr) < 400 and not out.exists()
+
+
+def test_file_list_label_bound_is_the_row_count_or_65536(tmp_path):
+    """Sparse labels up to 65,535 keep ImageFolder-exact numbering (classes 0..max); above that
+    only a list with more rows than the label may use it."""
+    from shardkit.packing.discovery import MAX_SPARSE_LABEL
+
+    assert MAX_SPARSE_LABEL == 65536
+    root = str(tmp_path / "root")
+    rels = _flat_images(root, 2)
+    listing = tmp_path / "list.csv"
+    listing.write_text(f"{rels[0]},65535\n{rels[1]},007\n", encoding="utf-8")
+    found = read_file_list(str(listing), root)
+    assert found.classes == [str(i) for i in range(65536)]
+    assert [t for _, t in found.samples] == [65535, 7]
+    listing.write_text(f"{rels[0]},65536\n{rels[1]},-0\n", encoding="utf-8")
+    with pytest.raises(PackError, match=r"row 1: label 65536 is too large.* below 65,536 "):
+        read_file_list(str(listing), root)
+    listing.write_text(f"{rels[0]},-3\n{rels[1]},1\n", encoding="utf-8")
+    with pytest.raises(PackError, match=r"row 1: negative label -3$"):
+        read_file_list(str(listing), root)
+    # 70,000 rows (of two files): labels up to 69,999 are fine, 70,000 is not.
+    lines = [f"{rels[i % 2]},{i}" for i in range(70_000)]
+    listing.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    found = read_file_list(str(listing), root)
+    assert len(found.classes) == 70_000 and found.samples[-1][1] == 69_999
+    listing.write_text("\n".join(lines[:-1] + [f"{rels[1]},70000"]) + "\n", encoding="utf-8")
+    with pytest.raises(PackError, match=r"row 70000: label 70000 is too large.* below 70,000 "
+                                        r"\(the larger of the 70,000 rows and 65,536\)"):
+        read_file_list(str(listing), root)
