@@ -13,6 +13,8 @@ from ._version import __version__
 from .codec import ENCODINGS
 from .errors import Interrupted, ShardkitError
 from .packing.imaging import PILLOW_PIXEL_LIMIT
+from .packing.sources import SOURCE_FORMATS
+from .export import DEFAULT_SHARD_SIZE as EXPORT_SHARD_SIZE, TARGETS as EXPORT_TARGETS
 from .packing.settings import ENGINES
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -78,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
                    f"this cannot raise) [{PILLOW_PIXEL_LIMIT}]")
     p.add_argument("--allow-empty", action="store_true",
                    help="keep class folders with no images as classes (indices never shift)")
+    p.add_argument("--source-format", choices=SOURCE_FORMATS, default=None,
+                   help="what SRC is: %(choices)s (default: detected from its content)")
+    p.add_argument("--image-key", metavar="KEYS",
+                   help="member suffixes or column of the image, first present wins "
+                   "(e.g. 'jpg;png'; default: the format's conventions)")
+    p.add_argument("--label-key", metavar="KEY",
+                   help="member suffix or column of the label (e.g. cls)")
     p.add_argument("--file-list", metavar="LIST",
                    help="CSV/TSV of path,label or path,class-name instead of class folders")
     p.add_argument("--shard-size", type=parse_bytes, metavar="BYTES",
@@ -111,6 +120,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", metavar="OUT")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
 
+    p = sub.add_parser("export", help="write a store out as WebDataset tars or Hugging Face "
+                       "parquet", description="Write every record of STORE, in index order, into "
+                       "numbered files: WebDataset tars (KEY.jpg + KEY.cls, JPEG records byte "
+                       "for byte) or parquet with the Hugging Face Image struct and ClassLabel.")
+    p.add_argument("store", metavar="STORE", help="a store file or folder")
+    p.add_argument("pattern", metavar="PATTERN",
+                   help="output files with the file number as a printf field, e.g. "
+                   "'out/train-%%06d.tar'")
+    p.add_argument("--to", choices=EXPORT_TARGETS, default="webdataset",
+                   help="output format: %(choices)s [%(default)s]")
+    p.add_argument("--shard-size", type=parse_bytes, default=EXPORT_SHARD_SIZE, metavar="BYTES",
+                   help="start a new file at about this size [1GiB]")
+    p.add_argument("--overwrite", action="store_true", help="replace output files that exist")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
     p = sub.add_parser("bench", help="ImageFolder vs shardkit: images/s, data-wait share, "
                        "memory; --recommend",
                        add_help=False)
@@ -125,6 +149,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
                   encoding=args.encoding, workers=args.workers, strict=args.strict,
                   overwrite=args.overwrite, max_pixels=args.max_pixels,
                   allow_empty=args.allow_empty, file_list=args.file_list,
+                  source_format=args.source_format, image_key=args.image_key,
+                  label_key=args.label_key,
                   shard_size=args.shard_size, num_shards=args.num_shards, resume=args.resume,
                   engine=args.engine, scheduler=args.scheduler, num_nodes=args.num_nodes,
                   node_rank=args.node_rank, progress=not args.quiet)
@@ -197,6 +223,16 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .export import export
+
+    result = export(args.store, args.pattern, to=args.to, shard_size=args.shard_size,
+                    overwrite=args.overwrite, progress=not args.quiet)
+    print(f"exported {result.count} records into {len(result.files)} {args.to} file"
+          f"{'s' if len(result.files) != 1 else ''} ({result.bytes} bytes)", file=sys.stderr)
+    return EXIT_OK
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import main as bench_main
 
@@ -204,7 +240,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"pack": _cmd_pack, "info": _cmd_info, "verify": _cmd_verify, "merge": _cmd_merge,
-            "bench": _cmd_bench}
+            "bench": _cmd_bench, "export": _cmd_export}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -214,7 +250,7 @@ def _one_line(exc: BaseException) -> str:
 
 # Library errors name parameters as `name` or `name=value`; the command's users see flags.
 _PARAMETER = re.compile(r"`(size|quality|encoding|format|workers|strict|overwrite|max_pixels|"
-                        r"allow_empty|file_list|shard_size|num_shards|resume|engine|scheduler|"
+                        r"allow_empty|file_list|source_format|image_key|label_key|to|shard_size|num_shards|resume|engine|scheduler|"
                         r"num_nodes|node_rank)(?:=('[^'`]*'|True))?`")
 
 
