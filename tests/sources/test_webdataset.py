@@ -1,0 +1,244 @@
+"""Packing from WebDataset tars written by ``webdataset`` itself, compared with packing the
+same images from their folder and with what ``webdataset.WebDataset`` reads from the tars."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import tarfile
+
+import numpy as np
+import pytest
+import simplejpeg
+import webdataset as wds
+from conftest import CLASSES, read_bytes, sample_key, store_files, store_records, write_json
+from PIL import Image
+
+import shardkit
+from shardkit.cli import main as cli_main
+from shardkit.codec import encode
+from shardkit.errors import PackError
+from shardkit.packing.imaging import load_rgb
+
+
+def write_tars(folder, out_dir: str, maxcount: int = 10, classes: bool = True) -> list[str]:
+    """The folder's images as WebDataset shards (ShardWriter), in ImageFolder order."""
+    root, samples = folder
+    os.makedirs(out_dir, exist_ok=True)
+    with wds.ShardWriter(os.path.join(out_dir, "train-%06d.tar"), maxcount=maxcount,
+                         verbose=0) as sink:
+        for rel, label in samples:
+            ext = rel.rsplit(".", 1)[1]
+            sink.write({"__key__": sample_key(rel), ext: read_bytes(os.path.join(root, rel)),
+                        "cls": label, "txt": f"caption of {rel}"})
+    if classes:
+        write_json(os.path.join(out_dir, "classes.json"), CLASSES)
+    return sorted(os.path.join(out_dir, n) for n in os.listdir(out_dir) if n.endswith(".tar"))
+
+
+@pytest.fixture(scope="module")
+def tars(folder, tmp_path_factory) -> tuple[str, list[str]]:
+    out = str(tmp_path_factory.mktemp("wds") / "tars")
+    return out, write_tars(folder, out)
+
+
+def test_tars_pack_as_their_folder_and_as_webdataset_reads_them(tars, folder, folder_store,
+                                                                tmp_path):
+    out_dir, files = tars
+    assert len(files) == 3  # 24 samples, 10 a shard
+    out = str(tmp_path / "tars.lmdb")
+    result = shardkit.pack(out_dir, out, size=64, workers=2, progress=False)
+    assert result.count == 24 and result.skipped == []
+    got, want = store_records(out), store_records(folder_store(64))
+    # Same pipeline: byte-identical records (so identical pixels), labels and sizes.
+    assert [r[:4] for r in got] == [r[:4] for r in want]
+    ds = shardkit.ShardDataset(out)
+    assert ds.classes == CLASSES and ds.class_to_idx == {c: i for i, c in enumerate(CLASSES)}
+    # webdataset's own reader: the same samples, keys and labels, in the same order.
+    brace = os.path.join(out_dir, "train-{000000..000002}.tar")
+    theirs = [(key, int(cls), url) for key, cls, url in
+              wds.WebDataset(brace, shardshuffle=False).to_tuple("__key__", "cls", "__url__")]
+    assert [r[1] for r in got] == [t[1] for t in theirs]
+    ext = {sample_key(rel): rel.rsplit(".", 1)[1] for rel, _ in folder[1]}
+    assert [r[4] for r in got] == [f"{os.path.basename(url)}#{key}.{ext[key]}"
+                                   for key, _, url in theirs]
+
+
+def test_brace_pattern_single_tar_and_forced_format(tars, folder_store, tmp_path):
+    out_dir, files = tars
+    want = store_records(folder_store(64))
+    brace = os.path.join(out_dir, "train-{000000..000002}.tar")
+    shardkit.pack(brace, str(tmp_path / "brace.lmdb"), size=64, workers=1, progress=False)
+    assert [r[:4] for r in store_records(str(tmp_path / "brace.lmdb"))] == \
+        [r[:4] for r in want]
+    shardkit.pack(files[1], str(tmp_path / "one.lmdb"), size=64, workers=1, progress=False,
+                  source_format="webdataset")
+    assert [r[:4] for r in store_records(str(tmp_path / "one.lmdb"))] == \
+        [r[:4] for r in want[10:20]]
+    with pytest.raises(PackError, match="index.json"):
+        shardkit.pack(out_dir, str(tmp_path / "x.lmdb"), source_format="mds", progress=False)
+
+
+def test_gzipped_tars_pack_the_same(tars, folder_store, tmp_path):
+    out_dir, files = tars
+    gz = tmp_path / "gz"
+    gz.mkdir()
+    for f in files:
+        with gzip.open(gz / (os.path.basename(f) + ".gz"), "wb") as g:
+            g.write(read_bytes(f))
+    write_json(str(gz / "classes.json"), CLASSES)
+    shardkit.pack(str(gz), str(tmp_path / "gz.lmdb"), size=64, workers=2, progress=False)
+    assert [r[:4] for r in store_records(str(tmp_path / "gz.lmdb"))] == \
+        [r[:4] for r in store_records(folder_store(64))]
+
+
+def test_byte_identical_for_any_workers_and_engine(tars, tmp_path):
+    out_dir, _ = tars
+    singles = []
+    for workers in (0, 2, 3):
+        out = str(tmp_path / f"w{workers}.lmdb")
+        shardkit.pack(out_dir, out, size=48, workers=workers, progress=False)
+        singles.append(list(store_files(out).values()))
+    assert singles[0] == singles[1] == singles[2]
+    sharded = []
+    for workers, engine in ((1, "local"), (3, "local"), (2, "dask")):
+        out = str(tmp_path / f"s{workers}{engine}")
+        result = shardkit.pack(out_dir, out, size=48, workers=workers, num_shards=3,
+                               order="source", engine=engine, progress=False)
+        assert result.shards == 3
+        sharded.append(store_files(out))
+    assert sharded[0] == sharded[1] == sharded[2]
+    # Output shards hold whole source shards: shard k is tar k (one Dask task each).
+    store = shardkit.ShardDataset(str(tmp_path / "s2dask"))
+    for k, entry in enumerate(store.store.shards):
+        tars_seen = {store.source_path(i).split("#")[0]
+                     for i in range(entry.start, entry.start + entry.count)}
+        assert tars_seen == {f"train-{k:06d}.tar"}
+
+
+def _tar(path: str, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> None:
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def _jpeg(seed: int, shape=(30, 40)) -> bytes:
+    rng = np.random.default_rng(seed)
+    return simplejpeg.encode_jpeg(rng.integers(0, 255, (*shape, 3), dtype=np.uint8), 90)
+
+
+def test_skip_list_names_shard_member_and_reason(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    with wds.TarWriter(str(src / "a.tar")) as sink:
+        sink.write({"__key__": "good", "jpg": _jpeg(1), "cls": 2})
+        sink.write({"__key__": "noimage", "cls": 1, "txt": "no picture"})
+        sink.write({"__key__": "badlabel", "jpg": _jpeg(2), "cls": "abc"})
+        sink.write({"__key__": "nolabel", "jpg": _jpeg(3)})
+        sink.write({"__key__": "pickled", "jpg": _jpeg(4), "cls": 0, "pyd": {"a": 1}})
+        sink.write({"__key__": "broken", "jpg": b"\xff\xd8 not a jpeg", "cls": 0})
+    good_b = _jpeg(5)
+    with wds.TarWriter(str(src / "b.tar")) as sink:
+        sink.write({"__key__": "first", "jpg": good_b, "cls": 1})
+        sink.write({"__key__": "cut", "jpg": _jpeg(6, (200, 200)), "cls": 1})
+    data = read_bytes(str(src / "b.tar"))
+    with open(src / "b.tar", "wb") as f:  # truncated inside the second sample's image
+        f.write(data[:data.index(b"cut.jpg") + 512 + 700])
+    out = str(tmp_path / "out.lmdb")
+    result = shardkit.pack(str(src), out, size=0, workers=2, progress=False)
+    reasons = {os.path.relpath(s["path"], str(src)): s["reason"] for s in result.skipped}
+    assert reasons.keys() == {"a.tar#noimage.cls", "a.tar#badlabel.jpg", "a.tar#nolabel.jpg",
+                              "a.tar#pickled.pyd", "a.tar#broken.jpg", "b.tar#cut.jpg",
+                              "b.tar#cut.cls"}
+    assert "no image member" in reasons["a.tar#noimage.cls"]
+    assert "'abc' is not an integer" in reasons["a.tar#badlabel.jpg"]
+    assert "no label member" in reasons["a.tar#nolabel.jpg"]
+    assert reasons["a.tar#pickled.pyd"] == "pickled member refused (never loaded)"
+    assert "decode" in reasons["a.tar#broken.jpg"] or "image" in reasons["a.tar#broken.jpg"]
+    assert "truncated member" in reasons["b.tar#cut.jpg"]
+    assert "no image member" in reasons["b.tar#cut.cls"]  # what is left of that sample
+    records = store_records(out)
+    assert [(r[1], r[4]) for r in records] == [(2, "a.tar#good.jpg"), (0, "a.tar#pickled.jpg"),
+                                              (1, "b.tar#first.jpg")]
+    assert shardkit.ShardDataset(out).classes == ["0", "1", "2"]  # integers, never renumbered
+    assert records[2][0] == good_b  # --size 0 jpeg: the source JPEG kept byte for byte
+
+
+def test_size_zero_keeps_clean_jpegs_and_reencodes_the_rest(tmp_path):
+    rng = np.random.default_rng(3)
+    rgb = rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)
+    clean = simplejpeg.encode_jpeg(rgb, 85)
+    grey = simplejpeg.encode_jpeg(rgb[:, :, :1].copy(), 85, colorspace="GRAY")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "JPEG", exif=exif.tobytes())
+    rotated = buf.getvalue()
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "PNG")
+    png = buf.getvalue()
+    src = tmp_path / "src"
+    src.mkdir()
+    with wds.TarWriter(str(src / "s.tar")) as sink:
+        for key, ext, data in (("a", "jpg", clean), ("b", "jpg", grey), ("c", "jpg", rotated),
+                               ("d", "png", png)):
+            sink.write({"__key__": key, ext: data, "cls": 0})
+    out = str(tmp_path / "out.lmdb")
+    shardkit.pack(str(src), out, size=0, workers=1, progress=False)
+    records = store_records(out)
+    assert records[0][0] == clean and records[1][0] == grey
+    assert records[2][0] != rotated and (records[2][2], records[2][3]) == (64, 48)
+    for record, data in zip(records, (clean, grey, rotated, png)):
+        pixels = simplejpeg.decode_jpeg(record[0], "RGB")
+        want = load_rgb(data, 0)
+        if record[0] == data:  # kept: its pixels are the ones the pipeline decodes
+            assert np.array_equal(pixels, want)
+        else:  # exactly what the folder pipeline stores: its pixels encoded at quality 90
+            assert record[0] == encode(want, "jpeg", 90)
+
+
+def _cli_error(capsys, argv) -> str:
+    assert cli_main(argv) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_hostile_tars_are_refused_with_one_line(tmp_path, capsys):
+    good = (tarfile.TarInfo("ok.jpg"), _jpeg(1))
+    cls = (tarfile.TarInfo("ok.cls"), b"0")
+    climb = tmp_path / "climb.tar"
+    _tar(str(climb), [good, cls, (tarfile.TarInfo("../evil.jpg"), _jpeg(2))])
+    assert "points outside the archive" in _cli_error(
+        capsys, ["pack", str(climb), str(tmp_path / "o1.lmdb"), "-q"])
+    link = tmp_path / "link.tar"
+    sym = tarfile.TarInfo("x.jpg")
+    sym.type, sym.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    _tar(str(link), [good, cls, (sym, None)])
+    assert "is a link" in _cli_error(capsys, ["pack", str(link), str(tmp_path / "o2.lmdb"),
+                                              "-q"])
+    hard = tarfile.TarInfo("h.jpg")
+    hard.type, hard.linkname = tarfile.LNKTYPE, "ok.jpg"
+    _tar(str(link), [good, cls, (hard, None)])
+    assert "is a link" in _cli_error(capsys, ["pack", str(link), str(tmp_path / "o3.lmdb"),
+                                              "-q"])
+    # A header claiming 10 GB in a small file: that member is skipped, nothing 10 GB is read.
+    huge = tmp_path / "huge.tar"
+    _tar(str(huge), [good, cls])
+    body = read_bytes(str(huge))
+    with tarfile.open(str(huge)) as tar:
+        last = tar.getmembers()[-1]
+    end = last.offset_data + -(-last.size // 512) * 512  # where the end-of-archive blocks start
+    info = tarfile.TarInfo("big.jpg")
+    info.size = 10 << 30
+    with open(huge, "wb") as f:
+        f.write(body[:end] + info.tobuf(tarfile.GNU_FORMAT) + _jpeg(3) + b"\0" * 1024)
+    out = str(tmp_path / "o4.lmdb")
+    assert cli_main(["pack", str(huge), out, "-q", "--size", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "big.jpg" in err and "its header says 10737418240 bytes" in err
+    assert len(shardkit.ShardDataset(out)) == 1
