@@ -84,6 +84,14 @@ def check_options(src: str, out: str, file_list: str | None, sharded: bool, resu
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):
         raise PackError(f"cannot write {out}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):  # EROFS for root too; refused before any decoding
+        try:
+            read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+        except OSError:
+            read_only = False
+        raise PackError(f"cannot write {out}: folder {folder} is "
+                        f"{'on a read-only file system' if read_only else 'not writable'}; "
+                        "no output written")
 
 
 def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None = None,
@@ -197,14 +205,24 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
 
         uploader = Uploader(out, storage_options, resume=resume, overwrite=overwrite)
 
+    finished: set[int] = set()  # shards a rerun with `resume` keeps (this run's and earlier)
+
     def on_done(k: int, entry: dict[str, Any]) -> None:
         if uploader is not None and "labels" not in entry:  # not uploaded by a Dask worker
             entry = upload_shard(uploader, dest[k], entry)
         replace_atomic(entry_path(partial, k), metadata.dumps(entry | {"plan_id": plan_id}))
+        finished.add(k)
 
-    kept = f"uploaded shards kept in {out}" if remote else f"finished shards kept in {partial}"
+    def kept() -> str:
+        if not finished:  # a claim of kept shards would send the user to a useless resume
+            return "no shard was finished, nothing to resume"
+        where = f"uploaded to {out}" if remote else f"kept in {partial}"
+        return (f"{len(finished)} finished shard{'s' if len(finished) != 1 else ''} {where} "
+                "(rerun with `resume=True` to continue)")
+
     try:
         done = prepare_partial(partial, plan, plan_id, resume or num_nodes > 1, ours, uploader)
+        finished.update(done)
         mine = [k for k in ours if k not in done]
         dest = {k: os.path.join(partial, plan.shard_file(k)) for k in mine}
         if engine == "dask":
@@ -223,11 +241,9 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         manifest, count = finalize_sharded(partial, plan,
                                            uploader.finish if uploader is not None else None)
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; {kept} (rerun with `resume=True` to continue)") \
-            from None
+        raise Interrupted(f"interrupted; {kept()}") from None
     except OSError as exc:
-        raise PackError(f"cannot write {out}: {exc.strerror or exc}; {kept} (rerun with "
-                        "`resume=True`)") from None
+        raise PackError(f"cannot write {out}: {exc.strerror or exc}; {kept()}") from None
     if remote:
         remove(partial)
     else:
@@ -273,14 +289,17 @@ def _pack_single(plan: Plan, out: str, partial: str, workers: int, strict: bool,
                  overwrite: bool, progress: bool, on_start: Callable[[], None]
                  ) -> dict[str, Any]:
     """Pack the single-file store OUT; returns its entry (count, skipped)."""
-    remove_store_files([partial], plan.settings.format)  # a killed run's, with side files
     entries: dict[int, dict[str, Any]] = {}
     try:
+        remove_store_files([partial], plan.settings.format)  # a killed run's, with side files
         run_local(plan, [0], {0: partial}, workers=workers, strict=strict, progress=progress,
                   on_shard_done=entries.__setitem__, on_start=on_start)
         install(partial, out, overwrite)
     except BaseException as exc:
-        remove_store_files([partial], plan.settings.format)
+        try:
+            remove_store_files([partial], plan.settings.format)
+        except OSError:
+            pass  # the error below is the one to report (a read-only folder refuses both)
         if isinstance(exc, KeyboardInterrupt):
             raise Interrupted("interrupted; no output written") from None
         if isinstance(exc, OSError):

@@ -237,6 +237,94 @@ def test_strict_stops_on_an_unlistable_folder(src, tmp_path):
         os.chmod(locked, 0o755)
 
 
+# -- a read-only OUT folder -----------------------------------------------------------------------
+
+def _read_only_bind(folder: str) -> tuple[bool, list[str] | None]:
+    """Make ``folder`` a read-only bind mount of itself (as root: root ignores file modes, not a
+    read-only mount), or find a prefix that runs a command with it mounted so in a private
+    namespace (``unshare -rm``): (mounted here, prefix or None)."""
+    here = subprocess.run(["mount", "--bind", folder, folder], capture_output=True)
+    if here.returncode == 0:
+        if subprocess.run(["mount", "-o", "remount,ro,bind", folder],
+                          capture_output=True).returncode == 0:
+            return True, None
+        subprocess.run(["umount", folder], capture_output=True)
+    q = shlex.quote(folder)
+    script = f"mount --bind {q} {q} && mount -o remount,ro,bind {q} && exec \"$@\""
+    prefix = ["unshare", "-rm", "sh", "-c", script, "sh"]
+    if shutil.which("unshare") and subprocess.run(prefix + ["true"], capture_output=True,
+                                                  timeout=60).returncode == 0:
+        return False, prefix
+    return False, None
+
+
+def _run_read_only(folder: str, *cli_args: str) -> subprocess.CompletedProcess:
+    """``shardkit CLI_ARGS`` with ``folder`` read-only (really: a write there is refused)."""
+    mounted, prefix = _read_only_bind(folder)
+    if not mounted and prefix is None:
+        pytest.skip("cannot make a read-only bind mount here (not root, and no unshare -rm)")
+    try:
+        probe = subprocess.run([*(prefix or []), "touch", os.path.join(folder, "probe")],
+                               capture_output=True, text=True)
+        assert probe.returncode != 0 and "Read-only file system" in probe.stderr, probe
+        return subprocess.run([*(prefix or []), sys.executable, "-m", "shardkit.cli", *cli_args],
+                              capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+    finally:
+        if mounted:
+            subprocess.run(["umount", folder], capture_output=True)
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "hdf5", "folder"])
+def test_pack_into_a_read_only_folder_is_one_line(src, tmp_path, kind):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    out = ro / {"lmdb": "out.lmdb", "hdf5": "out.h5", "folder": "out"}[kind]
+    extra = ["--num-shards", "2"] if kind == "folder" else []
+    proc = _run_read_only(str(ro), "pack", src, str(out), "--size", "16", "--workers", "1",
+                          "-q", *extra)
+    assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+    assert proc.stderr.strip() == (f"shardkit pack: error: cannot write {out}: folder {ro} is on "
+                                   "a read-only file system; no output written")
+    assert os.listdir(ro) == []
+
+
+def test_pack_into_a_folder_without_write_permission_is_one_line(src, tmp_path):
+    """Mode 555, packed by a process without root's file-permission override."""
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    os.chmod(folder, 0o555)
+    try:
+        probe = _run_unprivileged("-c", f"open({str(folder / 'probe')!r}, 'w')")
+        if probe.returncode == 97 or "PermissionError" not in probe.stderr:
+            pytest.skip("cannot run a process that a mode-555 folder refuses here "
+                        f"(rc {probe.returncode}: {probe.stderr[-200:]!r})")
+        for name, extra in (("out.lmdb", []), ("out", ["--num-shards", "2"])):
+            out = folder / name
+            proc = _run_unprivileged("-m", "shardkit.cli", "pack", src, str(out), "--size", "16",
+                                     "--workers", "1", "-q", *extra)
+            assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+            assert proc.stderr.strip() == (f"shardkit pack: error: cannot write {out}: folder "
+                                           f"{folder} is not writable; no output written")
+        assert os.listdir(folder) == []
+    finally:
+        os.chmod(folder, 0o755)
+
+
+def test_sharded_pack_that_finished_no_shard_claims_none(src, tmp_path):
+    """OUT's folder is writable, its partial folder is not (a read-only mount): the pack fails
+    before any shard is finished, and must not send the user to ``--resume``."""
+    out = tmp_path / "out"
+    partial = tmp_path / ".out.partial"
+    partial.mkdir()
+    proc = _run_read_only(str(partial), "pack", src, str(out), "--num-shards", "2", "--size",
+                          "16", "--workers", "1", "-q")
+    assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+    assert proc.stderr.strip() == (f"shardkit pack: error: cannot write {out}: Read-only file "
+                                   "system; no shard was finished, nothing to resume")
+    assert sorted(os.listdir(tmp_path)) == [".out.partial"] and os.listdir(partial) == []
+
+
 # -- full disk at the end of a sharded pack, and in merge -----------------------------------------
 
 def _small_filesystem(folder: str, size: str) -> tuple[bool, list[str] | None]:

@@ -363,8 +363,12 @@ def _check_disk_report(report: dict[str, dict]) -> None:
         assert "No space left on device" in lines[0], (key, r)
         assert "out" not in r["listing"], (key, r)
         assert not r["partial_opens"], (key, r)
-        if "num-shards" in key:  # finished shards kept for --resume (the message says so)
-            assert "--resume" in lines[0], (key, r)
+        if "num-shards" in key:  # finished shards kept for --resume, if any (the message says)
+            if r["done"]:
+                assert f"{r['done']} finished shard" in lines[0] and "--resume" in lines[0], r
+            else:
+                assert "no shard was finished, nothing to resume" in lines[0], (key, r)
+                assert "--resume" not in lines[0], (key, r)
         else:
             assert r["listing"] == [], (key, r)
 

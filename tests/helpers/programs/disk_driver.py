@@ -4,7 +4,7 @@ Runs inside the small filesystem (or with writers that raise ENOSPC). argv: BIG 
 source, DISK folder, ``1`` to use ``helpers.programs.enospc_cli`` instead of the real CLI. For
 each format, packs BIG as one file and as 3 shards, then packs SMALL and overwrites it with BIG;
 prints JSON per case: exit status, stderr, the disk's listing, whether the partial output opens,
-and (overwrite) whether the old store still verifies.
+how many shards it holds finished, and (overwrite) whether the old store still verifies.
 """
 
 import json
@@ -40,8 +40,10 @@ def main(argv: list[str]) -> None:
                 partial_opens = True
             except ShardkitError:
                 partial_opens = False
+            done = sorted(n for n in os.listdir(partial) if n.endswith(".done.json")) \
+                if os.path.isdir(partial) else []
             report[f"{fmt}{shards}"] = {"rc": rc, "stderr": err, "listing": listing(),
-                                        "partial_opens": partial_opens}
+                                        "partial_opens": partial_opens, "done": len(done)}
             subprocess.run(["rm", "-rf", out, partial])
         # An existing store survives a failed --overwrite.
         rc0, err0 = pack(small, os.path.join(disk, "old"), fmt)
