@@ -1,0 +1,102 @@
+"""Packing from Hugging Face parquet and ``save_to_disk`` folders written by ``datasets``,
+compared with packing the same images from their folder and with ``datasets``' own reader."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import CLASSES, read_bytes, store_files, store_records
+from datasets import ClassLabel, Dataset, Features, Image, Value, load_dataset, load_from_disk
+
+import shardkit
+from shardkit.cli import main as cli_main
+
+
+def hf_dataset(folder, label_feature=None) -> Dataset:
+    root, samples = folder
+    features = Features(image=Image(), label=label_feature or ClassLabel(names=CLASSES),
+                        caption=Value("string"))
+    return Dataset.from_dict({
+        "image": [{"bytes": read_bytes(os.path.join(root, rel)), "path": None}
+                  for rel, _ in samples],
+        "label": [lab if label_feature is None else CLASSES[lab] for _, lab in samples],
+        "caption": [f"caption of {rel}" for rel, _ in samples]}, features=features)
+
+
+@pytest.fixture(scope="module")
+def hub_folder(folder, tmp_path_factory) -> str:
+    """The Hub's layout: data/train-0000N-of-00002.parquet, row groups of 5 rows."""
+    out = tmp_path_factory.mktemp("hf") / "hub"
+    (out / "data").mkdir(parents=True)
+    ds = hf_dataset(folder)
+    for k in range(2):
+        ds.shard(2, k, contiguous=True).to_parquet(
+            str(out / "data" / f"train-{k:05d}-of-00002.parquet"), batch_size=5)
+    return str(out)
+
+
+def test_parquet_packs_as_its_folder_and_as_datasets_reads_it(hub_folder, folder_store,
+                                                              tmp_path):
+    files = sorted(os.path.join(hub_folder, "data", n)
+                   for n in os.listdir(os.path.join(hub_folder, "data")))
+    assert pq.ParquetFile(files[0]).metadata.num_row_groups > 1  # read row group by row group
+    out = str(tmp_path / "pq.lmdb")
+    result = shardkit.pack(hub_folder, out, size=64, workers=2, progress=False)
+    assert result.count == 24 and result.skipped == []
+    got = store_records(out)
+    assert [r[:4] for r in got] == [r[:4] for r in store_records(folder_store(64))]
+    ds = shardkit.ShardDataset(out)
+    assert ds.classes == CLASSES  # the ClassLabel names from the schema metadata
+    theirs = load_dataset("parquet", data_files=files, split="train")
+    assert theirs.features["label"].names == ds.classes
+    assert [r[1] for r in got] == theirs["label"]
+
+
+def test_save_to_disk_folder_and_one_file(folder, folder_store, tmp_path):
+    saved = str(tmp_path / "saved")
+    hf_dataset(folder).save_to_disk(saved, max_shard_size="20KB")
+    assert len([n for n in os.listdir(saved) if n.endswith(".arrow")]) > 1
+    out = str(tmp_path / "saved.lmdb")
+    shardkit.pack(saved, out, size=64, workers=2, progress=False)
+    got = store_records(out)
+    assert [r[:4] for r in got] == [r[:4] for r in store_records(folder_store(64))]
+    assert [r[1] for r in got] == load_from_disk(saved)["label"]
+    one = str(tmp_path / "one.parquet")
+    hf_dataset(folder).to_parquet(one)
+    shardkit.pack(one, str(tmp_path / "one.lmdb"), size=64, workers=1, progress=False)
+    assert [r[:4] for r in store_records(str(tmp_path / "one.lmdb"))] == [r[:4] for r in got]
+
+
+def test_string_labels_become_sorted_classes(folder, tmp_path):
+    path = str(tmp_path / "s.parquet")
+    hf_dataset(folder, label_feature=Value("string")).to_parquet(path)
+    out = str(tmp_path / "s.lmdb")
+    shardkit.pack(path, out, size=32, workers=1, progress=False)
+    ds = shardkit.ShardDataset(out)
+    assert ds.classes == sorted(CLASSES)
+    assert list(ds.targets) == [lab for _, lab in folder[1]]
+
+
+def test_byte_identical_for_any_workers(hub_folder, tmp_path):
+    files = []
+    for workers in (0, 3):
+        out = str(tmp_path / f"w{workers}")
+        shardkit.pack(hub_folder, out, size=32, workers=workers, num_shards=2, progress=False)
+        files.append(store_files(out))
+    assert files[0] == files[1]
+
+
+def test_wrong_schema_is_refused_with_one_line(tmp_path, capsys):
+    bad = str(tmp_path / "bad.parquet")
+    pq.write_table(pa.table({"image": [1, 2], "label": [0, 1]}), bad)
+    assert cli_main(["pack", bad, str(tmp_path / "o.lmdb"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "image column 'image' is int64" in err
+    nolabel = str(tmp_path / "nolabel.parquet")
+    pq.write_table(pa.table({"image": [b"x"], "other": [0]}), nolabel)
+    assert cli_main(["pack", nolabel, str(tmp_path / "o.lmdb"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "no label column" in err and "--label-key" in err
