@@ -119,6 +119,28 @@ class ShardFields:
                 raise StoreError(f"{self.where}: record {local}, field {name!r}: {exc}") from None
         return f.read(self.cols, local)
 
+    def verify(self, local: int) -> None:
+        """``verify``'s check of record ``local``: every field decodes, boxes lie inside the
+        stored image, multi-label indices are in range, per-box values and masks match the
+        boxes (StoreError naming the record and field)."""
+        from .kinds import MultiLabel, check_boxes
+
+        height, width = int(self.heights[local]), int(self.widths[local])
+        values = {f.name: self.value(f.name, local) for f in self.schema}
+        for f in self.schema:
+            value, what = values[f.name], f"{self.where}: record {local}, field {f.name!r}"
+            try:
+                if f.kind == "boxes":
+                    check_boxes(value, height, width, f.name)
+                elif isinstance(f, MultiLabel) and len(value) and (
+                        value.min() < 0 or value.max() >= f.num_classes):
+                    raise FieldError("class index out of range")
+                of = getattr(f, "of", None)
+                if of is not None and len(value) != len(values[of]):
+                    raise FieldError(f"{len(value)} values for {len(values[of])} boxes")
+            except FieldError as exc:
+                raise StoreError(f"{what}: {exc} (damaged store)") from None
+
     def rows(self, name: str, local: int) -> int:
         """How many rows record ``local`` has in ragged field ``name``."""
         offsets = self.cols[self.schema[name].col("offsets")]

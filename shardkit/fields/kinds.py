@@ -359,7 +359,11 @@ def check_boxes(boxes: np.ndarray, height: int, width: int, name: str) -> None:
     if len(bad):
         raise FieldError(f"field {name!r}: box {bad[0]} has x1 > x2 or y1 > y2 "
                          f"({boxes[bad[0]].tolist()})")
-    bad = np.flatnonzero((x1 < 0) | (y1 < 0) | (x2 > width) | (y2 > height))
+    # Up to float32 rounding of the image size: a box on the border scaled with the image
+    # (``x2 = W * (w / W)`` in float32) may land a few ulps past it.
+    slack_x, slack_y = width * 2.0 ** -20 + 1e-3, height * 2.0 ** -20 + 1e-3
+    bad = np.flatnonzero((x1 < -slack_x) | (y1 < -slack_y) | (x2 > width + slack_x)
+                         | (y2 > height + slack_y))
     if len(bad):
         raise FieldError(f"field {name!r}: box {bad[0]} {boxes[bad[0]].tolist()} lies outside "
                          f"the {width}x{height} image")

@@ -98,6 +98,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
          size: int = 256, quality: int = 90, encoding: str = "jpeg", workers: int | None = None,
          strict: bool = False, overwrite: bool = False, max_pixels: int = PILLOW_PIXEL_LIMIT,
          allow_empty: bool = False, file_list: str | None = None,
+         coco: str | os.PathLike | None = None, coco_masks: bool | None = None,
          shard_size: int | None = None, num_shards: int | None = None, resume: bool = False,
          engine: Engine = "local", scheduler: str | None = None, num_nodes: int = 1,
          node_rank: int = 0, progress: bool = True,
@@ -132,6 +133,11 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
             bounded accordingly; 0 disables the limit. Default: Pillow's decompression-bomb limit.
         allow_empty: keep classes without images instead of refusing the source folder.
         file_list: a CSV/TSV file of ``path,label`` lines to pack instead of class folders.
+        coco: a COCO instances JSON file whose ``file_name`` s are relative to ``src``: one
+            record per COCO image with boxes, labels, iscrowd, area, image_id and masks as typed
+            fields (see ``docs/fields.md``; :mod:`shardkit.packing.coco`).
+        coco_masks: pack ``segmentation`` s as instance masks (needs pycocotools: ``pip install
+            'shardkit[coco]'``); None: when the file has segmentations.
         source_format: what SRC is, a name from
             ``shardkit.packing.sources.SOURCE_FORMATS``: ``folder``, ``webdataset`` (a tar, a
             brace pattern, a folder of tars), ``parquet`` (Hugging Face parquet/Arrow) or
@@ -190,9 +196,15 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         return PackResult(out, count, skipped, now - t0, plan.num_shards, sources,
                           (started[0] if started else now) - t0)
 
-    plan = make_plan(src, settings, source_format=source_format,
+    annotations = None
+    if coco is not None:
+        from .coco import coco_source
+
+        annotations = coco_source(src, file_list, coco, coco_masks)
+    plan = make_plan(src, settings, source_format=source_format, annotations=annotations,
                      source_options=source_options, allow_empty=allow_empty, file_list=file_list,
                      shard_size=shard_size, num_shards=num_shards, strict=strict)
+    plan.annotations = annotations
     partial = staging_path(out) if remote else partial_path(out)
     if not plan.sharded:
         entry = _pack_single(plan, out, partial, workers, strict, overwrite, progress, on_start)

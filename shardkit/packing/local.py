@@ -9,6 +9,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import PackError
+from ..fields import FieldError
 from ..formats import open_reader
 from . import stream
 from . import workers as encoders
@@ -29,7 +30,17 @@ def add_source(writer: StoreWriter, plan: Plan, i: int, result: Encoded, crc: in
             raise PackError(f"{path}: {result.reason} (`strict=True`: no output written)")
         writer.skip(path, result.reason or "unknown error")
         return
-    writer.add_encoded(result.data, plan.labels[i], result.height, result.width, path, crc)
+    fields = {}
+    try:
+        if plan.annotations is not None:  # the record's typed fields, on its stored pixels
+            fields = plan.annotations.fields(path, result.height, result.width)
+        writer.add_encoded(result.data, plan.labels[i], result.height, result.width, path, crc,
+                           **fields)
+    except FieldError as exc:  # checked before anything is appended
+        if strict:
+            raise PackError(f"{path}: annotation: {exc} (`strict=True`: no output written)"
+                            ) from None
+        writer.skip(path, f"annotation: {exc}")
 
 
 def run_local(plan: Plan, shards: list[int], dest: dict[int, str], *, workers: int,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from .. import metadata
 from ..errors import PackError, PackOptionError
@@ -37,6 +37,10 @@ class Plan:
     #: A container source's index (:mod:`shardkit.packing.sources`); None: image files.
     container: Any = None
 
+    #: Where each record's typed fields come from (e.g. :class:`.coco.CocoSource`: ``schema``,
+    #: ``meta()``, ``plan_key()``, ``fields(path, height, width)``), or None. Set by ``pack``.
+    annotations: ClassVar[Any] = None
+
     @property
     def num_shards(self) -> int:
         return len(self.bounds) - 1
@@ -45,6 +49,8 @@ class Plan:
         h = hashlib.sha256()
         h.update(metadata.dumps({"settings": self.settings.as_meta(), "classes": self.classes,
                                  "bounds": self.bounds, "sharded": self.sharded}))
+        if self.annotations is not None:
+            h.update(self.annotations.plan_key().encode())
         for path, label in zip(self.paths, self.labels):
             h.update(os.fsencode(self.relpath(path)) + b"\0" + str(label).encode() + b"\n")
         return h.hexdigest()
@@ -62,7 +68,9 @@ class Plan:
         return f"shard-{k:05d}{SUFFIXES[self.settings.format]}"
 
     def common_meta(self) -> dict[str, Any]:
-        return common_meta(self.classes, self.class_to_idx, self.settings, self.root)
+        a = self.annotations
+        return common_meta(self.classes, self.class_to_idx, self.settings, self.root,
+                           a.schema if a is not None else None, a.meta() if a is not None else None)
 
     def shard_writer(self, k: int, path: str) -> StoreWriter:
         """A writer for shard ``k`` straight to ``path`` (the whole store if not sharded)."""
@@ -72,7 +80,9 @@ class Plan:
                            class_to_idx=self.class_to_idx, source_root=self.root,
                            kind="shard" if self.sharded else "single", install=False,
                            shard_index=k, first_source=self.bounds[k],
-                           skipped=() if self.sharded else self.discovery_skipped)
+                           skipped=() if self.sharded else self.discovery_skipped,
+                           schema=self.annotations.schema if self.annotations else None,
+                           extra_meta=self.annotations.meta() if self.annotations else None)
 
 
 def shard_bounds(n: int, num_shards: int | None, per_shard: int | None) -> list[int]:
@@ -101,10 +111,16 @@ def estimate_record_bytes(paths: Sequence[str], settings: PackSettings) -> int:
 def make_plan(src: str, settings: PackSettings, *, allow_empty: bool = False,
               file_list: str | None = None, source_format: str | None = None,
               source_options: Any = None, shard_size: int | None = None,
-              num_shards: int | None = None, strict: bool = False) -> Plan:
+              num_shards: int | None = None, strict: bool = False, annotations: Any = None
+              ) -> Plan:
     """Find the sources and fix the shard boundaries (see :func:`shardkit.pack`)."""
     container_found, container = discover_container(src, source_format, source_options)
-    found: Discovery = container_found if container is not None else read_file_list(file_list, src) if file_list else discover(src, allow_empty)
+    if container is not None:
+        found: Discovery = container_found
+    elif annotations is not None:  # e.g. a COCO file: its images, in its order
+        found = annotations.discovery()
+    else:
+        found = read_file_list(file_list, src) if file_list else discover(src, allow_empty)
     if strict and found.skipped:  # a folder that cannot be listed hides images: as bad as one
         first = found.skipped[0]
         raise PackError(f"{first['path']}: {first['reason']} (`strict=True`: no output written)")

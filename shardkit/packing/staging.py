@@ -147,7 +147,7 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
                 reader.close()
             common = common or {key: meta[key] for key in (
                 "format", "format_version", "shardkit_version", "classes", "class_to_idx",
-                "settings", "source_root")}
+                "settings", "source_root", "fields", "annotations") if key in meta}
         skipped.extend(entry["skipped"])
         shard_list.append({key: entry[key] for key in ("file", "format", "count", "bytes",
                                                        "sha256")} | {"start": start})

@@ -113,12 +113,16 @@ def verify(path: str | os.PathLike, progress: bool = False, *,
                 continue
             labels = np.array(shard.labels)  # a copy: the shard may be closed (max_open_shards)
             labels_seen.append(labels)
-            if len(labels) and (labels.min() < 0 or labels.max() >= n_classes):
+            if len(labels) and not n_classes and np.any(labels != -1):  # e.g. a COCO store
+                fault(f"{where}: labels of a store without classes must be -1")
+            elif len(labels) and n_classes and (labels.min() < 0 or labels.max() >= n_classes):
                 fault(f"{where}: labels outside 0..{n_classes - 1}")
             with shard.reader.records() as get:
                 for local in range(entry.count):
                     try:
                         decoder.prove(shard, k, local, get(local))
+                        if shard.fields is not None:  # offsets, shapes, ranges, decodes
+                            shard.fields.verify(local)
                     except StoreError as exc:
                         fault(str(exc))
                     report.records += 1

@@ -1,0 +1,117 @@
+"""Boxes and masks moved with the decode-time crop, resize and flip, with torchvision v2's own
+arithmetic (``transforms/v2/functional/_geometry.py`` and ``_meta.py``), so they are
+``torch.equal`` to what ``v2.RandomResizedCrop`` / ``CenterCrop`` / ``RandomCrop`` and
+``RandomHorizontalFlip`` give for the same box and flip:
+
+- crop: subtract ``(left, top, left, top)`` in float32, then clamp x to ``[0, width]`` and y to
+  ``[0, height]`` of the crop (torchvision's soft clamp, the same as hard for axis-aligned boxes);
+  masks are sliced, zero-padded where the box leaves the image;
+- resize: multiply by ``torch.tensor([w_ratio, h_ratio, w_ratio, h_ratio])`` (Python-float ratios
+  in the default dtype), no clamp; masks with ``interpolate(mode="nearest")``;
+- horizontal flip: ``x1, x2 = W - x2, W - x1``; masks reversed along the width;
+- ``sanitize``: ``v2.SanitizeBoundingBoxes(min_size=1, min_area=1)``'s rule.
+
+``CenterCrop`` places boxes with its anchor ``int(round((H - crop) / 2))`` and masks as its
+pixels (padded by ``(crop - H) // 2`` when smaller): both as torchvision does, which differ by one
+pixel only for an image smaller than the crop by an odd amount.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as nnf
+
+
+class Move(NamedTuple):
+    """One sample's geometry: crop box (top, left, height, width) in the stored image, the output
+    size it is resized to, the flip; ``box_origin`` is where boxes take the crop's corner from
+    (CenterCrop's anchor; else the crop's own)."""
+
+    top: int
+    left: int
+    height: int
+    width: int
+    out: int
+    flip: bool
+    box_origin: tuple[int, int]
+
+
+def center_anchor(height: int, width: int, crop: int) -> tuple[int, int]:
+    """``_center_crop_compute_crop_anchor``: where CenterCrop's boxes take the crop from."""
+    return int(round((height - crop) / 2.0)), int(round((width - crop) / 2.0))
+
+
+def crop_boxes(boxes: torch.Tensor, top: int, left: int, height: int, width: int) -> torch.Tensor:
+    shifted = boxes - torch.tensor([left, top, left, top], dtype=boxes.dtype)
+    out = shifted.clone() if shifted.is_floating_point() else shifted.float()
+    out[..., 0::2].clamp_(min=0, max=width)
+    out[..., 1::2].clamp_(min=0, max=height)
+    return out.to(boxes.dtype)
+
+
+def resize_boxes(boxes: torch.Tensor, canvas: tuple[int, int], size: tuple[int, int]
+                 ) -> torch.Tensor:
+    (old_h, old_w), (new_h, new_w) = canvas, size
+    if (new_h, new_w) == (old_h, old_w):
+        return boxes
+    ratios = torch.tensor([new_w / old_w, new_h / old_h, new_w / old_w, new_h / old_h])
+    return boxes.mul(ratios).to(boxes.dtype)
+
+
+def flip_boxes(boxes: torch.Tensor, width: int) -> torch.Tensor:
+    out = boxes.clone().reshape(-1, 4)
+    out[:, [2, 0]] = out[:, [0, 2]].sub_(width).neg_()
+    return out.reshape(boxes.shape)
+
+
+def crop_masks(masks: torch.Tensor, top: int, left: int, height: int, width: int
+               ) -> torch.Tensor:
+    """``crop_image`` on (..., H, W): a slice, zero-padded where the box leaves the image."""
+    h, w = masks.shape[-2:]
+    right, bottom = left + width, top + height
+    if left < 0 or top < 0 or right > w or bottom > h:
+        part = masks[..., max(top, 0):bottom, max(left, 0):right]
+        pad = [max(min(right, 0) - left, 0), max(right - max(w, left), 0),
+               max(min(bottom, 0) - top, 0), max(bottom - max(h, top), 0)]
+        return nnf.pad(part, pad, mode="constant", value=0)
+    return masks[..., top:bottom, left:right]
+
+
+def resize_masks(masks: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """``resize_mask``: nearest, on the (N, H, W) stack as N channels of one image."""
+    squeeze = masks.ndim < 3
+    if squeeze:
+        masks = masks.unsqueeze(0)
+    shape = masks.shape
+    channels, old_h, old_w = shape[-3:]
+    if tuple(size) != (old_h, old_w) and masks.numel() > 0:
+        masks = nnf.interpolate(masks.reshape(-1, channels, old_h, old_w), size=list(size),
+                                mode="nearest")
+    masks = masks.reshape(shape[:-3] + (channels, *size))
+    return masks.squeeze(0) if squeeze else masks
+
+
+def move_boxes(boxes: torch.Tensor, move: Move) -> torch.Tensor:
+    top, left = move.box_origin
+    boxes = crop_boxes(boxes, top, left, move.height, move.width)
+    boxes = resize_boxes(boxes, (move.height, move.width), (move.out, move.out))
+    return flip_boxes(boxes, move.out) if move.flip else boxes
+
+
+def move_masks(masks: torch.Tensor, move: Move) -> torch.Tensor:
+    masks = crop_masks(masks, move.top, move.left, move.height, move.width)
+    masks = resize_masks(masks, (move.out, move.out))
+    return masks.flip(-1) if move.flip else masks
+
+
+def sanitize_keep(boxes: torch.Tensor, canvas: tuple[int, int], min_size: float = 1.0,
+                  min_area: float = 1.0) -> torch.Tensor:
+    """``SanitizeBoundingBoxes``'s mask of the XYXY boxes it keeps."""
+    height, width = canvas
+    ws, hs = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    valid = (ws >= min_size) & (hs >= min_size) & (boxes >= 0).all(dim=-1) & (ws * hs >= min_area)
+    valid &= (boxes[:, 0] <= width) & (boxes[:, 2] <= width)
+    valid &= (boxes[:, 1] <= height) & (boxes[:, 3] <= height)
+    return valid

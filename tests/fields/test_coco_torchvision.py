@@ -1,0 +1,54 @@
+"""COCO packs checked against torchvision's own CocoDetection + wrap_dataset_for_transforms_v2
+(pycocotools for masks) in the torch 2.14.1 + torchvision environment (``.venv-tv``): stored
+targets equal torchvision's after ``v2.Resize(256)``; decode-time crops move boxes and masks
+``torch.equal`` to the v2 pipeline under one seed (items, batches, threads, fork/spawn workers)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from helpers import run_program
+from helpers.coco import make_coco
+
+import shardkit
+
+
+@pytest.fixture(scope="module")
+def coco_store(tmp_path_factory) -> tuple[str, str, str]:
+    base = tmp_path_factory.mktemp("coco-tv")
+    images, annotations = make_coco(str(base), 14, seed=3, exif=True)
+    store = str(base / "coco.lmdb")
+    shardkit.pack(images, store, coco=annotations, workers=1, progress=False)
+    return images, annotations, store
+
+
+def test_stored_targets_equal_torchvision_after_resize(tv_python, coco_store):
+    images, annotations, store = coco_store
+    done = run_program("coco_parity", images, annotations, store, python=tv_python,
+                       capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])  # pycocotools prints its progress first
+    assert result["differing"] == [] and result["missing"] == []
+    assert result["compared"] == 14 and result["empty"] >= 3
+    assert result["boxes"] >= 30 and result["masks_pixels"] > 0
+    # One record per CocoDetection image, in its order (the refused EXIF photo aside).
+    refused = 100002  # annotated at neither the raw nor the oriented size
+    assert result["store_order"] == [i for i in result["order"] if i != refused]
+
+
+def test_crops_move_boxes_and_masks_exactly_as_v2(tv_python, coco_store):
+    store = coco_store[2]
+    config = {"store": store, "crop": 224, "modes": ["random_resized", "center", "random"],
+              "seeds": list(range(4))}
+    done = run_program("fields_parity", json.dumps(config), python=tv_python,
+                       capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["differing"] == [], result["differing"][:10]
+    assert result["workers"] == []
+    count = len(shardkit.ShardDataset(store))
+    assert result["compared"] == 3 * 2 * 4 * count
+    assert result["boxes_dropped"] > 0  # sanitize=True had boxes to drop (tiny, cropped away)
+    assert os.path.exists(store)
