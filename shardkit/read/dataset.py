@@ -24,7 +24,6 @@ from ..errors import OptionError
 from ..integrations.loader import ShardLoader
 from . import augment, batchpool
 from . import targets as targetmod
-from . import targets as targetmod
 from .decode import Decoder
 from .store import OpenShard, Store
 from .threads import Fanout
@@ -174,11 +173,6 @@ class ShardDataset(Dataset):
             targetmod.store_schema(self.store), fields, sanitize=sanitize,
             tv_tensors=tv_tensors, multi_hot=multi_hot, ragged=ragged)
         self.transforms = transforms
-        #: Builds each sample's target dict from the requested fields (None: the class label).
-        self._targets = None if fields is None else targetmod.Targets(
-            targetmod.store_schema(self.store), fields, sanitize=sanitize,
-            tv_tensors=tv_tensors, multi_hot=multi_hot, ragged=ragged)
-        self.transforms = transforms
 
     threads = _forward("_fanout", "threads")
     verify = _forward("_decoder", "verify")
@@ -317,7 +311,6 @@ class ShardDataset(Dataset):
         """A batch: one read transaction per shard, optional threads, one buffer when cropping."""
         if self.output == "bytes" or self.crop is None or self.transform is not None \
                 or self.transforms is not None \
-                or self.transforms is not None \
                 or self.output == "pil":
             return self._getitems_each(indices)
         return self._getitems_batched(indices)
@@ -381,9 +374,6 @@ class ShardDataset(Dataset):
                 jobs = [(pixels[pos], shard, k, i, get(i), h, w, plans[pos])
                         for pos, i, h, w in zip(positions.tolist(), local_list, heights, widths)]
                 self._fanout.run(self._decoder.into, jobs)
-            if self._targets is not None:
-                for pos, i in zip(positions.tolist(), local_list):
-                    target_list[pos] = self._label(shard, i, plans[pos])
             if self._targets is not None:
                 for pos, i in zip(positions.tolist(), local_list):
                     target_list[pos] = self._label(shard, i, plans[pos])
