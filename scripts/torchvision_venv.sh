@@ -12,7 +12,8 @@ TORCHVISION=0.29.1
 python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet "torch==$TORCH" "torchvision==$TORCHVISION"
-"$VENV/bin/python" -m pip install --quiet -e '.[test,pillow]'
+# coco: pycocotools, for torchvision's CocoDetection masks in tests/fields (issue 19)
+"$VENV/bin/python" -m pip install --quiet -e '.[test,pillow,coco]'
 "$VENV/bin/python" - "$TORCH" "$TORCHVISION" <<'PY'
 import sys
 import torch, torchvision
