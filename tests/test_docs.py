@@ -22,7 +22,8 @@ import textwrap
 import pytest
 from helpers.doccheck import (PAGES, ROOT, SHELL, STORES, Block, read_text, written_paths,
                               bash_problems, blocks, diff_problems, github_slug, headings,
-                              link_problems, python_problems, run_blocks, runnable)
+                              link_problems, python_problems, run_blocks, runnable,
+                              shell_commands)
 
 import shardkit
 
@@ -132,6 +133,10 @@ def test_the_checks_catch_broken_docs(tmp_path):
     assert "--no-flag" in bash("python benchmarks/throughput.py --sample 2 --no-flag")[0]
     assert "bash -n" in bash("if true; then echo\n")[0]
     assert "does not compile" in bash("python - <<'EOF'\nprint(\nEOF\n")[0]
+    assert bash("cat <<'X'\nnot python (\nX\npython - <<'EOF'\nprint(1)\nEOF\n") == []
+    assert [c.argv for c in shell_commands(
+        "A=1 shardkit info s --json > out  # note\nx && shardkit verify \\\n  s\n")] == [
+        ["shardkit", "info", "s", "--json"], ["x"], ["shardkit", "verify", "s"]]
 
     def py(text):
         return python_problems(Block("t.md", 1, "python", text))

@@ -121,23 +121,30 @@ def _path_problems(page: str, line: int, text: str, root: str) -> list[str]:
 
 # --- shell blocks ---------------------------------------------------------------------------
 
-def shell_commands(script: str) -> tuple[list[list[str]], list[str]]:
-    """(simple commands as argv lists, heredoc bodies) of a shell script: continuation lines
-    joined, comments, heredoc bodies and redirections removed; ``$VAR`` reads as ``0``."""
-    commands, heredocs = [], []
+@dataclass(frozen=True)
+class Command:
+    """A simple shell command: its words, and the heredoc it reads (None without one)."""
+    argv: list[str]
+    heredoc: str | None = None
+
+
+def shell_commands(script: str) -> list[Command]:
+    """The simple commands of a shell script: continuation lines joined, comments and
+    redirections removed, a heredoc given to the command on its line; ``$VAR`` reads as ``0``."""
+    commands = []
     lines = script.replace("\\\n", " ").split("\n")
     i = 0
     while i < len(lines):
         line = lines[i]
         i += 1
+        body = None
         here = re.search(r"<<-?\s*['\"]?(\w+)['\"]?", line)
         if here:
-            body = []
+            start = i
             while i < len(lines) and lines[i].strip() != here.group(1):
-                body.append(lines[i])
                 i += 1
+            body = "\n".join(lines[start:i]) + "\n"
             i += 1
-            heredocs.append("\n".join(body) + "\n")
             line = line[:here.start()]
         line = re.sub(r"\$\{?\w+\}?", "0", line)
         lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
@@ -147,13 +154,14 @@ def shell_commands(script: str) -> tuple[list[list[str]], list[str]]:
         for word in list(lexer) + [";"]:
             if word in ("&&", "||", ";", "|", "&", "(", ")"):
                 if argv:
-                    commands.append(argv)
+                    commands.append(Command(argv, body))
+                    body = None  # the heredoc goes to the first command of the line
                 argv, redirected = [], False
             elif set(word) <= set("<>&") or redirected:
                 redirected = True  # a redirection and its target are not arguments
             elif argv or not re.match(r"\w+=", word):  # leading VAR=value assignments
                 argv.append(word)
-    return commands, heredocs
+    return commands
 
 
 def command_problem(argv: list[str]) -> str | None:
@@ -183,12 +191,12 @@ def bash_problems(block: Block) -> list[str]:
     run = subprocess.run(["bash", "-n"], input=block.text, capture_output=True, text=True)
     if run.returncode:
         return [f"{block}: bash -n: {run.stderr.strip()}"]
-    commands, heredocs = shell_commands(block.text)
-    problems = [f"{block}: {' '.join(argv)}: {why}" for argv in commands
-                if (why := command_problem(argv))]
-    for argv in commands:
-        if argv[:2] in (["python", "-"], ["python3", "-"]):
-            problems += python_problems(Block(block.page, block.line, "python", heredocs.pop(0)))
+    problems = []
+    for cmd in shell_commands(block.text):
+        if why := command_problem(cmd.argv):
+            problems.append(f"{block}: {' '.join(cmd.argv)}: {why}")
+        if cmd.heredoc is not None and cmd.argv[:2] in (["python", "-"], ["python3", "-"]):
+            problems += python_problems(Block(block.page, block.line, "python", cmd.heredoc))
     return problems
 
 
