@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import functools
 import glob
 import inspect
 import io
@@ -16,6 +17,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+import urllib.parse
 from dataclasses import dataclass
 
 from markdown_it import MarkdownIt
@@ -29,7 +31,8 @@ PAGES = sorted(["README.md", "benchmarks/README.md"]
                + [os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))])
 SHELL = {"bash", "sh", "shell", "console"}
 # Words in code spans and shell blocks that name a file of this repository.
-REPO_PATH = re.compile(r"(?:\./)?(?:shardkit|tests|benchmarks|scripts|examples|docs)/[\w./-]*\w")
+REPO_PATH = re.compile(
+    r"(?<![\w./~$-])(?:\./)?(?:shardkit|tests|benchmarks|scripts|examples|docs)/[\w./-]*\w")
 # Blocks that cannot run on a CPU-only machine without a cluster or a bucket.
 NEEDS_MORE = re.compile(r"cuda|init_process_group|://|/data/|/shared/")
 # What a runnable block finds in its working folder (see ``doc_stores``).
@@ -73,6 +76,11 @@ def headings(text: str) -> set[str]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _headings_of(path: str) -> set[str]:
+    return headings(read_text(path))
+
+
 def blocks(page: str, text: str) -> list[Block]:
     return [Block(page, tok.map[0] + 1, tok.info.split()[0] if tok.info else "", tok.content)
             for tok in _MD.parse(text) if tok.type == "fence"]
@@ -104,11 +112,11 @@ def link_problems(page: str, root: str = ROOT) -> list[str]:
     for line, href in refs:
         if re.match(r"[a-z][a-z0-9+.-]*:", href):  # https:, mailto:: not ours to check
             continue
-        target, _, anchor = href.partition("#")
+        target, _, anchor = urllib.parse.unquote(href).partition("#")
         file = os.path.normpath(os.path.join(os.path.dirname(path), target)) if target else path
         if not os.path.exists(file):
             problems.append(f"{page}:{line}: link to a missing file: {href}")
-        elif anchor and file.endswith(".md") and anchor not in headings(read_text(file)):
+        elif anchor and file.endswith(".md") and anchor not in _headings_of(file):
             problems.append(f"{page}:{line}: no heading #{anchor} in {os.path.relpath(file, root)}")
     return problems
 
