@@ -14,6 +14,8 @@ python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet "torch==$TORCH" "torchvision==$TORCHVISION"
 # coco: pycocotools, for torchvision's CocoDetection masks in tests/fields (issue 19)
 "$VENV/bin/python" -m pip install --quiet -e '.[test,pillow,coco]'
+# timm (needs torchvision) for tests/integrations/test_timm.py; it keeps the installed torch.
+"$VENV/bin/python" -m pip install --quiet "timm==1.0.31"
 "$VENV/bin/python" - "$TORCH" "$TORCHVISION" <<'PY'
 import sys
 import torch, torchvision

@@ -1,0 +1,200 @@
+"""timm: ``train.py --data-dir STORES --dataset shardkit`` trains from shardkit stores.
+
+The patch to timm's ``train.py`` (it is not part of the timm package) is one line, after its
+``from timm.data import create_dataset, create_loader, ...``::
+
+    from shardkit.timm import create_dataset, create_loader
+
+Both delegate to timm's own functions for every other dataset. For ``--dataset shardkit``:
+
+- ``create_dataset`` opens the store of the split under ``root``: ``root/<split>`` as a folder
+  store or with a store suffix (``.lmdb``, ``.h5``, ...), trying timm's synonyms (``train`` /
+  ``training``; ``validation``, ``val``, ``valid``, ``eval``, ``evaluation``).
+- ``create_loader`` builds the decode recipe from timm's arguments (``input_size``, ``scale``,
+  ``ratio``, ``hflip``, the interpolation, ``crop_pct``), instead of assigning
+  ``dataset.transform`` (which would crop twice), and refuses with a message naming the
+  argument (and ``train.py`` flag) anything it cannot do at decode. Training batches draw from a
+  ``ShardSampler`` under ``distributed=True``. With timm's prefetcher (the default) the uint8
+  batches go to timm's ``PrefetchLoader``, which normalises and random-erases on the device;
+  with ``--no-prefetcher`` the loader yields normalised float batches (contiguous NCHW).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+from typing import Any
+
+import timm.data
+from timm.data.loader import PrefetchLoader
+
+from ..errors import OptionError
+from ..formats import SUFFIXES
+from ..read.dataset import ShardDataset, collate
+from ..read.sampler import ShardSampler
+
+NAME = "shardkit"
+TRAIN_SPLITS = ("train", "training")
+EVAL_SPLITS = ("validation", "val", "valid", "eval", "evaluation")
+
+# train.py's flag for each create_loader argument shardkit may refuse.
+FLAGS = {"vflip": "--vflip", "color_jitter": "--color-jitter", "auto_augment": "--aa",
+         "interpolation": "--train-interpolation / --interpolation", "re_prob": "--reprob",
+         "num_aug_repeats": "--aug-repeats", "num_aug_splits": "--aug-splits",
+         "train_crop_mode": "--train-crop-mode", "crop_pct": "--crop-pct",
+         "crop_mode": "--crop-mode", "use_multi_epochs_loader": "--use-multi-epochs-loader",
+         "worker_seeding": "--worker-seeding", "color_jitter_prob": "--color-jitter-prob",
+         "grayscale_prob": "--grayscale-prob", "gaussian_blur_prob": "--gaussian-blur-prob"}
+# Arguments create_loader uses; every other one of timm's must keep timm's default.
+HANDLED = {"is_training", "no_aug", "scale", "ratio", "hflip", "interpolation", "mean", "std",
+           "num_workers", "distributed", "crop_pct", "collate_fn", "pin_memory", "fp16",
+           "img_dtype", "device", "use_prefetcher", "persistent_workers", "re_prob", "re_mode",
+           "re_count", "re_split", "color_jitter", "train_crop_mode", "crop_mode"}
+# Values that do nothing at decode whatever timm's default is.
+NEUTRAL = {"color_jitter": (0, 0.0, None), "train_crop_mode": (None, "rrc"),
+           "crop_mode": (None, "center")}
+
+
+def is_shardkit(name: str | None) -> bool:
+    return isinstance(name, str) and name.lower() == NAME
+
+
+def find_store(root: str | os.PathLike, split: str) -> str:
+    """The store of ``split`` under ``root`` (``root`` itself if it is a store)."""
+    root = os.fspath(root)
+    if os.path.isfile(root) or os.path.isfile(os.path.join(root, "manifest.json")):
+        return root
+    group = TRAIN_SPLITS if split in TRAIN_SPLITS else EVAL_SPLITS if split in EVAL_SPLITS \
+        else ()
+    names = [split, *[g for g in group if g != split]]
+    tried = []
+    for name in names:
+        for suffix in ("", *sorted(set(SUFFIXES.values()))):
+            path = os.path.join(root, name + suffix)
+            tried.append(os.path.basename(path))
+            if os.path.exists(path):
+                return path
+    raise OptionError(f"no shardkit store for split {split!r} under root={root!r} (looked for "
+                      f"{', '.join(tried)})")
+
+
+def create_dataset(name: str, root: str | None = None, split: str = "validation",
+                   **options: Any) -> Any:
+    """timm's ``create_dataset``; for ``name="shardkit"``, the split's store as a
+    ``ShardDataset`` (its decode recipe is set by :func:`create_loader`)."""
+    if not is_shardkit(name):
+        return timm.data.create_dataset(name, root=root, split=split, **options)
+    if root is None:
+        raise OptionError("root (train.py: --data-dir) must name the folder of the stores")
+    for key, ok in (("class_map", ("", None)), ("load_bytes", (False,)), ("repeats", (0, 0.0)),
+                    ("input_img_mode", ("RGB",))):
+        if key in options and options[key] not in ok:
+            raise OptionError(f"create_dataset: {key}={options[key]!r} is not supported for "
+                              "shardkit stores (a store holds its classes and RGB images)")
+    return ShardDataset(find_store(root, split))
+
+
+def _timm_defaults() -> dict[str, Any]:
+    signature = inspect.signature(timm.data.create_loader)
+    return {n: p.default for n, p in signature.parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def _refuse(name: str, value: Any, why: str) -> OptionError:
+    flag = f" (train.py {FLAGS[name]})" if name in FLAGS else ""
+    return OptionError(f"shardkit.timm.create_loader: {name}={value!r}{flag} {why}")
+
+
+def _square(input_size: Any) -> int:
+    size = (input_size,) * 2 if isinstance(input_size, int) else tuple(input_size)[-2:]
+    channels = tuple(input_size)[0] if not isinstance(input_size, int) and \
+        len(tuple(input_size)) == 3 else 3
+    if channels != 3 or len(size) != 2 or size[0] != size[1]:
+        raise _refuse("input_size", input_size, "cannot be decoded: shardkit crops squares of "
+                      "3-channel RGB images")
+    return int(size[0])
+
+
+def _check_defaults(options: dict[str, Any], defaults: dict[str, Any]) -> None:
+    for name, value in options.items():
+        if name not in defaults:
+            raise TypeError(f"create_loader() got an unexpected keyword argument {name!r}")
+        if name not in HANDLED and value != defaults[name]:
+            raise _refuse(name, value, "cannot be applied by the shardkit decode path "
+                          f"(timm's default is {defaults[name]!r})")
+    for name, neutral in NEUTRAL.items():
+        if name in options and options[name] not in neutral:
+            if name == "color_jitter" and not options.get("is_training"):
+                continue  # timm applies colour jitter to training only
+            raise _refuse(name, options[name], f"cannot be applied at decode; use one of "
+                          f"{neutral}")
+
+
+def recipe_dataset(dataset: ShardDataset, size: int, o: dict[str, Any]) -> ShardDataset:
+    """``dataset`` cropping at decode as timm's transform for these options would."""
+    packed = int(dataset.store.settings.get("size") or 0)
+    if o["is_training"] and not o["no_aug"]:
+        if o["interpolation"] != "bilinear":
+            raise _refuse("interpolation", o["interpolation"], "is not shardkit's training "
+                          "resize; it resizes as torchvision's RandomResizedCrop does "
+                          "(anti-aliased bilinear): pass 'bilinear'")
+        scale = o["scale"] if o["scale"] is not None else (0.08, 1.0)
+        ratio = o["ratio"] if o["ratio"] is not None else (3.0 / 4.0, 4.0 / 3.0)
+        return dataset.with_recipe(size, "random_resized", scale=tuple(scale),
+                                   ratio=tuple(ratio), flip=float(o["hflip"]))
+    # Evaluation (and no_aug training): Resize(size / crop_pct) + CenterCrop(size); the resize
+    # is the one the store was packed with (bicubic, anti-aliased).
+    crop_pct = 1.0 if o["is_training"] else (o["crop_pct"] or 0.875)
+    resize = math.floor(size / crop_pct)
+    if packed != resize:
+        raise _refuse("crop_pct", o["crop_pct"], f"needs images resized to {resize} "
+                      f"(input size {size} / crop_pct {crop_pct}), but {dataset.root} was packed "
+                      f"at {packed or 'full size'}: pack it with --size {resize} or pass the "
+                      f"crop_pct {size}/{packed or '?'}")
+    if not o["is_training"] and o["interpolation"] != "bicubic":
+        raise _refuse("interpolation", o["interpolation"], "is not the filter the store was "
+                      "resized with when packed (anti-aliased bicubic): pass 'bicubic'")
+    return dataset.with_recipe(size, "center")
+
+
+def create_loader(dataset: Any, input_size: Any, batch_size: int, **options: Any) -> Any:
+    """timm's ``create_loader``; for a ``ShardDataset``, a loader that decodes with timm's recipe
+    (wrapped in timm's ``PrefetchLoader`` when ``use_prefetcher``)."""
+    if not isinstance(dataset, ShardDataset):
+        return timm.data.create_loader(dataset, input_size, batch_size, **options)
+    if dataset.transform is not None or dataset.crop is not None:
+        raise OptionError("shardkit.timm.create_loader sets the decode recipe from timm's "
+                          "arguments: pass a ShardDataset without crop or transform "
+                          "(as shardkit.timm.create_dataset makes)")
+    defaults = _timm_defaults()
+    _check_defaults(options, defaults)
+    o = {**defaults, **options}
+    prefetch = bool(o["use_prefetcher"])
+    if o["re_prob"] and not prefetch:
+        raise _refuse("re_prob", o["re_prob"], "needs timm's prefetcher (random erasing runs "
+                      "on the device there); drop --no-prefetcher or pass --reprob 0")
+    size = _square(input_size)
+    ds = recipe_dataset(dataset, size, o)
+    training = bool(o["is_training"])
+    loader_args: dict[str, Any] = dict(
+        batch_size=batch_size, num_workers=o["num_workers"], pin_memory=o["pin_memory"],
+        collate_fn=o["collate_fn"] or collate, drop_last=training,
+        persistent_workers=bool(o["persistent_workers"]) and o["num_workers"] > 0)
+    if o["distributed"]:
+        loader_args["sampler"] = ShardSampler(ds, shuffle=training)
+    else:
+        loader_args["shuffle"] = training
+    if not prefetch:
+        loader_args.update(normalize=(o["mean"], o["std"]), dtype=o["img_dtype"])
+    loader = ds.loader(**loader_args)
+    if not prefetch:
+        return loader
+    prefetch_args = dict(mean=o["mean"], std=o["std"], channels=3, device=o["device"],
+                         fp16=o["fp16"], img_dtype=o["img_dtype"],
+                         re_prob=o["re_prob"] if training and not o["no_aug"] else 0.0,
+                         re_mode=o["re_mode"], re_count=o["re_count"],
+                         re_num_splits=2 if o["re_split"] else 0)
+    accepted = inspect.signature(PrefetchLoader).parameters
+    return PrefetchLoader(loader, **{k: v for k, v in prefetch_args.items()
+                                               if k in accepted})

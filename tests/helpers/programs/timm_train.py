@@ -1,0 +1,131 @@
+"""timm (with torchvision) trains a few CPU steps from shardkit stores through ``shardkit.timm``.
+
+    python -m helpers.programs.timm_train ROOT
+
+ROOT holds ``train.lmdb`` (packed at 40) and ``val.lmdb`` (packed at 36 = 32 / 0.875). Prints one
+JSON object with what each check found; the test asserts on it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+import timm
+import timm.data
+from timm.data import FastCollateMixup, Mixup
+from timm.loss import SoftTargetCrossEntropy
+
+import shardkit
+from shardkit.errors import OptionError
+from shardkit.timm import create_dataset, create_loader
+
+SIZE, BATCH = 32, 8
+MEAN, STD = timm.data.IMAGENET_DEFAULT_MEAN, timm.data.IMAGENET_DEFAULT_STD
+# What train.py passes with `--color-jitter 0 --train-interpolation bilinear` (the others: its
+# defaults), on CPU.
+TRAIN = dict(is_training=True, no_aug=False, re_prob=0.25, re_mode="pixel", re_count=1,
+             re_split=False, scale=[0.08, 1.0], ratio=[3 / 4, 4 / 3], hflip=0.5, vflip=0.0,
+             color_jitter=0.0, auto_augment=None, num_aug_repeats=0, num_aug_splits=0,
+             interpolation="bilinear", mean=MEAN, std=STD, num_workers=1, distributed=False,
+             pin_memory=False, device=torch.device("cpu"), use_multi_epochs_loader=False,
+             worker_seeding="all")
+EVAL = dict(is_training=False, interpolation="bicubic", mean=MEAN, std=STD, num_workers=1,
+            distributed=False, crop_pct=0.875, pin_memory=False, device=torch.device("cpu"))
+
+
+def steps(model, loader, loss_fn, mixup_fn=None, n=3) -> list[dict]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen = []
+    for i, (images, target) in enumerate(loader):
+        if mixup_fn is not None:
+            images, target = mixup_fn(images, target)
+        loss = loss_fn(model(images), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        seen.append({"dtype": str(images.dtype), "shape": list(images.shape),
+                     "contiguous": images.is_contiguous(), "target": list(target.shape),
+                     "loss": float(loss)})
+        if i + 1 == n:
+            break
+    return seen
+
+
+def refusal(call) -> str:
+    try:
+        call()
+    except OptionError as e:
+        return str(e)
+    return "accepted"
+
+
+def main() -> None:
+    root = sys.argv[1]
+    out: dict = {}
+    train = create_dataset("shardkit", root=root, split="train", is_training=True,
+                           class_map="", download=False, batch_size=BATCH, seed=42, repeats=0)
+    val = create_dataset("shardkit", root=root, split="validation", is_training=False,
+                         class_map="", download=False, batch_size=BATCH)
+    out["stores"] = [train.root, val.root]
+    classes = len(train.classes)
+    model = timm.create_model("resnet18", num_classes=classes)
+
+    # Prefetcher (timm's default) with mixup/cutmix in the collate function.
+    mix = dict(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=classes)
+    loader = create_loader(train, (3, SIZE, SIZE), BATCH, use_prefetcher=True,
+                           collate_fn=FastCollateMixup(**mix), **TRAIN)
+    ds = loader.loader.dataset
+    out["prefetch_type"] = type(loader).__name__
+    out["recipe"] = [ds.crop, ds.crop_mode, ds.flip]
+    out["prefetch_steps"] = steps(model, loader, SoftTargetCrossEntropy())
+
+    # The decode recipe is ShardDataset's own with timm's numbers: same seed, same pixels.
+    own = shardkit.ShardDataset(train.root, crop=SIZE, crop_mode="random_resized",
+                                scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5)
+    torch.manual_seed(5)
+    got = ds.__getitems__(list(range(BATCH))).images.clone()
+    torch.manual_seed(5)
+    out["same_pixels"] = bool(torch.equal(got, own.__getitems__(list(range(BATCH))).images))
+
+    # --no-prefetcher: normalised float batches the model takes directly, mixup on them.
+    loader = create_loader(train, (3, SIZE, SIZE), BATCH, use_prefetcher=False,
+                           **{**TRAIN, "re_prob": 0.0})
+    out["plain_steps"] = steps(model, loader, SoftTargetCrossEntropy(), Mixup(**mix))
+
+    # Evaluation: Resize(36) + CenterCrop(32) = the store packed at 36, centre crop at decode.
+    loader = create_loader(val, (3, SIZE, SIZE), BATCH, use_prefetcher=True, **EVAL)
+    model.eval()
+    with torch.no_grad():
+        out["eval_count"] = sum(len(t) for _, t in loader)
+    out["eval_recipe"] = [loader.loader.dataset.crop, loader.loader.dataset.crop_mode]
+
+    # What the decode path cannot do is refused, naming train.py's flag.
+    out["refused"] = {
+        "color_jitter": refusal(lambda: create_loader(
+            train, SIZE, BATCH, **{**TRAIN, "color_jitter": 0.4})),
+        "interpolation": refusal(lambda: create_loader(
+            train, SIZE, BATCH, **{**TRAIN, "interpolation": "random"})),
+        "crop_pct": refusal(lambda: create_loader(val, SIZE, BATCH, **{**EVAL, "crop_pct": 0.95})),
+        "vflip": refusal(lambda: create_loader(train, SIZE, BATCH, **{**TRAIN, "vflip": 0.5})),
+    }
+    # timm's own create_loader on a dataset that crops at decode: refused, not a double crop.
+    cropping = shardkit.ShardDataset(train.root, crop=SIZE, crop_mode="random_resized")
+    out["double_crop"] = refusal(lambda: timm.data.create_loader(
+        cropping, (3, SIZE, SIZE), BATCH, is_training=True, device=torch.device("cpu")))
+
+    # Under DDP (one gloo rank here) the training loader draws from a ShardSampler.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    loader = create_loader(train, (3, SIZE, SIZE), BATCH, use_prefetcher=True,
+                           **{**TRAIN, "distributed": True})
+    out["ddp_sampler"] = type(loader.sampler).__name__
+    loader.sampler.set_epoch(1)
+    out["ddp_epoch"] = sorted(y for _, t in loader for y in t.tolist())
+    dist.destroy_process_group()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
