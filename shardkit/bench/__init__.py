@@ -144,16 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None, targets: bool = False) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "shardkit bench") -> int:
     """Run the benchmark; returns the exit status (non-zero if systems disagree on pixels).
 
-    ``targets`` also judges this project's acceptance targets ("target: ... met"), as
-    benchmarks/throughput.py does; ``shardkit bench`` reports the measurements only.
+    It reports measurements and ratios only (``throughput.json``, ``throughput.txt``); ``prog``
+    is the command recorded with them (benchmarks/throughput.py passes its own, and judges the
+    project's targets from the JSON).
     """
     parser = build_parser()
     argv = list(argv) if argv is not None else sys.argv[1:]
     args = parser.parse_args(argv)
-    args.argv, args.targets = argv, targets
+    args.argv, args.prog = argv, prog
     if args.memory_records is not None:
         from ..errors import ShardkitError
 
@@ -241,7 +242,7 @@ def _bench(args: argparse.Namespace, work: str) -> int:
     report["elapsed_s"] = time.perf_counter() - t_start
     report["machine"]["load_average_end"] = (list(os.getloadavg())
                                              if hasattr(os, "getloadavg") else None)
-    table = format_table(runs, ceilings, report, args.targets)
+    table = format_table(runs, ceilings, report)
     print(table)
     if args.recommend:
         print(recommend.recommend(runs, args, work))
