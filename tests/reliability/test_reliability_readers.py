@@ -7,9 +7,11 @@
 * ``pack --overwrite`` onto a store that is being read: new opens see the new store; a dataset
   that has opened the store keeps reading the old contents (single file: the file it opened;
   folder: the old shard files stay until no reader holds the old manifest), never a mix of old
-  and new -- checked with a reader process that reopens and reads the store in a loop while it
-  is replaced again and again, and with lazily opened shards and DataLoader workers started after
-  the replacement. A dataset holds only metadata until its first use: replaced before that, it
+  and new -- checked with a reader process that opens and reads the store again and again while
+  it is replaced six times, with lazily opened shards and DataLoader workers started after
+  the replacement, and with readers of two generations across two overwrites. The reader in
+  another process is stepped over a pipe, so each replacement lands at a known point of its
+  reads (no sleeps). A dataset holds only metadata until its first use: replaced before that, it
   refuses to read (StoreError "... was replaced ...").
 """
 
@@ -88,11 +90,11 @@ def test_many_processes_and_workers_read_the_same_stores(tmp_path):
 
 @pytest.fixture(scope="module")
 def versions(tmp_path_factory):
-    """Two packs of one source that differ in every record (A: size 24, B: size 16)."""
+    """Packs of one source that differ in every record (A: size 24, B: size 16, C: 20)."""
     base = tmp_path_factory.mktemp("versions")
     src = str(base / "src")
     image_tree(src, classes=4, per_class=8, seed=2, pngs=8)
-    return {"src": src, "A": {"size": 24}, "B": {"size": 16}}
+    return {"src": src, "A": {"size": 24}, "B": {"size": 16}, "C": {"size": 20}}
 
 
 def _pack(versions, version: str, out: str, fmt: str, shards, overwrite=True) -> None:
@@ -100,13 +102,14 @@ def _pack(versions, version: str, out: str, fmt: str, shards, overwrite=True) ->
                   overwrite=overwrite, progress=False, **versions[version])
 
 
-def _reference(versions, tmp_path, fmt, shards) -> dict[str, dict]:
+def _reference(versions, tmp_path, fmt, shards, names=("A", "B")) -> dict[str, dict]:
     refs = {}
-    for v in ("A", "B"):
+    for v in names:
         path = str(tmp_path / f"ref-{v}")
         _pack(versions, v, path, fmt, shards)
         refs[v] = _digests(path)
-    assert all(refs["A"][i][0] != refs["B"][i][0] for i in refs["A"])
+    for v, w in itertools.combinations(names, 2):  # every record differs between versions
+        assert all(refs[v][i][0] != refs[w][i][0] for i in refs[v])
     return refs
 
 
@@ -154,11 +157,7 @@ def test_overwrite_never_changes_an_open_dataset(versions, tmp_path, fmt, shards
         del new
         gc.collect()
         _pack(versions, "A", out, fmt, shards)  # the next install collects the garbage
-        with open(os.path.join(out, "manifest.json")) as f:
-            manifest = json.load(f)
-        live = {e["file"] for e in manifest["shards"]} | {manifest["labels"]["file"],
-                                                          "manifest.json"}
-        assert _store_files(out) == live
+        assert _store_files(out) == _live_files(out)
         assert _digests(out) == refs["A"]
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # no partial, no .old
 
@@ -188,37 +187,124 @@ def test_store_replaced_before_first_use_is_refused(versions, tmp_path, fmt, sha
     assert sorted(after) == sorted(before) and all(after[i][0] != before[i][0] for i in after)
 
 
+class _SteppedReader:
+    """``helpers.programs.stepped_reader`` on ``path``: each call sends one command and returns
+    its answer, sent once the step is done (so the test knows where the reader stands)."""
+
+    def __init__(self, path: str) -> None:
+        self.proc = subprocess.Popen([*program_cmd("stepped_reader"), path], env=program_env(),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+
+    def __call__(self, *command) -> dict:
+        self.proc.stdin.write(" ".join(map(str, command)) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            raise AssertionError(f"reader exited ({self.proc.returncode}) at {command}: "
+                                 f"{self.proc.stderr.read()[-3000:]}")
+        return json.loads(line)
+
+    def records(self, start: int, stop: int) -> list[list]:
+        got = self(f"read {start} {stop}")
+        assert "error" not in got, got
+        return [[h, label] for h, label in zip(got["sha256"], got["labels"])]
+
+    def finish(self) -> None:
+        assert self("exit") == {"ok": True}
+        _, stderr = self.proc.communicate(timeout=60)
+        assert self.proc.returncode == 0, stderr
+
+
 @pytest.mark.parametrize("fmt,shards", list(zip(FORMATS, itertools.cycle([None, 3]))))
 def test_reader_never_sees_a_mix_while_the_store_is_replaced(versions, tmp_path, fmt, shards):
+    """A reader in another process, stepped over a pipe, while OUT is replaced six times: each
+    replacement lands at a known point of its reads. Replaced after the reader opened the store
+    and read half of it: the other half (other shards, opened lazily) is still the old version.
+    Replaced between creating a dataset and its first use: refused as replaced. Then a new
+    dataset reads the new version, whole."""
     refs = _reference(versions, tmp_path, fmt, shards)
-    hashes = {v: [refs[v][i][0] for i in range(len(refs[v]))] for v in refs}
     out = str(tmp_path / "out")
     _pack(versions, "A", out, fmt, shards, overwrite=False)
-    stop = str(tmp_path / "stop")
-    reader = subprocess.Popen([*program_cmd("loop_reader"), out, json.dumps(hashes), stop],
-                              env=program_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not os.path.exists(stop + ".ready") and reader.poll() is None \
-                and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for k in range(6):
-            _pack(versions, "B" if k % 2 == 0 else "A", out, fmt, shards)
-            time.sleep(0.15)
-    finally:
-        open(stop, "w").close()
-    stdout, stderr = reader.communicate(timeout=120)
-    assert reader.returncode == 0, stderr
-    counts = json.loads(stdout.splitlines()[-1])
-    print(f"{fmt} {'folder' if shards else 'file'}: complete reads {counts}")
-    assert counts["mixed"] == 0 and not counts["errors"], counts
-    assert counts["A"] >= 1 and counts["A"] + counts["B"] >= 4
+    n = len(refs["A"])
+    half = n // 2
+    expect = {v: [refs[v][i] for i in range(n)] for v in refs}
+    reader = _SteppedReader(out)
+    current = "A"
+    for _ in range(3):
+        new = "B" if current == "A" else "A"
+        assert reader("create") == {"ok": True, "len": n}
+        assert reader("open") == {"ok": True}
+        assert reader.records(0, half) == expect[current][:half]
+        _pack(versions, new, out, fmt, shards)  # the reader holds the store, half read
+        assert reader.records(half, n) == expect[current][half:]
+        assert reader("create") == {"ok": True, "len": n}  # closes the old dataset
+        assert reader("open") == {"ok": True}
+        assert reader.records(0, n) == expect[new]
+        current = "B" if new == "A" else "A"
+        assert reader("create") == {"ok": True, "len": n}
+        _pack(versions, current, out, fmt, shards)  # created, not yet used
+        refused = reader("open")
+        assert "was replaced" in refused.get("refused", ""), refused
+        assert reader("create") == {"ok": True, "len": n}
+        assert reader("open") == {"ok": True}
+        assert reader.records(0, n) == expect[current]
+    assert reader("close") == {"ok": True}
+    reader.finish()
     if shards:  # the reader is gone: no old generation is left behind after the next install
         _pack(versions, "A", out, fmt, shards)
-        with open(os.path.join(out, "manifest.json")) as f:
-            manifest = json.load(f)
-        live = {e["file"] for e in manifest["shards"]} | {manifest["labels"]["file"],
-                                                          "manifest.json"}
-        assert _store_files(out) == live
+        assert _store_files(out) == _live_files(out)
     shutil.rmtree(out) if os.path.isdir(out) else os.unlink(out)
+
+
+def _live_files(out: str) -> set[str]:
+    """The files the folder store's current manifest names (its shards, and each side file
+    such as ``labels``), and the manifest."""
+    with open(os.path.join(out, "manifest.json")) as f:
+        manifest = json.load(f)
+    sides = {v["file"] for v in manifest.values() if isinstance(v, dict) and "file" in v}
+    return {e["file"] for e in manifest["shards"]} | sides | {"manifest.json"}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_readers_across_two_overwrites_of_a_folder_store(versions, tmp_path, fmt):
+    """Readers of two generations at once: one opened A, one opened B after the first overwrite;
+    the second overwrite (C) must keep both generations' files (each reader holds its own
+    retired manifest), and both read their whole store afterwards, in the process and in
+    DataLoader workers forked then. Once both are closed, the next install leaves only C."""
+    from torch.utils.data import DataLoader
+
+    refs = _reference(versions, tmp_path, fmt, 3, ("A", "B", "C"))
+    out = str(tmp_path / "out")
+    _pack(versions, "A", out, fmt, 3, overwrite=False)
+    ds_a = ShardDataset(out, output="bytes")
+    assert _record(ds_a, 0) == refs["A"][0]  # pins A's manifest; shard 0 open, the others not
+    _pack(versions, "B", out, fmt, 3)  # first overwrite
+    ds_b = ShardDataset(out, output="bytes")
+    assert _record(ds_b, 0) == refs["B"][0]
+    _pack(versions, "C", out, fmt, 3)  # second overwrite: A's and B's files are both in use
+    assert _digests(out) == refs["C"]
+    n = len(refs["A"])
+    for ds, v in ((ds_a, "A"), (ds_b, "B")):
+        assert [_record(ds, i) for i in reversed(range(n))] == \
+            [refs[v][i] for i in reversed(range(n))], v
+        loader = DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork",
+                            worker_init_fn=shardkit.worker_init_fn, collate_fn=lambda b: b)
+        got = [hashlib.sha256(data).hexdigest() for batch in loader for data, _ in batch]
+        assert got == [refs[v][i][0] for i in range(n)], v
+        del loader
+    ds_a.close()
+    ds_b.close()
+    del ds_a, ds_b
+    import gc
+
+    gc.collect()
+    _pack(versions, "C", out, fmt, 3)  # no reader left: the old generations go
+    assert _store_files(out) == _live_files(out)
+    assert _digests(out) == refs["C"]
+
+
+def _record(ds: ShardDataset, i: int) -> list:
+    data, label = ds[i]
+    return [hashlib.sha256(data).hexdigest(), int(label)]
