@@ -18,7 +18,9 @@ from .errors import StoreError
 FORMAT_TAG = "shardkit"
 FORMAT_VERSION = 1
 FIELDS_VERSION = 2  # a store with typed fields (shardkit.fields); one without stays version 1
-SUPPORTED_VERSIONS = (1, 2)
+LAYOUT_VERSION = 3  # a folder store whose physical order is not the logical one (a manifest's
+#                    `layout`, shardkit.packing.layout; fields allowed); its shards stay 1 or 2
+SUPPORTED_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
 MAX_META_BYTES = 1 << 30
 
@@ -184,7 +186,8 @@ def check_typed_fields(obj: dict[str, Any], where: str) -> None:
     """A version-2 store's field declarations and columns (:mod:`shardkit.fields.columns`)."""
     from .fields import check_meta  # here: fields imports this module
 
-    if (obj.get("format_version") == FIELDS_VERSION) != ("fields" in obj):
+    version = obj.get("format_version")
+    if version != LAYOUT_VERSION and (version == FIELDS_VERSION) != ("fields" in obj):
         raise StoreError(f"{where}: format version and field declarations disagree")
     check_meta(obj, where)
 
@@ -216,7 +219,21 @@ def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
     labels = _need(obj, "labels", dict, where)
     _plain_name(_need(labels, "file", str, where), where)
     _need(labels, "sha256", str, where)
+    check_layout(obj, where)
     return obj
+
+
+def check_layout(obj: dict[str, Any], where: str) -> None:
+    """A version-3 manifest's ``layout`` (the physical order, ``layout.npy``); others have none."""
+    if (obj.get("format_version") == LAYOUT_VERSION) != ("layout" in obj):
+        raise StoreError(f"{where}: format version and record layout disagree")
+    if "layout" in obj:
+        layout = _need(obj, "layout", dict, where)
+        _plain_name(_need(layout, "file", str, where), where)
+        _need(layout, "sha256", str, where)
+        _need(layout, "seed", int, where)
+        if layout.get("order") != "mixed":
+            raise StoreError(f"{where}: unknown record layout {_shown(layout.get('order'))}")
 
 
 def describe_arrays(arrays: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -15,6 +15,7 @@ from ..formats import SUFFIXES
 from . import workers
 from .discovery import Discovery, discover, read_file_list
 from .sources.plan import discover_container
+from .layout import check_order, mixed_slots
 from .settings import PackSettings
 from .writer import StoreWriter, common_meta, relative_path
 
@@ -34,12 +35,16 @@ class Plan:
     settings: PackSettings
     sharded: bool
     discovery_skipped: list[dict[str, str]] = field(default_factory=list)
-    #: A container source's index (:mod:`shardkit.packing.sources`); None: image files.
-    container: Any = None
+    #: The source (index in the sources' order) written at each slot; None: the sources' order
+    #: (see :mod:`shardkit.packing.layout`). ``paths``/``labels`` are in slot order.
+    slots: Any = None
+    layout: dict[str, Any] | None = None  # the manifest's record of it: {"order", "seed"}
 
     #: Where each record's typed fields come from (e.g. :class:`.coco.CocoSource`: ``schema``,
     #: ``meta()``, ``plan_key()``, ``fields(path, height, width)``), or None. Set by ``pack``.
     annotations: ClassVar[Any] = None
+    #: A container source's index (:mod:`shardkit.packing.sources`); None: image files.
+    container: Any = None
 
     @property
     def num_shards(self) -> int:
@@ -48,7 +53,8 @@ class Plan:
     def plan_id(self) -> str:
         h = hashlib.sha256()
         h.update(metadata.dumps({"settings": self.settings.as_meta(), "classes": self.classes,
-                                 "bounds": self.bounds, "sharded": self.sharded}))
+                                 "bounds": self.bounds, "sharded": self.sharded}
+                                | ({"layout": self.layout} if self.layout else {})))
         if self.annotations is not None:
             h.update(self.annotations.plan_key().encode())
         for path, label in zip(self.paths, self.labels):
@@ -111,9 +117,11 @@ def estimate_record_bytes(paths: Sequence[str], settings: PackSettings) -> int:
 def make_plan(src: str, settings: PackSettings, *, allow_empty: bool = False,
               file_list: str | None = None, source_format: str | None = None,
               source_options: Any = None, shard_size: int | None = None,
-              num_shards: int | None = None, strict: bool = False, annotations: Any = None
-              ) -> Plan:
-    """Find the sources and fix the shard boundaries (see :func:`shardkit.pack`)."""
+              num_shards: int | None = None, strict: bool = False, annotations: Any = None,
+              order: str = "mixed", layout_seed: int = 0) -> Plan:
+    """Find the sources, lay them out (``order``) and fix the shard boundaries (see
+    :func:`shardkit.pack`)."""
+    check_order(order, layout_seed)
     container_found, container = discover_container(src, source_format, source_options)
     if container is not None:
         found: Discovery = container_found
@@ -136,7 +144,14 @@ def make_plan(src: str, settings: PackSettings, *, allow_empty: bool = False,
     bounds = shard_bounds(len(paths), num_shards, per_shard) if sharded else [0, len(paths)]
     if container is not None and sharded:
         bounds = container.snap(bounds)
+    slots, layout = None, None
+    # One shard: nothing to mix between shards; a container (tar, parquet) is read in order.
+    if order == "mixed" and len(bounds) > 2 and container is None:
+        slots = mixed_slots(labels, layout_seed)
+        paths = [paths[i] for i in slots.tolist()]
+        labels = [labels[i] for i in slots.tolist()]
+        layout = {"order": "mixed", "seed": layout_seed}
     plan = Plan(found.root, found.classes, found.class_to_idx, paths, labels, bounds, settings,
-                sharded, found.skipped)
+                sharded, found.skipped, slots, layout)
     plan.container = container
     return plan

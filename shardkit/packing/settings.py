@@ -13,6 +13,8 @@ from .imaging import PILLOW_PIXEL_LIMIT
 
 Engine = Literal["local", "dask"]
 ENGINES: tuple[Engine, ...] = ("local", "dask")
+Order = Literal["mixed", "source"]  # a sharded store's record layout (packing.layout)
+ORDERS: tuple[Order, ...] = ("mixed", "source")
 Kind = Literal["single", "shard"]  # a whole single-file store, or one shard of a folder store
 KINDS: tuple[Kind, ...] = ("single", "shard")
 

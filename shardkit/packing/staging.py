@@ -19,6 +19,7 @@ from .. import metadata
 from ..errors import PackError
 from ..fileutil import fsync_dir, remove, replace_atomic, sha256_file
 from ..formats import open_reader
+from .layout import SLOTS_NAME, load_slots, save_slots, write_layout
 from .plan import Plan
 from .writer import remove_store_files
 
@@ -97,7 +98,9 @@ def prepare_partial(partial: str, plan: Plan, plan_id: str, resume: bool,
                        plan.settings.format)
     replace_atomic(plan_file, metadata.dumps({"plan_id": plan_id, "num_shards": plan.num_shards,
                                               "count_sources": len(plan.paths),
-                                              "discovery_skipped": plan.discovery_skipped}))
+                                              "discovery_skipped": plan.discovery_skipped,
+                                              "layout": plan.layout}))
+    save_slots(partial, plan.slots)
     return done
 
 
@@ -154,6 +157,10 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
         start += entry["count"]
     all_labels = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
     labels_path = os.path.join(partial, "labels.npy")
+    # Shards hold records in the layout's physical order; labels.npy is in logical order.
+    all_labels, layout = write_layout(
+        partial, entries, plan.slots if plan is not None else load_slots(partial),
+        all_labels, plan.layout if plan is not None else plan_info.get("layout"))
     np.save(labels_path, all_labels.astype("<i8"), allow_pickle=False)
     if common is None:
         raise PackError("cannot merge a store with no shards")
@@ -162,6 +169,8 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
     manifest = common | {"kind": "sharded", "count": start, "skipped": skipped,
                          "shards": shard_list,
                          "labels": {"file": "labels.npy", "sha256": sha256_file(labels_path)}}
+    if layout is not None:
+        manifest |= {"layout": layout, "format_version": metadata.LAYOUT_VERSION}
     manifest = metadata.seal(manifest)
     replace_atomic(os.path.join(partial, metadata.MANIFEST_NAME), metadata.dumps(manifest))
     if publish is not None:
@@ -172,6 +181,7 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
         if name.endswith((".spool", ".tmp")):
             remove(os.path.join(partial, name))
     remove(os.path.join(partial, PLAN_NAME))
+    remove(os.path.join(partial, SLOTS_NAME))
     fsync_dir(partial)
     return manifest, start
 

@@ -123,6 +123,7 @@ class StoreWriter:
         self.skipped: list[Skipped] = [s if isinstance(s, Skipped) else Skipped(**s)
                                        for s in skipped]
         self._extra_skipped = len(self.skipped)
+        self._skipped_slots: list[int] = []  # source numbers of skip() calls (the pack layout)
         if install and os.path.lexists(self.path) and not overwrite:
             raise PackError(f"{self.path} already exists (use `overwrite=True` to replace it)")
         self.file = partial_path(self.path) if install else self.path
@@ -190,6 +191,8 @@ class StoreWriter:
     def skip(self, source_path: str, reason: str) -> None:
         """Record that a source is left out, and why (listed in the metadata's ``skipped``)."""
         self._check_open()
+        self._skipped_slots.append(self.first_source + self.count + len(self.skipped)
+                                   - self._extra_skipped)
         self.skipped.append(Skipped(source_path, reason))
 
     def finish(self) -> dict[str, Any]:
@@ -256,7 +259,9 @@ class StoreWriter:
         }
         self._writer.finish(arrays, metadata.dumps(metadata.seal(meta)))
         entry = {"file": os.path.basename(self.path), "format": self.settings.format,
-                 "count": n, "bytes": os.path.getsize(self.file), "skipped": skipped}
+                 "count": n, "bytes": os.path.getsize(self.file), "skipped": skipped,
+                 "sources": [self.first_source, self.first_source + sources],
+                 "skipped_slots": self._skipped_slots}
         if self.kind == "shard":  # the manifest's checksum (a single-file store has no manifest)
             entry["sha256"] = sha256_file(self.file)
         return entry

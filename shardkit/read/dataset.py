@@ -27,6 +27,7 @@ from . import targets as targetmod
 from .decode import Decoder
 from .store import OpenShard, Store
 from .threads import Fanout
+from .view import open_layout
 
 Output = Literal["tensor", "numpy", "pil", "bytes"]
 OUTPUTS: tuple[str, ...] = get_args(Output)
@@ -156,8 +157,9 @@ class ShardDataset(Dataset):
             raise ValueError("crop must be a positive size and cannot be used with output='bytes'")
         fanout = Fanout(threads)
         recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale)
-        self.store = Store(path, max_open_shards, cache_dir=cache_dir, cache_limit=cache_limit,
-                           storage_options=storage_options)
+        # Through the pack's record layout: ds[i] is logical record i wherever its shard holds it.
+        self.store = open_layout(Store(path, max_open_shards, cache_dir=cache_dir,
+                                       cache_limit=cache_limit, storage_options=storage_options))
         self.root = self.store.path
         self._transform = transform  # composed explicitly here; see the ``transform`` setter
         self.target_transform = target_transform
@@ -395,6 +397,31 @@ class ShardDataset(Dataset):
             batch.labels = (torch.from_numpy(labels) if self.target_transform is None
                             else default_collate(label_list))
         return batch
+
+    # -- subsets (shardkit.read.subset) ----------------------------------------------------------
+
+    def subset(self, indices: Sequence[int] | None = None, **kwargs: Any) -> ShardDataset:
+        """Some of these records as a ``ShardDataset``, without repacking: ``indices``, or
+        ``classes=[...]`` (``remap=True`` renumbers the labels) and/or ``fraction=0.1`` (seeded
+        by ``seed``, stratified by class). See :func:`shardkit.read.subset.subset`."""
+        from .subset import subset
+
+        return subset(self, indices, **kwargs)
+
+    def split(self, val: float = 0.1, seed: int = 0) -> tuple[ShardDataset, ShardDataset]:
+        """``(train, val)``: a seeded, class-stratified split (:func:`shardkit.read.subset.split`)."""
+        from .subset import split
+
+        return split(self, val, seed)
+
+    def with_store(self, store: Any) -> ShardDataset:
+        """This dataset's settings reading ``store`` (a :class:`shardkit.read.view.StoreView`
+        of its store): what subsets are made of."""
+        new = copy.copy(self)
+        new.store = store
+        new._decoder = Decoder(store, self.fast_decode, self.verify)
+        new._fanout = Fanout(self.threads)
+        return new
 
     def loader(self, batch_size: int | None = 1, **kwargs: Any) -> DataLoader:
         """A ``torch.utils.data.DataLoader`` over this dataset, set up as documented:

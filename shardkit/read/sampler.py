@@ -333,8 +333,7 @@ class ShardSampler(OrderedSampler):
         sequence = shards[first].tolist()
         ends = [*first.tolist()[1:], len(indices)]
         for j, (start, end) in enumerate(zip(first.tolist(), ends)):
-            if j + 1 < len(sequence):
-                self._remote.prefetch(sequence[j + 1])
+            self._remote.read_ahead(sequence[j:])  # this shard and the next few, several at once
             yield from indices[start:end].tolist()
 
     def shards_of_rank(self) -> list[int]:

@@ -198,6 +198,24 @@ class Store:
             self._labels = labels
         return labels
 
+    def side_array(self, name: str, sha256: str) -> np.ndarray:
+        """A ``.npy`` file the manifest names beside the shards (the record layout), checked
+        against ``sha256`` and memory-mapped; read from the store this process pinned."""
+        self.attach()
+        path = (self.cache.file(name, sha256) if self.cache is not None
+                else self._here(os.path.join(self.path, name)))
+        try:
+            if sha256_file(path) != sha256:
+                raise StoreError(f"{path}: file is damaged or replaced (checksum differs from "
+                                 "the manifest)")
+            return np.load(path, mmap_mode="r", allow_pickle=False)
+        except StoreError:
+            raise
+        except FileNotFoundError:
+            raise StoreError(f"{path}: file is missing") from None
+        except Exception as exc:  # noqa: BLE001 - numpy reports a bad header as many types
+            raise StoreError(f"{path}: cannot load: {exc}") from None
+
     def _load_labels(self) -> np.ndarray:
         if self._labels_file is None:
             return np.array(self.shard(0).labels)
@@ -367,5 +385,6 @@ def disk_bytes(path: str) -> int:
     manifest = os.path.join(path, metadata.MANIFEST_NAME)
     with open(manifest, "rb") as f:
         meta = metadata.parse_manifest(f.read(), manifest)
-    names = [e["file"] for e in meta["shards"]] + [meta["labels"]["file"]]
+    names = [e["file"] for e in meta["shards"]] + [meta["labels"]["file"]] + (
+        [meta["layout"]["file"]] if "layout" in meta else [])
     return file_size(manifest) + sum(file_size(os.path.join(path, n)) for n in names)

@@ -19,12 +19,23 @@ import pytest
 import shardkit
 from shardkit.cli import main as cli_main
 from shardkit.errors import StoreError
+from shardkit.packing.layout import mixed_slots
 from shardkit.read.inspect import verify
 
 from helpers import image_tree, program_cmd, program_env
 from helpers.scaleout import manifest, partial_of, store_files
 
-BLOCKER = "c1/img005.jpg"  # source 16 + 5 = 21 of 48: inside shard 2 of 6 (8 sources each)
+
+
+def _source_at_slot(slot: int, classes: int = 3, per_class: int = 16) -> str:
+    """The source the default (mixed) layout writes at ``slot`` of image_tree(3, 16, pngs=1)."""
+    labels = [c for c in range(classes) for _ in range(per_class)]
+    s = int(mixed_slots(labels, 0)[slot])
+    k = s % per_class
+    return f"c{s // per_class}/img{k:03d}.{'png' if k == per_class - 1 else 'jpg'}"
+
+
+BLOCKER = _source_at_slot(21)  # slot 21 of 48: inside shard 2 of 6 (8 slots each)
 PACK_ARGS = ["--num-shards", "6", "--size", "32", "-q"]
 
 

@@ -6,6 +6,7 @@ another store is refused."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -189,18 +190,17 @@ def test_resume_survives_a_dataloader_that_calls_iter_twice(context):
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
     base = tmp_path_factory.mktemp("fingerprint")
-    a, b = str(base / "a"), str(base / "b")
+    a, b, c = str(base / "a"), str(base / "b"), str(base / "c")
     image_tree(a, classes=2, per_class=8, seed=1)
     image_tree(b, classes=2, per_class=8, seed=2)  # same counts, other pixels
+    image_tree(c, classes=2, per_class=8, seed=1)
+    with open(os.path.join(c, "c0", "broken.jpg"), "wb") as f:  # 17 sources, 16 records
+        f.write(b"not an image")
     out = {}
-    for name, src, shards, order in (("a", a, 4, "source"), ("a2", a, 4, "source"),
-                                     ("b", b, 4, "source")):
+    for name, src in (("a", a), ("a2", a), ("b", b), ("sizes", c)):
         out[name] = str(base / f"store-{name}")
-        assert cli_main(["pack", src, out[name], "--num-shards", str(shards), "--size", "16",
-                         "-q", "--workers", "1", "--order", order]) == 0
-    # same length and shard count, other shard sizes: 16 records as 4 shards of 5,5,3,3
-    out["sizes"] = str(base / "store-sizes")
-    shardkit.pack(a, out["sizes"], shard_size=1, size=16, workers=1, progress=False)
+        assert cli_main(["pack", src, out[name], "--num-shards", "4", "--size", "16", "-q",
+                         "--workers", "1", "--order", "source"]) == 0
     return out
 
 
@@ -208,7 +208,10 @@ def test_state_from_another_store_is_refused(stores):
     a = shardkit.ShardDataset(stores["a"])
     state = ShardSampler(a, 2, 0, seed=0).state_dict(consumed=3)
     ShardSampler(shardkit.ShardDataset(stores["a2"]), 2, 0).load_state_dict(state)  # same pack
-    other = shardkit.ShardDataset(stores["b"])
-    assert len(other) == len(a) and len(other.store.shards) == len(a.store.shards)
-    with pytest.raises(ValueError, match="cannot resume: saved fingerprint"):
-        ShardSampler(other, 2, 0).load_state_dict(state)
+    for name in ("b", "sizes"):  # other contents; other shard sizes
+        other = shardkit.ShardDataset(stores[name])
+        assert len(other) == len(a) and len(other.store.shards) == len(a.store.shards)
+        with pytest.raises(ValueError, match="cannot resume: saved fingerprint"):
+            ShardSampler(other, 2, 0).load_state_dict(state)
+    sizes = shardkit.ShardDataset(stores["sizes"]).store.starts.tolist()
+    assert sizes != a.store.starts.tolist()

@@ -70,9 +70,12 @@ def test_num_shards_layout_and_manifest(packed, src, fmt):
     assert not os.path.exists(partial_of(folder))
     m = manifest(folder)
     files = [f"shard-{k:05d}{SUFFIX[fmt]}" for k in range(4)]
-    # Only the shards, the labels and the manifest: no plan, progress entries or temp files left.
-    assert sorted(os.listdir(folder)) == sorted(files + ["labels.npy", "manifest.json"])
-    assert m["format"] == "shardkit" and m["kind"] == "sharded" and m["format_version"] == 1
+    # Only the shards, the labels, the record layout (the default, mixed) and the manifest: no
+    # plan, progress entries or temp files left.
+    assert sorted(os.listdir(folder)) == sorted(files + ["labels.npy", "layout.npy",
+                                                         "manifest.json"])
+    assert m["format"] == "shardkit" and m["kind"] == "sharded" and m["format_version"] == 3
+    assert m["layout"]["sha256"] == sha256(os.path.join(folder, "layout.npy"))
     assert m["count"] == N and m["classes"] == ["c0", "c1", "c2"] and m["skipped"] == []
     assert m["settings"]["size"] == 32 and m["settings"]["format"] == fmt
     assert m["source_root"] == os.path.abspath(src)
