@@ -277,7 +277,7 @@ def _api_call_problems(tree: ast.AST, where: str) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             bind(node)
-    return problems
+    return list(dict.fromkeys(problems))  # a call resolved twice is reported once
 
 
 def python_problems(block: Block) -> list[str]:
