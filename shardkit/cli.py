@@ -15,7 +15,7 @@ from .errors import Interrupted, ShardkitError
 from .packing.imaging import PILLOW_PIXEL_LIMIT
 from .packing.sources import SOURCE_FORMATS
 from .export import DEFAULT_SHARD_SIZE as EXPORT_SHARD_SIZE, TARGETS as EXPORT_TARGETS
-from .packing.settings import ENGINES, ORDERS
+from .packing.settings import ENGINES
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -88,17 +88,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-key", metavar="KEY",
                    help="member suffix or column of the label (e.g. cls)")
     p.add_argument("--file-list", metavar="LIST",
-                   help="CSV/TSV of path,label or path,class-name instead of class folders")
+                   help="CSV/TSV of path,label or path,class-name instead of class folders "
+                   "(with a header row, further columns become typed fields)")
+    p.add_argument("--coco", metavar="JSON",
+                   help="COCO instances file (file_names relative to SRC): boxes, labels, "
+                   "iscrowd, area, image_id and masks as typed fields")
+    p.add_argument("--no-coco-masks", dest="coco_masks", action="store_const", const=False,
+                   default=None, help="with --coco: do not pack segmentations as masks")
+    p.add_argument("--metadata", metavar="FILE",
+                   help="JSON Lines or CSV with a file_name column (relative to SRC): its other "
+                   "columns become typed fields")
+    p.add_argument("--captions", action="store_true",
+                   help="pack <stem>.txt beside each image as the text field 'caption'")
+    p.add_argument("--schema", metavar="JSON",
+                   help="schema file declaring the fields (default: inferred and printed)")
     p.add_argument("--shard-size", type=parse_bytes, metavar="BYTES",
                    help="write OUT as a folder of shards of about this size (e.g. 1GiB)")
     p.add_argument("--num-shards", type=_positive_int, metavar="N",
                    help="write OUT as a folder of N shards")
-    p.add_argument("--order", choices=ORDERS, default=ORDERS[0],
-                   help="record layout of a sharded OUT: mixed (every shard a uniform class "
-                   "mix; ds[i] keeps the source order) or source (shards in source order) "
-                   "[mixed]")
-    p.add_argument("--layout-seed", type=_positive_int, default=0, metavar="N",
-                   help="seed of the mixed layout [0]")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted sharded pack, keeping finished shards")
     p.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
@@ -155,12 +162,13 @@ def _cmd_pack(args: argparse.Namespace) -> int:
                   encoding=args.encoding, workers=args.workers, strict=args.strict,
                   overwrite=args.overwrite, max_pixels=args.max_pixels,
                   allow_empty=args.allow_empty, file_list=args.file_list,
+                  coco=args.coco, coco_masks=args.coco_masks, metadata_file=args.metadata,
+                  captions=args.captions, schema=args.schema,
                   source_format=args.source_format, image_key=args.image_key,
                   label_key=args.label_key,
                   shard_size=args.shard_size, num_shards=args.num_shards, resume=args.resume,
                   engine=args.engine, scheduler=args.scheduler, num_nodes=args.num_nodes,
-                  node_rank=args.node_rank, progress=not args.quiet, order=args.order,
-                  layout_seed=args.layout_seed)
+                  node_rank=args.node_rank, progress=not args.quiet)
     if args.num_nodes > 1:
         print(f"node {args.node_rank}/{args.num_nodes}: packed {result.count} images; run "
               f"'shardkit merge {args.out}' when every node is done", file=sys.stderr)
@@ -170,7 +178,20 @@ def _cmd_pack(args: argparse.Namespace) -> int:
           f"{result.startup_seconds:.1f} s start-up, then {result.images_per_second:.0f} "
           "images/s", file=sys.stderr)
     _report_skipped(result.skipped)
+    if (args.metadata or args.captions or args.file_list) and not args.schema:
+        _report_fields(result.out)
     return EXIT_OK
+
+
+def _report_fields(out: str) -> None:
+    """Print the fields a pack inferred (the schema to pass as --schema to pin them)."""
+    from .fields import Schema
+    from .read.store import Store
+
+    fields = Store(out).meta.get("fields")
+    if fields:
+        print("fields (inferred; save `shardkit info --json OUT`'s \"fields\" as a --schema file "
+              "to fix them):\n" + Schema.from_json(fields).describe(), file=sys.stderr)
 
 
 def _report_skipped(skipped: list[dict[str, str]]) -> None:
@@ -205,6 +226,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
           f"quality {summary['quality']})\n"
           f"on disk:    {summary['bytes_on_disk']} bytes\n"
           f"skipped:    {summary['skipped']} source file(s)")
+    if summary.get("fields"):
+        from .fields import Schema
+
+        print("fields:\n" + Schema.from_json(summary["fields"]).describe())
     return EXIT_OK
 
 
@@ -258,7 +283,7 @@ def _one_line(exc: BaseException) -> str:
 # Library errors name parameters as `name` or `name=value`; the command's users see flags.
 _PARAMETER = re.compile(r"`(size|quality|encoding|format|workers|strict|overwrite|max_pixels|"
                         r"allow_empty|file_list|source_format|image_key|label_key|to|shard_size|num_shards|resume|engine|scheduler|"
-                        r"num_nodes|node_rank|order|layout_seed)(?:=('[^'`]*'|True))?`")
+                        r"num_nodes|node_rank)(?:=('[^'`]*'|True))?`")
 
 
 def _as_flags(message: str) -> str:

@@ -99,13 +99,14 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
          strict: bool = False, overwrite: bool = False, max_pixels: int = PILLOW_PIXEL_LIMIT,
          allow_empty: bool = False, file_list: str | None = None,
          coco: str | os.PathLike | None = None, coco_masks: bool | None = None,
+         metadata_file: str | os.PathLike | None = None, captions: bool = False,
+         schema: Any = None,
          shard_size: int | None = None, num_shards: int | None = None, resume: bool = False,
          engine: Engine = "local", scheduler: str | None = None, num_nodes: int = 1,
          node_rank: int = 0, progress: bool = True,
          source_format: str | None = None, image_key: str | None = None,
          label_key: str | None = None,
-         storage_options: dict[str, Any] | None = None, order: str = "mixed",
-         layout_seed: int = 0) -> PackResult:
+         storage_options: dict[str, Any] | None = None) -> PackResult:
     """Pack an ImageFolder-layout folder (or a file list) into an LMDB or HDF5 store.
 
     Without ``shard_size``/``num_shards`` OUT is one file; with them, a folder of shard files and
@@ -139,6 +140,13 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
             fields (see ``docs/fields.md``; :mod:`shardkit.packing.coco`).
         coco_masks: pack ``segmentation`` s as instance masks (needs pycocotools: ``pip install
             'shardkit[coco]'``); None: when the file has segmentations.
+        metadata_file: a JSON Lines or CSV/TSV file with a ``file_name`` column (paths relative to
+            ``src``, the Hugging Face ``imagefolder`` layout): its other columns become typed
+            fields of each image (:mod:`shardkit.packing.annotations`). A ``file_list`` with a
+            header row does the same with its columns after ``path,label``.
+        captions: the text of ``<stem>.txt`` beside each image as the field ``caption``.
+        schema: the fields' declaration (a :class:`shardkit.fields.Schema`, a list of field
+            kinds, or a schema JSON file); None: inferred from the metadata.
         source_format: what SRC is, a name from
             ``shardkit.packing.sources.SOURCE_FORMATS``: ``folder``, ``webdataset`` (a tar, a
             brace pattern, a folder of tars), ``parquet`` (Hugging Face parquet/Arrow) or
@@ -158,12 +166,6 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         node_rank: this machine's number, ``0 <= node_rank < num_nodes``.
         progress: show a progress bar on stderr.
         storage_options: options of the fsspec filesystem of a URL OUT (credentials, endpoint).
-        order: ``"mixed"`` (default): a store of several shards lays its records out so that
-            every shard holds a uniform mix of classes (a permutation seeded by
-            ``layout_seed``, recorded in the store), while ``ds[i]``, ``targets`` and
-            ``source_path(i)`` keep the sources' order; ``"source"``: shards hold the sources
-            in order (see :mod:`shardkit.packing.layout`).
-        layout_seed: the seed of the ``"mixed"`` layout (an integer >= 0).
 
     Returns:
         a :class:`PackResult`. Raises PackError (one line, naming the parameter) for bad
@@ -208,10 +210,15 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         from .coco import coco_source
 
         annotations = coco_source(src, file_list, coco, coco_masks)
+    else:
+        from .annotations import metadata_source
+
+        annotations = metadata_source(src, None if metadata_file is None
+                                      else os.fspath(metadata_file),
+                                      file_list, captions, schema, allow_empty)
     plan = make_plan(src, settings, source_format=source_format, annotations=annotations,
                      source_options=source_options, allow_empty=allow_empty, file_list=file_list,
-                     shard_size=shard_size, num_shards=num_shards, strict=strict,
-                     order=order, layout_seed=layout_seed)
+                     shard_size=shard_size, num_shards=num_shards, strict=strict)
     plan.annotations = annotations
     partial = staging_path(out) if remote else partial_path(out)
     if not plan.sharded:

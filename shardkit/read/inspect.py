@@ -14,7 +14,6 @@ from ..fileutil import sha256_file
 from ..urls import is_url
 from .decode import Decoder, shard_name
 from .store import Store, disk_bytes
-from .view import labels_by_place
 
 MAX_FAULTS = 100
 
@@ -47,6 +46,7 @@ def info(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
         "shards": len(store.shards),
         "bytes_on_disk": _disk_bytes(store),
         "skipped": len(store.skipped),
+        "fields": store.meta.get("fields", []),  # typed fields: name, kind, parameters
     }
 
 
@@ -130,7 +130,7 @@ def verify(path: str | os.PathLike, progress: bool = False, *,
                     bar.update(1)
         if not report.faults and store.meta["kind"] == "sharded":  # any number of shards
             try:
-                if not np.array_equal(np.concatenate(labels_seen), labels_by_place(store)):
+                if not np.array_equal(np.concatenate(labels_seen), store.labels):
                     fault("labels.npy disagrees with the labels stored in the shards")
             except StoreError as exc:
                 fault(str(exc))

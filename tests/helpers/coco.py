@@ -102,7 +102,7 @@ def make_coco(root: str, count: int = 12, seed: int = 0, *, empty_every: int = 4
     if exif:
         for n, mode in enumerate(("raw", "oriented", "neither")):
             w, h = 400, 300  # raw (as stored in the file); orientation 6 shows it 300x400
-            pixels = _image(rng, w, h)
+            pixels = np.full((h, w, 3), 128, np.uint8)  # grey: only the object is red
             pixels[40:100, 250:350] = (255, 0, 0)  # the annotated object, in raw coordinates
             exif_data = Image.Exif()
             exif_data[0x0112] = 6

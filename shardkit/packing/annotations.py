@@ -1,0 +1,238 @@
+"""Typed fields from a metadata file beside an ImageFolder (or a file list's extra columns), and
+captions from same-stem ``.txt`` files: :class:`MetadataSource`, a ``Plan.annotations``.
+
+- ``metadata``: JSON Lines or CSV/TSV with a ``file_name`` column (the Hugging Face
+  ``imagefolder`` layout), keyed by the image's path relative to SRC; every other column is a
+  field. Folder labels stay ImageFolder-exact. An image without a row, a row naming no image
+  found, and a path given twice are errors naming it (a pack never guesses which row is meant).
+- ``file_list`` with a header row: columns after ``path,label`` are fields.
+- ``captions``: ``<stem>.txt`` beside each image (UTF-8) becomes the text field ``caption``; an
+  image without one is skipped with the reason (an error under ``strict``).
+
+The schema is given (``schema``) or inferred from every row and printed by the CLI. CSV cells
+are typed as they read: integers, then numbers, then JSON arrays/objects, else text. A column of
+lists of strings is inferred as multi-label, its classes the sorted names.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+from typing import Any
+
+from ..errors import PackError
+from ..fields import FieldError, MultiLabel, Schema, Text, as_schema
+from .discovery import Discovery
+from .writer import relative_path
+
+MAX_METADATA_BYTES = 2 << 30
+CAPTION_FIELD = "caption"
+MAX_CAPTION_BYTES = 1 << 20
+
+
+class MetadataSource:
+    """Per-image fields from a metadata table and/or caption files (see the module docstring).
+    The table is read (and the schema inferred) at construction; :meth:`discovery` finds the
+    images (ImageFolder rules, or the file list) and matches them to the rows."""
+
+    def __init__(self, src: str, *, metadata: str | None = None, file_list: str | None = None,
+                 captions: bool = False, schema: Any = None, allow_empty: bool = False) -> None:
+        self.src, self.file_list, self.allow_empty = src, file_list, allow_empty
+        self.captions = bool(captions)
+        self.sources = [p for p in (metadata, file_list) if p is not None]
+        self.rows: dict[str, dict[str, Any]] = {}
+        if metadata is not None:
+            self.rows = _read_table(metadata, "file_name", skip=())
+        elif file_list is not None:
+            self.rows = _read_table(file_list, None, skip=(1,))
+        digest = hashlib.sha256()
+        for path in self.sources:
+            digest.update(_read_bytes(path))
+        self.inferred = schema is None
+        try:
+            self.schema = _infer(self.rows) if schema is None else as_schema(schema)
+            if self.captions and CAPTION_FIELD not in self.schema:
+                self.schema = Schema([*self.schema, Text(CAPTION_FIELD, MAX_CAPTION_BYTES)])
+        except FieldError as exc:
+            raise PackError(f"schema: {exc}") from None
+        digest.update(json.dumps(self.schema.as_json(), sort_keys=True).encode())
+        self.sha256 = digest.hexdigest()
+        self._rel: dict[str, str] | None = None
+
+    def discovery(self) -> Discovery:
+        from .discovery import discover, read_file_list
+
+        found = (read_file_list(self.file_list, self.src) if self.file_list
+                 else discover(self.src, self.allow_empty))
+        rel = [relative_path(found.root, p) for p, _ in found.samples]
+        if self.rows:
+            missing = next((r for r in rel if r not in self.rows), None)
+            if missing is not None:
+                raise PackError(f"{self.sources[0]}: no row for image {missing!r}")
+            known = set(rel)
+            extra = next((r for r in self.rows if r not in known), None)
+            if extra is not None:
+                raise PackError(f"{self.sources[0]}: row for {extra!r}, which is not an image "
+                                "found in the source folder")
+        self._rel = dict(zip((p for p, _ in found.samples), rel))
+        return found
+
+    def plan_key(self) -> str:
+        return f"metadata:{self.sha256}:captions={self.captions}"
+
+    def meta(self) -> dict[str, Any]:
+        return {"annotations": {"kind": "metadata", "sha256": self.sha256,
+                                "files": [os.path.basename(p) for p in self.sources],
+                                "captions": self.captions}}
+
+    def fields(self, path: str, height: int, width: int) -> dict[str, Any]:
+        if self._rel is None:
+            self.discovery()
+        rel = self._rel[path]
+        values = dict(self.rows.get(rel, {}))
+        if self.captions:
+            values[CAPTION_FIELD] = _caption(path)
+        return values
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_METADATA_BYTES:
+            raise PackError(f"{path}: metadata file of {size} bytes is larger than the "
+                            f"{MAX_METADATA_BYTES}-byte limit")
+        with open(path, "rb") as f:
+            return f.read(MAX_METADATA_BYTES + 1)
+    except FileNotFoundError:
+        raise PackError(f"metadata file not found: {path}") from None
+    except IsADirectoryError:
+        raise PackError(f"{path}: the metadata must be a file, not a folder") from None
+    except OSError as exc:
+        raise PackError(f"cannot read metadata file {path}: {exc.strerror}") from None
+
+
+def _read_table(path: str, key: str | None, skip: tuple[int, ...]) -> dict[str, dict[str, Any]]:
+    """{relative path: {column: value}}: JSON Lines, or CSV/TSV with a header row. ``key``: the
+    path column's name (None: the first column); ``skip``: more column positions to leave out
+    (a file list's label)."""
+    data = _read_bytes(path)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise PackError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    rows: list[dict[str, Any]]
+    if path.lower().endswith((".jsonl", ".json", ".ndjson")):
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError) as exc:
+                raise PackError(f"{path} line {n}: not valid JSON ({exc})") from None
+            if not isinstance(row, dict):
+                raise PackError(f"{path} line {n}: not a JSON object")
+            rows.append(row)
+        key = key or "path"
+    else:
+        dialect = "excel-tab" if "\t" in text.split("\n", 1)[0] else "excel"
+        table = [r for r in csv.reader(io.StringIO(text, newline=""), dialect=dialect) if r]
+        if not table:
+            raise PackError(f"{path}: no rows")
+        header = [h.strip() for h in table[0]]
+        if key is None:  # a file list: only one with a header row names extra columns
+            if len(header) <= 2 or not os.path.splitext(header[0])[1] == "":
+                return {}
+            key = header[0]
+        if key not in header:
+            raise PackError(f"{path}: no {key!r} column in the header row {header}")
+        keep = [i for i in range(len(header)) if i not in skip]
+        rows = []
+        for n, r in enumerate(table[1:], 2):
+            if len(r) != len(header):
+                raise PackError(f"{path} row {n}: {len(r)} cells, the header has {len(header)}")
+            rows.append({header[i]: (r[i] if header[i] == key else _cell(r[i])) for i in keep})
+    out: dict[str, dict[str, Any]] = {}
+    for n, row in enumerate(rows, 1):
+        name = row.pop(key, None)
+        if not isinstance(name, str) or not name.strip():
+            raise PackError(f"{path} row {n}: no {key!r}")
+        rel = os.path.normpath(name.strip())
+        if rel in out:
+            raise PackError(f"{path}: {rel!r} has two rows")
+        out[rel] = row
+    return out
+
+
+def _cell(text: str) -> Any:
+    """A CSV cell typed as it reads: int, float, JSON array/object, else the text."""
+    s = text.strip()
+    for convert in (int, float):
+        try:
+            value = convert(s)
+        except ValueError:
+            continue
+        if convert is float and s.lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
+            return text
+        return value
+    if s[:1] in "[{":
+        try:
+            return json.loads(s)
+        except (ValueError, RecursionError):
+            pass
+    return text
+
+
+def _infer(rows: dict[str, dict[str, Any]]) -> Schema:
+    if not rows:
+        return Schema()
+    columns = {k for row in rows.values() for k in row}
+    lacking = next(((rel, c) for rel, row in rows.items() for c in columns if c not in row), None)
+    if lacking is not None:
+        raise PackError(f"row for {lacking[0]!r} has no {lacking[1]!r} (every row needs every "
+                        "column, or give a schema)")
+    first = list(next(iter(rows.values())))
+    fields = []
+    for name in first + sorted(columns - set(first)):
+        values = [row[name] for row in rows.values()]
+        if values and all(isinstance(v, list) and all(isinstance(x, str) for x in v)
+                          for v in values):
+            classes = sorted({x for v in values for x in v})
+            fields.append(MultiLabel(name, max(len(classes), 1), classes or None))
+        else:
+            fields.append(Schema.infer([{name: v} for v in values]).fields[0])
+    return Schema(fields)
+
+
+def _caption(path: str) -> str:
+    txt = os.path.splitext(path)[0] + ".txt"
+    try:
+        if os.path.getsize(txt) > MAX_CAPTION_BYTES:
+            raise FieldError(f"caption file {txt} is larger than {MAX_CAPTION_BYTES} bytes")
+        with open(txt, "rb") as f:
+            raw = f.read(MAX_CAPTION_BYTES + 1)
+    except FileNotFoundError:
+        raise FieldError(f"no caption file {os.path.basename(txt)} beside the image") from None
+    except OSError as exc:
+        raise FieldError(f"cannot read caption file {txt}: {exc.strerror}") from None
+    try:
+        return raw.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise FieldError(f"caption file {txt} is not UTF-8 (byte {exc.start})") from None
+
+
+def metadata_source(src: str, metadata: str | None, file_list: str | None, captions: bool,
+                    schema: Any, allow_empty: bool) -> MetadataSource | None:
+    """``pack``'s metadata source, or None when nothing asks for fields (a file list without a
+    header row of extra columns packs as before)."""
+    if metadata is None and not captions and schema is None and file_list is None:
+        return None
+    source = MetadataSource(src, metadata=metadata, file_list=file_list, captions=captions,
+                            schema=schema, allow_empty=allow_empty)
+    return source if len(source.schema) else None
+
+
+__all__ = ["CAPTION_FIELD", "MetadataSource", "metadata_source"]
