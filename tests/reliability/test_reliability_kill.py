@@ -311,6 +311,18 @@ def test_ctrl_c_stops_the_workers(src, tmp_path, fmt, shards, point):
         if os.path.lexists(partial):
             with pytest.raises(StoreError):
                 Store(partial)
+        # The message claims exactly the finished shards there are (none: nothing to resume).
+        done = len([n for n in os.listdir(partial) if n.endswith(".done.json")]) \
+            if os.path.isdir(partial) else 0
+        if done:
+            assert lines[0] == (f"shardkit pack: interrupted; {done} finished shard"
+                                f"{'s' if done != 1 else ''} kept in {partial} (rerun with "
+                                "--resume to continue)"), lines
+        else:
+            assert lines[0] == ("shardkit pack: interrupted; no shard was finished, nothing to "
+                                "resume"), lines
+        if point == "starting workers":
+            assert done == 0
     else:
         assert not os.path.lexists(partial)
         assert sorted(os.listdir(tmp_path)) == ["events", "release"]
