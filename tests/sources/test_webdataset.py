@@ -242,3 +242,37 @@ def test_hostile_tars_are_refused_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "big.jpg" in err and "its header says 10737418240 bytes" in err
     assert len(shardkit.ShardDataset(out)) == 1
+
+
+def test_killed_pack_from_tars_resumes(tars, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out_dir, _ = tars
+    out, ref = str(tmp_path / "out"), str(tmp_path / "ref")
+    args = ["pack", out_dir, "--num-shards", "3", "--order", "source", "--size", "32", "-q",
+            "--workers", "2"]
+    events = str(tmp_path / "events")
+    proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__),
+                                                          "block_pack.py"), *args[:2], out,
+                             *args[2:]], start_new_session=True, stderr=subprocess.PIPE,
+                            env=dict(os.environ, BLOCK_TAR="train-000002.tar",
+                                     BLOCK_EVENTS=events))
+    partial = os.path.join(str(tmp_path), ".out.partial")
+    done = os.path.join(partial, "shard-00001.done.json")
+    deadline = time.monotonic() + 300  # only against a hang
+    while not (os.path.exists(done) and os.path.exists(events)):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "the pack neither finished shard 1 nor blocked"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    proc.stderr.close()
+    kept = {k: os.stat(os.path.join(partial, f"shard-{k:05d}.lmdb")).st_ino for k in (0, 1)}
+    assert not os.path.exists(os.path.join(partial, "shard-00002.done.json"))
+    assert cli_main([*args[:2], out, *args[2:], "--resume"]) == 0
+    assert {k: os.stat(os.path.join(out, f"shard-{k:05d}.lmdb")).st_ino for k in (0, 1)} == kept
+    assert cli_main([*args[:2], ref, *args[2:]]) == 0
+    assert store_files(out) == store_files(ref)
