@@ -141,6 +141,16 @@ class ShardLoader(DataLoader):
             sampler.generator = torch.Generator().manual_seed(seed)
         check_not_wrapped(self)
 
+    @property
+    def normalize(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """The ``(mean, std)`` batches are normalised with (None: uint8 batches)."""
+        return None if self._output is None else (self._output.mean, self._output.std)
+
+    @property
+    def device(self) -> torch.device | None:
+        """Where normalised batches are made (None: where the loader runs)."""
+        return None if self._output is None else self._output.device
+
     # -- iteration ------------------------------------------------------------------------------
 
     @property
