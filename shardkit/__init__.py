@@ -14,7 +14,7 @@ from ._version import __version__
 _EXPORTS = {
     "ShardDataset": "read.dataset", "Batch": "read.dataset", "collate": "read.dataset",
     "worker_init_fn": "read.dataset", "normalize": "read.augment",
-    "ShardSampler": "read.sampler",
+    "ShardSampler": "read.sampler", "MixSampler": "read.mix", "Mix": "read.mix",
     "pack": "packing.api", "merge": "packing.api", "PackResult": "packing.api",
     "StoreWriter": "packing.writer",
     "info": "read.inspect", "verify": "read.inspect",
