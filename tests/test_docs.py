@@ -20,7 +20,7 @@ import re
 import textwrap
 
 import pytest
-from helpers.doccheck import (PAGES, ROOT, SHELL, STORES, Block, read_text, written_paths,
+from helpers.doccheck import (PAGES, ROOT, SHELL, STORES, Block, read_text, store_paths,
                               bash_problems, blocks, diff_problems, github_slug, headings,
                               link_problems, python_problems, run_blocks, runnable,
                               shell_commands)
@@ -92,12 +92,14 @@ def test_self_contained_python_blocks_run(doc_stores, tmp_path):
     for k, block in enumerate(runs):
         cwd = tmp_path / f"block{k}"
         cwd.mkdir()
-        written = written_paths(block.text)
+        written = store_paths(block.text, written=True)
         for name in STORES:
             if name not in written:
                 os.symlink(doc_stores / name, cwd / name)
         jobs.append((str(cwd), str(block), block.text))
-    assert run_blocks(jobs) == []
+    failed, cannot_run = run_blocks(jobs)
+    assert failed == []
+    assert len(cannot_run) < len(jobs), cannot_run  # at least one block really ran
 
 
 def test_the_checks_catch_broken_docs(tmp_path):
@@ -153,11 +155,18 @@ def test_the_checks_catch_broken_docs(tmp_path):
     assert "StoreWriter.add(...): too many positional arguments" in \
         py("import shardkit\nwith shardkit.StoreWriter('o', []) as w:\n    w.add(1, 2, 3, 4)")[0]
     assert not runnable(Block("t.md", 1, "python", "x.cuda()")) and \
-        not runnable(Block("t.md", 1, "python", "print(undefined_name)"))
+        not runnable(Block("t.md", 1, "python", "print(undefined_name)")) and \
+        not runnable(Block("t.md", 1, "python", "import shardkit\nshardkit.ShardDataset('c.lmdb')"))
+    assert runnable(Block("t.md", 1, "python", "import shardkit\nshardkit.pack('imgs/', 'o.h5')"))
+    assert store_paths("import shardkit\nshardkit.pack('imgs/', 'o/')", written=True) == {"o"}
 
     assert run_blocks([(str(tmp_path), "ok", "print('fine')"),
-                       (str(tmp_path), "bad", "open('no-such-store.lmdb')")]) == [
-        "bad: FileNotFoundError: [Errno 2] No such file or directory: 'no-such-store.lmdb'"]
+                       (str(tmp_path), "bad", "open('no-such-store.lmdb')"),
+                       (str(tmp_path), "needs", "import no_such_package_here"),
+                       (str(tmp_path), "ours", "import shardkit.no_such_module")]) == (
+        ["bad: FileNotFoundError: [Errno 2] No such file or directory: 'no-such-store.lmdb'",
+         "ours: ModuleNotFoundError: No module named 'shardkit.no_such_module'"],
+        ["needs: needs no_such_package_here"])
 
     diff = "+import shardkit\n-old()\n+    ds = shardkit.ShardDataset(d, crop=1, flipp=0.5)\n"
     assert "unexpected keyword argument 'flipp'" in diff_problems(Block("t.md", 1, "diff", diff))[0]

@@ -306,25 +306,34 @@ def free_names(code: str) -> set[str]:
 
 
 def runnable(block: Block) -> bool:
-    """A block runs when it compiles, binds every name it reads, and needs no GPU, cluster,
-    bucket or absolute data path."""
+    """A block runs when it compiles, binds every name it reads, needs no GPU, cluster, bucket
+    or absolute data path, and reads only the stores the test provides (``STORES``)."""
     try:
-        return not free_names(block.text) and not NEEDS_MORE.search(block.text)
+        if free_names(block.text) or NEEDS_MORE.search(block.text):
+            return False
+        return store_paths(block.text, written=False) <= set(STORES)
     except SyntaxError:
         return False
 
 
-def written_paths(code: str) -> set[str]:
-    """String paths a block writes: the OUT of ``pack(SRC, OUT)`` and ``StoreWriter(OUT)``."""
-    out = set()
+def store_paths(code: str, written: bool) -> set[str]:
+    """The string paths a block's shardkit calls write (``written``: the OUT of ``pack(SRC,
+    OUT)`` and ``StoreWriter(OUT)``) or read (the first argument of any other shardkit call,
+    and SRC of ``pack``)."""
+    out, read = set(), set()
     for node in ast.walk(ast.parse(code)):
         if isinstance(node, ast.Call):
             name = getattr(node.func, "attr", getattr(node.func, "id", ""))
-            pos = {"pack": 1, "StoreWriter": 0}.get(name)
-            if pos is not None and len(node.args) > pos and \
-                    isinstance(node.args[pos], ast.Constant):
-                out.add(str(node.args[pos].value).rstrip("/"))
-    return out
+            if not hasattr(shardkit, name):
+                continue
+            args = [str(a.value).rstrip("/") if isinstance(a, ast.Constant) and
+                    isinstance(a.value, str) else None for a in node.args]
+            wrote = {"pack": 1, "StoreWriter": 0}.get(name)
+            if wrote is not None and len(args) > wrote and args[wrote]:
+                out.add(args[wrote])
+            if args and args[0] and name != "StoreWriter":
+                read.add(args[0])
+    return out if written else read - out
 
 
 # --- diff blocks ----------------------------------------------------------------------------
@@ -361,15 +370,24 @@ for cwd, name, code in json.load(sys.stdin):
     try:
         exec(compile(code, name, "exec"), {"__name__": "__main__"})
     except BaseException as exc:
-        print("DOC-BLOCK-FAILED", json.dumps(f"{name}: "
-              f"{traceback.format_exception_only(exc)[-1].strip()}"))
+        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        if missing and missing.split(".")[0] != "shardkit":  # an optional package not here
+            print("DOC-BLOCK-NEEDS", json.dumps(f"{name}: needs {missing}"))
+        else:
+            print("DOC-BLOCK-FAILED", json.dumps(
+                f"{name}: {traceback.format_exception_only(exc)[-1].strip()}"))
 """
 
 
-def run_blocks(jobs: list[tuple[str, str, str]]) -> list[str]:
-    """Run (folder, name, code) jobs in one fresh interpreter; one line per block that raised."""
+def run_blocks(jobs: list[tuple[str, str, str]]) -> tuple[list[str], list[str]]:
+    """Run (folder, name, code) jobs in one fresh interpreter: (one line per block that raised,
+    one per block that imports a package this environment does not have)."""
     run = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(jobs),
                          capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr
-    return [json.loads(line.split(" ", 1)[1]) for line in run.stdout.splitlines()
-            if line.startswith("DOC-BLOCK-FAILED ")]
+    found: dict[str, list[str]] = {"DOC-BLOCK-FAILED": [], "DOC-BLOCK-NEEDS": []}
+    for line in run.stdout.splitlines():
+        tag, _, rest = line.partition(" ")
+        if tag in found:
+            found[tag].append(json.loads(rest))
+    return found["DOC-BLOCK-FAILED"], found["DOC-BLOCK-NEEDS"]
