@@ -21,4 +21,5 @@ def pytest_terminal_summary(terminalreporter) -> None:
                for rep in terminalreporter.stats.get("skipped", [])]
     for (venv, script), n in sorted(missing_side_envs(reasons).items()):
         terminalreporter.write_line(
-            f"{n} tests skipped without {venv}; to run them: ./{script} {venv} && ./scripts/test.sh")
+            f"{n} tests skipped without {venv}; to run them: "
+            f"./{script} {venv} && ./scripts/test.sh")
