@@ -219,6 +219,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     plan = make_plan(src, settings, source_format=source_format, annotations=annotations,
                      source_options=source_options, allow_empty=allow_empty, file_list=file_list,
                      shard_size=shard_size, num_shards=num_shards, strict=strict)
+    if plan.container is not None:  # a container's own fields (txt/json/npy members, columns)
+        annotations = plan.container.fields
     plan.annotations = annotations
     partial = staging_path(out) if remote else partial_path(out)
     if not plan.sharded:

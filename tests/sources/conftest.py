@@ -33,6 +33,16 @@ def store_records(path: str) -> list[tuple[bytes, int, int, int, str]]:
     return out
 
 
+def store_fields(path: str, name: str) -> list:
+    """Typed field ``name`` of every record, in index order."""
+    store = Store(path)
+    try:
+        return [store.shard(k).fields.value(name, local)
+                for k, entry in enumerate(store.shards) for local in range(entry.count)]
+    finally:
+        store.close()
+
+
 def store_files(path: str) -> dict[str, bytes]:
     """Every file of a store (a single file, or a folder's files) by name."""
     if os.path.isfile(path):

@@ -9,7 +9,7 @@ import os
 import shutil
 
 import pytest
-from conftest import run_side, store_records
+from conftest import run_side, store_fields, store_records
 
 import shardkit
 from shardkit.cli import main as cli_main
@@ -36,7 +36,8 @@ READ = r"""
 import json, sys
 from streaming import StreamingDataset
 ds = StreamingDataset(local=sys.argv[1], shuffle=False, batch_size=1, allow_unsafe_types=True)
-print(json.dumps([int(ds[i]["label"]) for i in range(ds.size)]))
+print(json.dumps([{"label": int(ds[i]["label"]), "caption": ds[i]["caption"],
+                   "meta": ds[i]["meta"]} for i in range(ds.size)]))
 """
 
 
@@ -78,7 +79,10 @@ def test_mds_packs_as_its_folder_and_as_streaming_reads_it(mds_sources, mds_env,
         got = store_records(out)
         assert [r[:4] for r in got] == [folder[rel] for rel, _ in jpgs]
         theirs = json.loads(run_side(mds_env, READ, dirs[name]))
-        assert [r[1] for r in got] == theirs == [lab for _, lab in jpgs]
+        assert [r[1] for r in got] == [t["label"] for t in theirs] == [lab for _, lab in jpgs]
+        # str and json columns: typed fields, as streaming decodes them
+        assert store_fields(out, "caption") == [t["caption"] for t in theirs]
+        assert store_fields(out, "meta") == [t["meta"] for t in theirs]
         assert shardkit.ShardDataset(out).classes == ["0", "1", "2"]  # no names in MDS
     for column in ("png", "pil"):  # a PNG column, and the same pixels as raw PIL values
         out = str(tmp_path / f"{column}.lmdb")

@@ -8,7 +8,7 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import CLASSES, read_bytes, store_files, store_records
+from conftest import CLASSES, read_bytes, store_fields, store_files, store_records
 from datasets import ClassLabel, Dataset, Features, Image, Value, load_dataset, load_from_disk
 
 import shardkit
@@ -53,6 +53,7 @@ def test_parquet_packs_as_its_folder_and_as_datasets_reads_it(hub_folder, folder
     theirs = load_dataset("parquet", data_files=files, split="train")
     assert theirs.features["label"].names == ds.classes
     assert [r[1] for r in got] == theirs["label"]
+    assert store_fields(out, "caption") == theirs["caption"]  # other columns: typed fields
 
 
 def test_save_to_disk_folder_and_one_file(folder, folder_store, tmp_path):

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import simplejpeg
 import webdataset as wds
-from conftest import CLASSES, read_bytes, sample_key, store_files, store_records, write_json
+from conftest import (CLASSES, read_bytes, sample_key, store_fields, store_files, store_records,
+                      write_json)
 from PIL import Image
 
 import shardkit
@@ -64,6 +65,28 @@ def test_tars_pack_as_their_folder_and_as_webdataset_reads_them(tars, folder, fo
     ext = {sample_key(rel): rel.rsplit(".", 1)[1] for rel, _ in folder[1]}
     assert [r[4] for r in got] == [f"{os.path.basename(url)}#{key}.{ext[key]}"
                                    for key, _, url in theirs]
+    # the txt members became the text field "txt", as webdataset decodes them
+    captions = [t for (t,) in wds.WebDataset(brace, shardshuffle=False).decode().to_tuple("txt")]
+    assert store_fields(out, "txt") == captions == [f"caption of {rel}" for rel, _ in folder[1]]
+
+
+def test_json_npy_txt_members_become_typed_fields(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = [({"id": i, "tags": ["a", "b"][:i + 1]}, np.arange(4 * (i + 1), dtype=np.float32)
+             .reshape(i + 1, 4), f"photo {i}") for i in range(3)]
+    with wds.TarWriter(str(src / "f.tar")) as sink:
+        for i, (meta, boxes, caption) in enumerate(rows):
+            sink.write({"__key__": f"s{i}", "jpg": _jpeg(i), "cls": i, "json": meta,
+                        "boxes.npy": boxes, "caption.txt": caption})
+    out = str(tmp_path / "f.lmdb")
+    shardkit.pack(str(src), out, size=0, workers=1, progress=False)
+    theirs = list(wds.WebDataset(str(src / "f.tar"), shardshuffle=False).decode()
+                  .to_tuple("json", "boxes.npy", "caption.txt"))
+    assert store_fields(out, "json") == [t[0] for t in theirs] == [r[0] for r in rows]
+    assert store_fields(out, "caption") == [t[2] for t in theirs]
+    for ours, (_, boxes, _) in zip(store_fields(out, "boxes"), theirs):
+        assert np.array_equal(ours, boxes) and ours.dtype == boxes.dtype
 
 
 def test_brace_pattern_single_tar_and_forced_format(tars, folder_store, tmp_path):

@@ -62,6 +62,7 @@ class Shard:
     members: list[str] = field(default_factory=list)  # display name per sample
     refs: list[tuple[int, int]] = field(default_factory=list)
     labels: list[Any] = field(default_factory=list)   # raw: int, str or None
+    fields: list[dict[str, Any]] = field(default_factory=list)  # typed field values, if any
 
 
 @dataclass
@@ -85,6 +86,7 @@ class ContainerIndex:
     shard: np.ndarray   # int32, per sample
     refs: np.ndarray    # int64 (n, 2)
     shard_starts: list[int]  # first sample of each source shard, then n
+    fields: Any = None  # a :class:`.fields.ContainerFields` when the samples carry fields
 
     def item(self, i: int) -> Item:
         a, b = self.refs[i]
@@ -234,19 +236,28 @@ class ContainerFormat:
         refs: list[tuple[int, int]] = []
         starts = [0]
         skipped = list(scanned.skipped)
+        rows: dict[str, dict[str, Any]] = {}
         for k, shard in enumerate(scanned.shards):
-            for name, ref, raw in zip(shard.members, shard.refs, shard.labels):
+            values = shard.fields if len(shard.fields) == len(shard.members) else \
+                [{}] * len(shard.members)
+            for name, ref, raw, row in zip(shard.members, shard.refs, shard.labels, values):
                 path = os.path.join(scanned.root, name)
                 label, reason = labels.resolve(raw)
                 if reason is not None:
                     skipped.append({"path": path, "reason": reason})
                     continue
                 samples.append((path, label))
+                if row:
+                    rows[path] = row
                 shard_col.append(k)
                 refs.append(ref)
             starts.append(len(samples))
         index = ContainerIndex(self.name, [s.file for s in scanned.shards],
                                np.asarray(shard_col, dtype=np.int32),
                                np.asarray(refs, dtype=np.int64).reshape(-1, 2), starts)
+        if rows:
+            from .fields import ContainerFields
+
+            index.fields = ContainerFields(rows, scanned.root)
         return (scanned.root, labels.classes, dict(labels.index), samples, skipped, index)
 

@@ -6,7 +6,8 @@ A shard file is ``[n: u32] [offsets: u32 x (n+1)] [config JSON] [samples]``; a s
 u32 sizes of its variable-size columns, then each column's bytes in column order. The image
 column is ``jpeg``, ``png`` or ``pil`` (raw pixels with their mode); the label an integer
 (``int``, ``int8``..``uint64``, ``str_int``) or ``str`` column. Defaults: the first image
-column, and the first of ``label;labels;cls;class;y``. ``pkl`` columns are never decoded:
+column, and the first of ``label;labels;cls;class;y``; ``int``/``float``/``str``/``json``/
+``ndarray`` columns become typed fields. ``pkl`` columns are never decoded:
 each is listed in the skip list (a ``pkl`` image or label column refuses the source).
 A shard name that leads outside the folder (``../``, an absolute path, a symlink out) refuses
 the source with one line.
@@ -25,6 +26,7 @@ import numpy as np
 
 from ...errors import PackError
 from .base import ContainerFormat, MemberError, Scanned, Shard, SourceOptions, member_name
+from .fields import FieldRejected, decode_mds, is_mds_field
 from .files import open_cached
 
 IMAGE_ENCODINGS = ("jpeg", "png", "pil")
@@ -186,19 +188,26 @@ class MDSFormat(ContainerFormat):
                 continue
             offsets = _offsets(data, count, os.path.join(folder, rel))
             view = memoryview(data)
+            extra = [c for c, enc in enumerate(encodings)
+                     if c not in (image, label) and is_mds_field(enc)]
             for i in range(count):
                 sample = view[offsets[i]:offsets[i + 1]]
                 try:
-                    start, end = _sample_columns(sample, sizes)[label]
+                    columns = _sample_columns(sample, sizes)
+                    start, end = columns[label]
                     value = _label(encodings[label], bytes(sample[start:end]))
-                except MemberError as exc:
-                    value = None
+                    values = {}
+                    for c in extra:
+                        a, b = columns[c]
+                        values[names[c]] = decode_mds(encodings[c], bytes(sample[a:b]))
+                except (MemberError, FieldRejected) as exc:
                     scanned.skipped.append({"path": os.path.join(folder, member_name(rel, str(i))),
                                             "reason": str(exc)})
                     continue
                 shard.members.append(member_name(rel, str(i)))
                 shard.refs.append((i, 0))
                 shard.labels.append(value)
+                shard.fields.append(values)
             scanned.shards.append(shard)
         return scanned
 

@@ -6,7 +6,8 @@ The image column is a Hugging Face ``Image`` struct ``{bytes, path}`` (or a plai
 column); the label column an integer ``ClassLabel`` (names from the schema metadata key
 ``huggingface``) or plain integers or strings. Defaults: the columns the metadata marks as
 ``Image`` and ``ClassLabel``, else the first of ``image;img;jpg;png`` and ``label;labels;cls``.
-The scan reads the label column only; workers read the image column one row group (one Arrow
+Other columns become typed fields (text, numbers, lists, structs as JSON). The scan reads the
+label and field columns; workers read the image column one row group (one Arrow
 record batch) at a time and keep the last one, so memory stays bounded by a row group.
 """
 
@@ -156,14 +157,19 @@ class ParquetFormat(ContainerFormat):
                 if scanned.names is not None and scanned.names != names:
                     raise PackError(f"{path}: ClassLabel names differ from the other files'")
                 scanned.names = names
+            others = [n for n in schema.names if n not in (image, label)]
             try:
-                for g, values in enumerate(batches.labels(label)):
+                for g, (values, *columns) in enumerate(batches.columns([label, *others])):
+                    extra = [c.to_pylist() for c in columns]
                     for row, value in enumerate(_label_values(pa, values, label, path)):
                         shard.members.append(member_name(shard.name, f"{g}:{row}"))
                         shard.refs.append((g, row))
                         shard.labels.append(value)
+                        shard.fields.append({n: col[row] for n, col in zip(others, extra)
+                                             if col[row] is not None})
             except pa.ArrowException as exc:
-                raise PackError(f"{path}: cannot read column {label!r} ({exc})") from None
+                raise PackError(f"{path}: cannot read columns {[label, *others]} ({exc})"
+                                ) from None
             shard.file = f"{path}\0{kind}\0{image}"
             scanned.shards.append(shard)
         return scanned
@@ -202,17 +208,19 @@ class _Batches:
             self.file = pa.parquet.ParquetFile(path)
             self.schema = self.file.schema_arrow
         else:
-            self.batches = pa.ipc.open_stream(pa.memory_map(path)).read_all().to_batches()
-            self.schema = pa.ipc.open_stream(pa.memory_map(path)).schema
+            reader = pa.ipc.open_stream(pa.memory_map(path))
+            self.schema = reader.schema
+            self.batches = reader.read_all().to_batches()
 
-    def labels(self, column: str):
+    def columns(self, names: list[str]):
+        """Per row group (record batch): the arrays of the columns ``names``."""
         if self.kind == "parquet":
             for g in range(self.file.num_row_groups):
-                yield self.file.read_row_group(g, columns=[column]).column(0).combine_chunks()
+                table = self.file.read_row_group(g, columns=names)
+                yield [table.column(n).combine_chunks() for n in names]
         else:
-            index = self.schema.get_field_index(column)
             for batch in self.batches:
-                yield batch.column(index)
+                yield [batch.column(self.schema.get_field_index(n)) for n in names]
 
     def group(self, g: int, column: str) -> Any:
         if self.kind == "parquet":

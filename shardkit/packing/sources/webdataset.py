@@ -5,7 +5,8 @@ Members group into samples by WebDataset's own key rule: the path up to the firs
 basename (directory kept) is the sample key, the rest (lower-cased) the member's suffix;
 consecutive members with the same key form one sample; top-level ``__*__`` names are metadata.
 The image is the first of ``image_key``'s suffixes the sample has, the label the first of
-``label_key``'s (its text, an integer or a class name). The scan reads headers and label
+``label_key``'s (its text, an integer or a class name); ``txt``, ``json`` and ``npy`` members
+(``caption.txt``: the field ``caption``) become typed fields. The scan reads headers and label
 members only; workers read each image at its offset (uncompressed tars: one ``pread``).
 
 Refused with one line, before anything is packed: member names that are absolute or climb out
@@ -24,6 +25,7 @@ from pathlib import PurePosixPath
 from ...errors import PackError
 from .base import (ContainerFormat, MemberError, Scanned, Shard, SourceOptions, member_name,
                    read_classes_file)
+from .fields import FIELD_BYTES, FieldRejected, decode_member, wds_field
 from .files import open_cached
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff")
@@ -113,13 +115,13 @@ class WebDatasetFormat(ContainerFormat):
                 return shard
             compressed = tar.fileobj is not raw
             sample: dict[str, tuple[str, int, int]] = {}
-            labels: dict[str, bytes] = {}
+            small: dict[str, bytes] = {}  # label and field members, read now
             key = None
 
             def flush() -> None:
                 if key is None:
                     return
-                self._add_sample(shard, key, sample, labels, image_keys, label_keys, skip)
+                self._add_sample(shard, key, sample, small, image_keys, label_keys, skip)
 
             while True:
                 try:
@@ -155,14 +157,22 @@ class WebDatasetFormat(ContainerFormat):
                 suffix = suffix.lower()
                 if prefix != key:
                     flush()
-                    key, sample, labels = prefix, {}, {}
+                    key, sample, small = prefix, {}, {}
                 if suffix in sample:
                     skip(name, f"duplicate member suffix {suffix!r} in sample {prefix!r}")
                     continue
                 sample[suffix] = (name, info.offset_data, info.size)
+                if wds_field(suffix) is not None and suffix not in image_keys:
+                    if info.size > FIELD_BYTES:
+                        skip(name, f"field member of {info.size} bytes (more than {FIELD_BYTES})")
+                    else:
+                        try:
+                            small[suffix] = tar.extractfile(info).read()
+                        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+                            skip(name, f"cannot read field member: {exc}")
                 if suffix in label_keys and info.size <= LABEL_BYTES:
                     try:
-                        labels[suffix] = tar.extractfile(info).read()
+                        small[suffix] = tar.extractfile(info).read()
                     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
                         skip(name, f"cannot read label member: {exc}")
             flush()
@@ -170,7 +180,7 @@ class WebDatasetFormat(ContainerFormat):
 
     @staticmethod
     def _add_sample(shard: Shard, key: str, sample: dict[str, tuple[str, int, int]],
-                    labels: dict[str, bytes], image_keys: tuple[str, ...],
+                    small: dict[str, bytes], image_keys: tuple[str, ...],
                     label_keys: tuple[str, ...], skip) -> None:
         for suffix, (name, _, _) in sample.items():
             if suffix.rsplit(".", 1)[-1] in PICKLED:
@@ -185,17 +195,27 @@ class WebDatasetFormat(ContainerFormat):
         if label_key is None:
             skip(name, f"sample {key!r} has no label member ({';'.join(label_keys)})")
             return
-        if label_key not in labels:
+        if label_key not in small:
             skip(name, f"label member {sample[label_key][0]!r} is not a short text")
             return
         try:
-            label = labels[label_key].decode("utf-8").strip()
+            label = small[label_key].decode("utf-8").strip()
         except UnicodeDecodeError:
             skip(name, f"label member {sample[label_key][0]!r} is not UTF-8 text")
             return
+        values = {}
+        for suffix, data in small.items():
+            field = wds_field(suffix)
+            if field is None or suffix == label_key:
+                continue
+            try:
+                values[field] = decode_member(suffix, data)
+            except FieldRejected as exc:
+                skip(sample[suffix][0], f"field member refused: {exc}")
         shard.members.append(member_name(shard.name, name))
         shard.refs.append((offset, size))
         shard.labels.append(label)
+        shard.fields.append(values)
 
     @staticmethod
     def read(file: str, a: int, b: int, limit: int | None) -> bytes:
