@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
+import weakref
 from typing import Any
 
 from . import metadata
@@ -50,6 +51,9 @@ class Pin:
         self.fd = fd
         self.pid = os.getpid()
         self.identity = _identity(os.fstat(fd))
+        # A finalizer, not __del__: it runs at exit before modules are torn down (a __del__ run
+        # then finds ``os`` gone and prints "Exception ignored in Pin.__del__").
+        self._closer: weakref.finalize | None = weakref.finalize(self, _close_own, fd, self.pid)
 
     def valid_here(self) -> bool:
         """True when this process has the descriptor (it created it, or inherited it by fork)."""
@@ -67,6 +71,9 @@ class Pin:
         if not self.valid_here():
             return False
         self.pid = os.getpid()
+        if self._closer is not None:
+            self._closer.detach()  # the parent's (it would not close the descriptor here)
+        self._closer = weakref.finalize(self, _close_own, self.fd, self.pid)
         return True
 
     def proc_path(self) -> str | None:
@@ -76,18 +83,23 @@ class Pin:
 
     def __getstate__(self) -> dict[str, Any]:
         # A descriptor means nothing in another process; the identity still guards opens there.
-        return {"fd": -1, "pid": -1, "identity": self.identity}
+        return {"fd": -1, "pid": -1, "identity": self.identity, "_closer": None}
 
     def close(self) -> None:
-        if self.fd >= 0 and self.pid == os.getpid():
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
+        if self._closer is not None:
+            self._closer()  # closes the descriptor in the process that owns it, once
+            self._closer = None
         self.fd = -1
 
-    def __del__(self) -> None:
-        self.close()
+
+def _close_own(fd: int, pid: int) -> None:
+    """Close a pin's descriptor, only in the process that owns it (a forked child holds a copy
+    it has not adopted: closing that one is its parent's business, at the child's exit too)."""
+    if os.getpid() == pid:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def identity(path: str) -> tuple[int, ...]:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .. import codec
+from ..errors import OptionError
 
 DCT_FACTORS = (8, 4, 2)  # libjpeg-turbo's fast scaled decodes (3/8, 5/8, ... are slower than 1)
 
@@ -71,9 +72,9 @@ def _pair(value: Any, name: str) -> tuple[float, float]:
     try:
         low, high = (float(v) for v in value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a pair (min, max) of numbers, got {value!r}") from None
+        raise OptionError(f"{name} must be a pair (min, max) of numbers, got {value!r}") from None
     if not 0 < low <= high or not math.isfinite(high):
-        raise ValueError(f"{name} must be (min, max) with 0 < min <= max, got {value!r}")
+        raise OptionError(f"{name} must be (min, max) with 0 < min <= max, got {value!r}")
     return low, high
 
 
@@ -150,14 +151,14 @@ def recipe(crop: int | None, mode: str, scale: Sequence[float], ratio: Sequence[
            flip: float, dct_scale: bool = True) -> Recipe | None:
     """A dataset's ``Recipe``, or None for a plain centre crop (the fast path draws nothing)."""
     if mode not in codec.CROP_MODES:
-        raise ValueError(f"crop_mode must be one of {codec.CROP_MODES}, got {mode!r}")
+        raise OptionError(f"crop_mode must be one of {codec.CROP_MODES}, got {mode!r}")
     if isinstance(flip, bool) or not isinstance(flip, (int, float)) or not 0 <= flip <= 1:
-        raise ValueError(f"flip must be a probability between 0 and 1, got {flip!r}")
+        raise OptionError(f"flip must be a probability between 0 and 1, got {flip!r}")
     made = Recipe(crop or 0, mode, scale, ratio, flip, dct_scale)  # validates scale and ratio
     if crop is None:
         if mode == "random_resized" or flip:
             what = "crop_mode='random_resized'" if mode == "random_resized" else "flip"
-            raise ValueError(f"{what} needs crop (the output size)")
+            raise OptionError(f"{what} needs crop (the output size)")
         return None
     return None if mode == "center" and not flip else made
 
@@ -283,7 +284,7 @@ def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float],
     """uint8 ``[B, 3, H, W]`` (on the GPU, typically) to normalised floats, ``(x / 255 - mean) /
     std`` per channel: exactly ``images.float().div_(255)`` then ``v2.Normalize(mean, std)``."""
     if images.dtype != torch.uint8:
-        raise ValueError(f"images must be uint8 (as shardkit delivers them), got {images.dtype}")
+        raise OptionError(f"images must be uint8 (as shardkit delivers them), got {images.dtype}")
     mean_t = torch.as_tensor(mean, dtype=dtype, device=images.device).view(-1, 1, 1)
     std_t = torch.as_tensor(std, dtype=dtype, device=images.device).view(-1, 1, 1)
     return images.to(dtype).div_(255).sub_(mean_t).div_(std_t)

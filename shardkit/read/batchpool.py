@@ -16,8 +16,9 @@ uses them any more:
   which the worker reads before reusing the buffer.
 
 When every buffer is in use (a consumer that keeps many batches), a fresh one is allocated, up to
-``MAX_SLOTS``; past that, batches fall back to one-off memory. A buffer is never
-reused while anything can still read it.
+``MAX_SLOTS``; past that, batches fall back to one-off memory (a memfd in a worker, never
+``/dev/shm``: see :mod:`shardkit.read.shipping`). A buffer is never reused while anything can
+still read it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .shipping import memfd_tensor, ship
 
 HEADER = 64     # bytes before the pixels in a shared buffer:
 HELD = 0        # header byte: 1 while the main process uses the batch
@@ -114,8 +117,7 @@ class BatchPool:
                 self.slots.append(slot)
                 return slot.tensor(shape), slot
         if self.shared:
-            storage = torch.UntypedStorage._new_shared(nbytes)
-            return torch.tensor([], dtype=torch.uint8).set_(storage).view(shape), None
+            return memfd_tensor(shape, torch.uint8), None
         return torch.empty(shape, dtype=torch.uint8), None
 
     def close(self) -> None:
@@ -126,20 +128,30 @@ class BatchPool:
 
 class PooledBatch(list):
     """``[images, labels]`` from ``shardkit.collate`` in a worker, sent to the main process as a
-    reference to the images' shared buffer rather than as a copy. Elsewhere, a plain list."""
+    reference to the images' shared buffer rather than as a copy. Elsewhere, a plain list.
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, slot: Slot | None) -> None:
+    ``images`` is N x C x H x W (a view of the N x H x W x C buffer) or, with ``channels_last``,
+    the N x H x W x C buffer itself; ``labels`` a tensor (int64 labels travel as bytes) or
+    whatever a ``target_transform`` made of them.
+    """
+
+    def __init__(self, images: torch.Tensor, labels: Any, slot: Slot | None,
+                 channels_last: bool = False) -> None:
         super().__init__((images, labels))
         self._images = images
         self._slot = slot
+        self._channels_last = channels_last
 
     def __reduce__(self) -> tuple:
         slot, labels = self._slot, self[1]
-        base = self._images.permute(0, 2, 3, 1)  # the N x H x W x C layout the buffer holds
+        # the N x H x W x C layout the buffer holds
+        base = self._images if self._channels_last else self._images.permute(0, 2, 3, 1)
         if (slot is None or slot.fd is None or len(self) != 2 or self[0] is not self._images
-                or not base.is_contiguous() or base.data_ptr() != slot.array.ctypes.data
-                or not isinstance(labels, torch.Tensor) or labels.dtype != torch.int64):
-            return (list, (list(self),))
+                or not base.is_contiguous() or base.data_ptr() != slot.array.ctypes.data):
+            # Changed since collate: its tensors travel by torch's own means (in a memfd).
+            return (list, ([ship(x) if isinstance(x, torch.Tensor) else x for x in self],))
+        if isinstance(labels, torch.Tensor) and labels.dtype == torch.int64:
+            labels = labels.numpy().tobytes()
         handle = None
         if not slot.flag[BY_PATH]:
             from multiprocessing.reduction import DupFd
@@ -147,7 +159,7 @@ class PooledBatch(list):
             handle = DupFd(slot.fd)
         slot.flag[HELD] = 1  # the main process holds it until it is done with the batch
         return (_rebuild, (os.getpid(), slot.fd, slot.inode, handle, HEADER + slot.nbytes,
-                           tuple(base.shape), labels.numpy().tobytes()))
+                           tuple(base.shape), labels, self._channels_last))
 
 
 def _release(flag: np.ndarray) -> None:
@@ -167,7 +179,7 @@ def _open_by_path(pid: int, fd: int, inode: int) -> int | None:
 
 
 def _rebuild(pid: int, fd_number: int, inode: int, handle: Any, size: int,
-             shape: tuple[int, ...], labels: bytes) -> list:
+             shape: tuple[int, ...], labels: Any, channels_last: bool = False) -> list:
     """In the main process: map the worker's buffer and wrap it; free it when unused."""
     by_path = _open_by_path(pid, fd_number, inode) if os.getpid() != pid else None
     if handle is not None:
@@ -189,8 +201,12 @@ def _rebuild(pid: int, fd_number: int, inode: int, handle: Any, size: int,
     count = math.prod(shape)
     array = np.frombuffer(buf, np.uint8, count, HEADER)
     weakref.finalize(array, _release, header)
-    images = torch.from_numpy(array).view(shape).permute(0, 3, 1, 2)
-    return [images, torch.from_numpy(np.frombuffer(bytearray(labels), np.int64))]
+    images = torch.from_numpy(array).view(shape)
+    if not channels_last:
+        images = images.permute(0, 3, 1, 2)
+    if isinstance(labels, bytes):
+        labels = torch.from_numpy(np.frombuffer(bytearray(labels), np.int64))
+    return [images, labels]
 
 
 _POOLS: dict[tuple[int, bool], BatchPool] = {}

@@ -12,19 +12,21 @@ from __future__ import annotations
 import copy
 import functools
 import gc
+import numbers
 import os
 from typing import Any, Callable, Literal, Sequence, get_args
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from .. import codec
 from ..errors import OptionError
 from ..integrations.loader import ShardLoader
-from . import augment, batchpool
+from . import augment, batchpool, lifetime, shipping
 from . import targets as targetmod
 from .decode import Decoder
+from .indices import check_index, check_indices
 from .store import OpenShard, Store
 from .threads import Fanout
 from .view import open_layout
@@ -40,9 +42,10 @@ class Batch(list):
     ordinary list of samples.
     """
 
-    images: torch.Tensor | np.ndarray
+    images: torch.Tensor
     labels: torch.Tensor
     slot: batchpool.Slot | None = None  # the reusable buffer ``images`` lives in
+    channels_last = False  # ``images`` is N x H x W x C (output="numpy"), else N x C x H x W
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -61,12 +64,13 @@ def collate(batch: Sequence[Any], ragged: Any = "list") -> Any:
     if isinstance(batch, Batch):
         slot = getattr(batch, "slot", None)
         if slot is not None and slot.fd is not None:
-            return batchpool.PooledBatch(batch.images, batch.labels, slot)
-        return [batch.images, batch.labels]
+            return batchpool.PooledBatch(batch.images, batch.labels, slot, batch.channels_last)
+        return [batch.images, shipping.ship(batch.labels)
+                if isinstance(batch.labels, torch.Tensor) else batch.labels]
     if batch and isinstance(batch[0], (tuple, list)) and len(batch[0]) == 2 \
             and isinstance(batch[0][1], dict):
         return targetmod.collate_samples(batch, ragged)
-    return default_collate(batch)
+    return shipping.collate(batch)  # default_collate, in memfd memory inside a worker
 
 
 def _forward(part: str, name: str) -> property:
@@ -148,13 +152,16 @@ class ShardDataset(Dataset):
                  ragged: targetmod.RaggedMode | dict[str, targetmod.RaggedMode] = "list"
                  ) -> None:
         if output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+            raise OptionError(f"output must be one of {OUTPUTS}, got {output!r}")
         if crop_mode not in codec.CROP_MODES:
-            raise ValueError(f"crop_mode must be one of {codec.CROP_MODES}, got {crop_mode!r}")
+            raise OptionError(f"crop_mode must be one of {codec.CROP_MODES}, got {crop_mode!r}")
         if crop_mode == "random" and crop is None:
-            raise ValueError("crop_mode='random' needs crop (the size of the square to cut)")
-        if crop is not None and (crop <= 0 or output == "bytes"):
-            raise ValueError("crop must be a positive size and cannot be used with output='bytes'")
+            raise OptionError("crop_mode='random' needs crop (the size of the square to cut)")
+        if crop is not None and (isinstance(crop, bool) or not isinstance(crop, numbers.Integral)
+                                 or crop <= 0 or output == "bytes"):
+            raise OptionError("crop must be a positive integer size and cannot be used with "
+                              f"output='bytes', got crop={crop!r}")
+        crop = None if crop is None else int(crop)
         fanout = Fanout(threads)
         recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale)
         # Through the pack's record layout: ds[i] is logical record i wherever its shard holds it.
@@ -241,7 +248,7 @@ class ShardDataset(Dataset):
 
     def source_path(self, index: int) -> str:
         """Path of record ``index``'s source image, relative to the packed folder."""
-        k, local = self.store.locate(index)
+        k, local = self.store.locate(check_index(index, len(self)))
         return self.store.shard(k).source_path(local)
 
     # -- process-local state --------------------------------------------------------------------
@@ -304,13 +311,14 @@ class ShardDataset(Dataset):
         return self._sample(self._present(img), label)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        k, local = self.store.locate(int(index))
+        k, local = self.store.locate(check_index(index, len(self)))
         shard = self.store.shard(k)
         with shard.reader.records() as get:
             return self._item(shard, k, local, get(local), self._origin(shard, local))
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """A batch: one read transaction per shard, optional threads, one buffer when cropping."""
+        indices = check_indices(indices, len(self))
         if self.output == "bytes" or self.crop is None or self.transform is not None \
                 or self.transforms is not None \
                 or self.output == "pil":
@@ -355,13 +363,9 @@ class ShardDataset(Dataset):
 
     def _getitems_batched(self, indices: Sequence[int]) -> Batch:
         n, c = len(indices), self.crop
-        slot = None
-        if self.output == "tensor":
-            # A reusable buffer (shared memory in a worker, so sending the batch is free).
-            images, slot = batchpool.pool(get_worker_info() is not None).take((n, c, c, 3))
-            pixels = images.numpy()
-        else:
-            pixels = np.empty((n, c, c, 3), dtype=np.uint8)
+        # A reusable buffer (shared memory in a worker, so sending the batch is free).
+        images, slot = batchpool.pool(get_worker_info() is not None).take((n, c, c, 3))
+        pixels = images.numpy()
         labels = np.empty(n, dtype=np.int64)
         target_list: list[Any] = [None] * n
         located = self._by_shard(indices)
@@ -390,12 +394,16 @@ class ShardDataset(Dataset):
             batch.slot = slot
         else:
             batch.extend(zip(pixels, label_list))
-            batch.images = pixels
+            batch.images = images
+            batch.slot = slot
+            batch.channels_last = True
         if self._targets is not None:
+            # numpy samples; the batch is what default_collate makes of them: an N x H x W x C
+            # uint8 tensor (here without a copy), so either collate yields the same type.
             batch.labels = self._targets.collate(label_list)
         else:
             batch.labels = (torch.from_numpy(labels) if self.target_transform is None
-                            else default_collate(label_list))
+                            else shipping.collate(label_list))
         return batch
 
     # -- subsets (shardkit.read.subset) ----------------------------------------------------------
@@ -441,12 +449,14 @@ class ShardDataset(Dataset):
         kwargs.setdefault("collate_fn", collate if self._targets is None
                           else functools.partial(collate, ragged=self._targets.ragged))
         kwargs.setdefault("persistent_workers", bool(kwargs.get("num_workers")))
+        if batch_size is None and kwargs.get("batch_sampler") is None:
+            kwargs.setdefault("collate_fn", shipping.convert)  # one sample at a time
         user_init = kwargs.get("worker_init_fn")
         if user_init is None or user_init is worker_init_fn:
             kwargs["worker_init_fn"] = worker_init_fn
         else:
             kwargs["worker_init_fn"] = functools.partial(_init_then, user_init)
-        return ShardLoader(self, batch_size=batch_size, **kwargs)
+        return lifetime.track(ShardLoader(self, batch_size=batch_size, **kwargs))
 
     def __repr__(self) -> str:
         return (f"ShardDataset({self.root!r}, records={len(self)}, classes={len(self.classes)}, "

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .. import metadata, swap
-from ..errors import StoreError
+from ..errors import OptionError, StoreError
 from ..fileutil import file_size, sha256_file
 from ..urls import is_url
 from .shard import OpenShard, ShardEntry, checked_array, open_pinned
@@ -81,8 +81,8 @@ class Store:
                  storage_options: dict[str, Any] | None = None) -> None:
         if max_open_shards is not None and (isinstance(max_open_shards, bool) or not isinstance(
                 max_open_shards, int) or max_open_shards < 1):
-            raise ValueError("max_open_shards must be a positive integer or None, "
-                             f"got {max_open_shards!r}")
+            raise OptionError("max_open_shards must be a positive integer or None, "
+                              f"got {max_open_shards!r}")
         self.path = os.fspath(path)
         self.max_open_shards = max_open_shards
         #: The local cache of a remote store (None for a local one).

@@ -8,14 +8,16 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable, Sequence
 
+from ..errors import OptionError
+
 
 class Fanout:
     """Runs ``fn(*job)`` for every job on up to ``threads`` threads; picklable (the helper threads
     are per process, started on first use)."""
 
     def __init__(self, threads: int) -> None:
-        if threads < 0:
-            raise ValueError("threads must be >= 0")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+            raise OptionError(f"threads must be an integer >= 0, got {threads!r}")
         self.threads = threads
         self._pool: tuple[int, ThreadPoolExecutor] | None = None
 

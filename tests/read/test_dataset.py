@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import shardkit
 from helpers import flip_byte_in_file, reference_center_crop
 from shardkit import Batch, ShardDataset
-from shardkit.errors import ShardkitError, StoreError
+from shardkit.errors import OptionError, ShardkitError, StoreError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
 
@@ -440,3 +440,96 @@ def test_dropped_dataset_gives_its_lmdb_environment_back(pack_photos, tmp_path):
     env = lmdb.open(path, subdir=False, readonly=True, lock=False)
     assert env.stat()["entries"] > 0
     env.close()
+
+
+# -- indices, batch types and option errors (issue 15: 3, 4, 10) ----------------------------------
+
+def _list_error(items: list, index) -> type[BaseException] | None:
+    """The exception a Python list of ``items`` raises for ``items[index]`` (None: none)."""
+    try:
+        items[index]
+    except (TypeError, IndexError) as exc:
+        return type(exc)
+    return None
+
+
+BAD_INDICES = [1.9, 1.0, "3", b"3", np.float64(2.0), np.float32(1.0), 2**63, -2**63, 2**64,
+               -(2**64), 10**30, 64, -65, None, 1j]
+
+
+@pytest.mark.parametrize("index", BAD_INDICES, ids=repr)
+def test_an_index_is_checked_as_a_list_checks_it(photo_store, index):
+    """The error a list of as many records raises, for ``ds[i]`` and for a batch holding it."""
+    ds = ShardDataset(photo_store, crop=16)
+    expected = _list_error(list(range(len(ds))), index)
+    assert expected is not None
+    with pytest.raises(expected):
+        ds[index]
+    with pytest.raises(expected):
+        ds.__getitems__([0, index])
+    with pytest.raises(expected):
+        ds.source_path(index)
+
+
+def test_integer_indices_of_every_kind_read_the_record(photo_store):
+    ds = ShardDataset(photo_store, crop=16)
+    n = len(ds)
+    for index in (3, np.int64(3), np.int32(3), np.uint8(3), torch.tensor(3), 3 - n):
+        assert same_sample(ds[index], ds[3])
+    assert same_sample(ds[True], ds[1])  # a list takes a bool as 0/1 too
+    indices = [0, n - 1, -1, 5]
+    for form in (indices, np.array(indices), np.array(indices, np.int32), torch.tensor(indices),
+                 tuple(indices)):
+        got = ds.__getitems__(form)
+        assert all(same_sample(a, ds[i]) for a, i in zip(got, indices))
+    assert list(ds.__getitems__(np.array([], np.int64))) == []
+    assert list(ds.__getitems__(np.array([n - 1], np.uint64)))[0][1] == ds[n - 1][1]
+    with pytest.raises(IndexError):
+        ds.__getitems__(np.array([n], np.uint64))
+
+
+@pytest.mark.parametrize("context, workers", [(None, 0), ("fork", 2), ("spawn", 2)],
+                         ids=["main-process", "fork", "spawn"])
+def test_numpy_output_batches_are_one_type_for_either_collate(photo_store, context, workers):
+    """``output="numpy"`` with ``crop``: numpy H x W x C samples; the batch is what torch's
+    default collate makes of them (a uint8 N x H x W x C tensor), with ``shardkit.collate`` too."""
+    ds = ShardDataset(photo_store, crop=24, output="numpy")
+    sample = ds[0][0]
+    assert isinstance(sample, np.ndarray) and sample.shape == (24, 24, 3)
+    kwargs = dict(batch_size=8, num_workers=workers, multiprocessing_context=context,
+                  worker_init_fn=shardkit.worker_init_fn)
+    default = [(x.clone(), y) for x, y in DataLoader(ds, **kwargs)]
+    ours = [(x.clone(), y) for x, y in DataLoader(ds, collate_fn=shardkit.collate, **kwargs)]
+    from_loader = [(x.clone(), y) for x, y in ds.loader(**kwargs)]
+    assert len(default) == len(ours) == len(from_loader) == len(ds) // 8
+    for (a, la), (b, lb), (c, lc) in zip(default, ours, from_loader):
+        assert type(a) is type(b) is type(c) is torch.Tensor
+        assert a.dtype == b.dtype == torch.uint8 and a.shape == b.shape == (8, 24, 24, 3)
+        assert torch.equal(a, b) and torch.equal(a, c)
+        assert torch.equal(la, lb) and torch.equal(la, lc)
+    assert np.array_equal(default[0][0][0].numpy(), sample)
+
+
+OPTION_CASES = [
+    ({"output": "jpeg"}, "output"), ({"crop_mode": "top"}, "crop_mode"),
+    ({"crop_mode": "random"}, "crop_mode='random' needs crop"), ({"crop": 0}, "crop"),
+    ({"crop": 2.5}, "crop"), ({"crop": "224"}, "crop"), ({"crop": True}, "crop"),
+    ({"crop": 16, "output": "bytes"}, "crop"), ({"threads": -1}, "threads"),
+    ({"threads": 1.5}, "threads"), ({"max_open_shards": 0}, "max_open_shards"),
+    ({"crop": 16, "flip": 2}, "flip"), ({"crop": 16, "crop_mode": "random_resized",
+                                         "scale": (0.5, 0.1)}, "scale"),
+    ({"crop": 16, "crop_mode": "random_resized", "ratio": "wide"}, "ratio"),
+    ({"flip": 0.5}, "flip needs crop"),
+]
+
+
+@pytest.mark.parametrize("kwargs, named", OPTION_CASES,
+                         ids=lambda v: "-".join(f"{a}={b}" for a, b in v.items())
+                         if isinstance(v, dict) else None)
+def test_an_invalid_option_is_a_shardkit_error_and_a_value_error(photo_store, kwargs, named):
+    """``except ValueError`` (Python's convention for bad arguments) and ``except ShardkitError``
+    (the CLI's one-line errors) both catch it; the message names the parameter."""
+    with pytest.raises(OptionError) as caught:
+        ShardDataset(photo_store, **kwargs)
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, ShardkitError)
+    assert named in str(caught.value) and "\n" not in str(caught.value)
