@@ -393,13 +393,13 @@ class ShardDataset(Dataset):
             batch.images = views
             batch.slot = slot
         else:
+            # numpy samples; the batch is what default_collate makes of them: an N x H x W x C
+            # uint8 tensor (here without a copy), so either collate yields the same type.
             batch.extend(zip(pixels, label_list))
             batch.images = images
             batch.slot = slot
             batch.channels_last = True
         if self._targets is not None:
-            # numpy samples; the batch is what default_collate makes of them: an N x H x W x C
-            # uint8 tensor (here without a copy), so either collate yields the same type.
             batch.labels = self._targets.collate(label_list)
         else:
             batch.labels = (torch.from_numpy(labels) if self.target_transform is None
@@ -446,11 +446,11 @@ class ShardDataset(Dataset):
         ``normalize=(mean, std)`` (with ``device``, ``dtype``, ``memory_format``) yields
         normalised float batches, contiguous NCHW by default.
         """
+        if batch_size is None and kwargs.get("batch_sampler") is None:
+            kwargs.setdefault("collate_fn", shipping.convert)  # one sample at a time
         kwargs.setdefault("collate_fn", collate if self._targets is None
                           else functools.partial(collate, ragged=self._targets.ragged))
         kwargs.setdefault("persistent_workers", bool(kwargs.get("num_workers")))
-        if batch_size is None and kwargs.get("batch_sampler") is None:
-            kwargs.setdefault("collate_fn", shipping.convert)  # one sample at a time
         user_init = kwargs.get("worker_init_fn")
         if user_init is None or user_init is worker_init_fn:
             kwargs["worker_init_fn"] = worker_init_fn
