@@ -258,8 +258,10 @@ class OrderedSampler(DistributedSampler):
                 **self._identity()}
         for key, value in mine.items():
             if state.get(key) != value:
+                why = ("another dataset: its shards' contents or sizes, layout or subset differ"
+                       if key == "fingerprint" else "the order would differ")
                 raise OptionError(f"cannot resume: saved {key}={state.get(key)!r}, this "
-                                  f"sampler has {value!r} (the order would differ)")
+                                  f"sampler has {value!r} ({why})")
         position = state.get("position")
         if isinstance(position, bool) or not isinstance(position, int) \
                 or not 0 <= position <= self.total:

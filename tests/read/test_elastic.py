@@ -266,3 +266,15 @@ def test_torch_distributed_resume_from_another_world_size(stores, tmp_path):
     expect_next = _interleave([list(s) for s in _ranks_at_epoch(ds, 2, 2, seed=7,
                                                                num_canonical=4)])
     assert _interleave([g["next"] for g in ranks]) == expect_next
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_resumed_sampler_through_ds_loader_with_batch_size_none(stores, context):
+    ds = shardkit.ShardDataset(stores["mixed"], output="bytes")
+    full = list(ShardSampler(ds, 2, 0, seed=3))
+    state, _ = _run_until(ds, 2, 5, 0, seed=3)
+    sampler = ShardSampler(ds, 2, 0, seed=3)
+    sampler.load_state_dict(state)
+    got = [rec for rec, _ in ds.loader(batch_size=None, sampler=sampler, num_workers=2,
+                                       multiprocessing_context=context)]
+    assert got == [ds[i][0] for i in full[5:]]
