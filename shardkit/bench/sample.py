@@ -2,7 +2,8 @@
 
 Content is smooth colour fields, 1/f luminance structure, soft-edged objects, fine texture and
 grain, so JPEG decode cost resembles real photos rather than flat colours (256-px re-encodes decode
-at about half the speed of flat images, as real photos do). Sizes: long side 300-800 px, mean about
+at a median 0.47 of a flat image's speed; a real photo, grace_hopper.jpg, at 0.32:
+benchmarks/decode_realism.py). Sizes: long side 300-800 px, mean about
 500x375; quality 75-95; about 1 in 8 progressive and 1 in 8 with 4:4:4 chroma; 1 in 100 large
 (1200-2600 px). Files are smaller than ImageNet's (about 25-40 KB against 110 KB: less pixel-level
 noise), so a PIL baseline decodes them slightly faster than real photos, if anything.
@@ -56,8 +57,8 @@ def photo_like(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
     """HxWx3 uint8 with natural-image-like statistics.
 
     Smooth colour fields, 1/f luminance structure, soft-edged objects, a little fine texture and
-    sensor grain. Tuned so that 256-px q90 re-encodes decode at about the speed of real photos'
-    (about half the speed of a flat image of the same size with libjpeg-turbo).
+    sensor grain. 256-px q90 re-encodes decode at about half the speed of a flat image of the
+    same size with libjpeg-turbo (real photos are slower still: benchmarks/decode_realism.py).
     """
     scale = min(WORK_SCALE, WORK_LONG_MAX / max(width, height))
     w, h = max(16, round(width * scale)), max(16, round(height * scale))

@@ -95,8 +95,9 @@ def default_workers() -> int:
 
 
 # Address space an encoding worker may add to what it has once started, per --max-pixels pixel
-# and in all. Measured peaks of decode + convert + resize (file bytes included): RGBA WebP 42 B
-# a pixel, 32-bit TIFF 36, 16-bit PNG 28, RGBA PNG 24, RGB PNG 14, JPEG under 8.
+# and in all. Measured peaks of decode + convert + resize (file bytes included), from
+# benchmarks/decode_memory.py (results/decode_memory.txt): lossless RGBA WebP 35.7 B a pixel,
+# 32-bit TIFF 31.3, 16-bit PNG 27.7, RGBA PNG 24.0, RGB PNG 12.2, JPEG 1.3.
 DECODE_BYTES_PER_PIXEL = 64
 DECODE_OVERHEAD = 256 << 20  # codec libraries loaded on first use, allocator slack
 

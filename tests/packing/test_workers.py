@@ -243,7 +243,7 @@ def test_a_decoder_running_away_in_a_worker_is_stopped_by_the_memory_bound(tmp_p
 
 
 def test_the_hungriest_image_within_max_pixels_still_fits_the_bound(tmp_path):
-    """The bound must not refuse a good image: a 32-bit grey TIFF (36 bytes a pixel at peak,
+    """The bound must not refuse a good image: a 32-bit grey TIFF (31 bytes a pixel at peak,
     with its file) of exactly --max-pixels pixels packs in a worker."""
     side = 3000
     src = tmp_path / "src"
