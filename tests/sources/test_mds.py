@@ -16,6 +16,7 @@ from shardkit.cli import main as cli_main
 
 WRITE = r"""
 import json, sys
+import numpy as np
 from PIL import Image
 from streaming import MDSWriter
 spec = json.loads(sys.argv[1])
@@ -27,6 +28,8 @@ for out, columns, compression, rows in spec:
                 if key in sample:
                     im = Image.open(sample[key])
                     sample[key] = im if key != "pil" else im.convert("RGB")
+            if "boxes" in sample:  # n boxes of 4 float32
+                sample["boxes"] = np.arange(4 * sample["boxes"], dtype=np.float32).reshape(-1, 4)
             if "pickled" in sample:
                 sample["pickled"] = {"never": "loaded"}
             w.write(sample)
@@ -37,7 +40,8 @@ import json, sys
 from streaming import StreamingDataset
 ds = StreamingDataset(local=sys.argv[1], shuffle=False, batch_size=1, allow_unsafe_types=True)
 print(json.dumps([{"label": int(ds[i]["label"]), "caption": ds[i]["caption"],
-                   "meta": ds[i]["meta"]} for i in range(ds.size)]))
+                   "meta": ds[i]["meta"], "boxes": ds[i]["boxes"].tolist(),
+                   "dtype": str(ds[i]["boxes"].dtype)} for i in range(ds.size)]))
 """
 
 
@@ -48,9 +52,10 @@ def mds_sources(folder, mds_env, tmp_path_factory):
     jpgs = [(rel, lab) for rel, lab in samples if rel.endswith(".jpg")]
     pngs = [(rel, lab) for rel, lab in samples if rel.endswith(".png")]
     jpeg_cols = {"image": "jpeg", "label": "int", "caption": "str", "meta": "json",
-                 "pickled": "pkl"}
+                 "boxes": "ndarray", "pickled": "pkl"}
     rows = [{"image": os.path.join(root, rel), "label": lab, "caption": f"caption of {rel}",
-             "meta": {"rel": rel}, "pickled": 1} for rel, lab in jpgs]
+             "meta": {"rel": rel}, "boxes": 1 + i % 3, "pickled": 1}
+            for i, (rel, lab) in enumerate(jpgs)]
     png_rows = [{"png": os.path.join(root, rel), "pil": os.path.join(root, rel), "label": lab}
                 for rel, lab in pngs]
     dirs = {name: str(base / name) for name in ("raw", "gz", "png", "pil")}
@@ -83,6 +88,9 @@ def test_mds_packs_as_its_folder_and_as_streaming_reads_it(mds_sources, mds_env,
         # str and json columns: typed fields, as streaming decodes them
         assert store_fields(out, "caption") == [t["caption"] for t in theirs]
         assert store_fields(out, "meta") == [t["meta"] for t in theirs]
+        boxes = store_fields(out, "boxes")  # ndarray column: shape and dtype kept
+        assert [b.tolist() for b in boxes] == [t["boxes"] for t in theirs]
+        assert {str(b.dtype) for b in boxes} == {t["dtype"] for t in theirs} == {"float32"}
         assert shardkit.ShardDataset(out).classes == ["0", "1", "2"]  # no names in MDS
     for column in ("png", "pil"):  # a PNG column, and the same pixels as raw PIL values
         out = str(tmp_path / f"{column}.lmdb")
