@@ -23,10 +23,15 @@ _EXPORTS = {
     "ShardkitError": "errors", "PackError": "errors", "StoreError": "errors",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = ["__version__", *_EXPORTS, "fields"]
+
+
+_SUBPACKAGES = ("fields",)  # shardkit.fields.Boxes etc. without an import of their own
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'shardkit' has no attribute {name!r}")

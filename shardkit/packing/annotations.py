@@ -28,7 +28,7 @@ from ..fields import FieldError, MultiLabel, Schema, Text, as_schema
 from .discovery import Discovery
 from .writer import relative_path
 
-MAX_METADATA_BYTES = 2 << 30
+MAX_METADATA_BYTES = 1 << 30
 CAPTION_FIELD = "caption"
 MAX_CAPTION_BYTES = 1 << 20
 

@@ -36,7 +36,7 @@ from ..fields import Boxes, FieldError, Int, Masks, PerBox, Schema
 from ..fields.kinds import check_boxes
 from .discovery import Discovery
 
-MAX_COCO_BYTES = 4 << 30  # the 2017 train instances file is 448 MB
+MAX_COCO_BYTES = 2 << 30  # the 2017 train instances file is 448 MB; LVIS v1 train 1.1 GB
 MAX_MASK_PIXELS = 1 << 30  # boxes x height x width of one image's masks, before packing
 MAX_BOXES = 1 << 20
 

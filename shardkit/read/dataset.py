@@ -380,9 +380,12 @@ class ShardDataset(Dataset):
                 jobs = [(pixels[pos], shard, k, i, get(i), h, w, plans[pos])
                         for pos, i, h, w in zip(positions.tolist(), local_list, heights, widths)]
                 self._fanout.run(self._decoder.into, jobs)
-            if self._targets is not None:
-                for pos, i in zip(positions.tolist(), local_list):
-                    target_list[pos] = self._label(shard, i, plans[pos])
+            if self._targets is not None:  # boxes of the whole shard's part moved at once
+                built = self._targets.build_batch(shard, local_list,
+                                                  [plans[p] for p in positions.tolist()],
+                                                  self.crop_mode, self.crop)
+                for pos, target in zip(positions.tolist(), built):
+                    target_list[pos] = target
         batch = Batch()
         label_list = labels.tolist() if self._targets is None else target_list
         if self.target_transform is not None:

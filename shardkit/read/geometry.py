@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as nnf
 
@@ -93,11 +94,29 @@ def resize_masks(masks: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return masks.squeeze(0) if squeeze else masks
 
 
-def move_boxes(boxes: torch.Tensor, move: Move) -> torch.Tensor:
+def move_boxes(boxes: np.ndarray, move: Move) -> np.ndarray:
+    """XYXY float32 boxes (numpy) through one sample's crop, resize and flip.
+
+    The same float32 operations as :func:`crop_boxes`, :func:`resize_boxes` and
+    :func:`flip_boxes` (elementwise IEEE arithmetic gives the same bits in numpy as in torch),
+    without torch's per-call cost on a handful of boxes (~100 us a sample).
+    """
     top, left = move.box_origin
-    boxes = crop_boxes(boxes, top, left, move.height, move.width)
-    boxes = resize_boxes(boxes, (move.height, move.width), (move.out, move.out))
-    return flip_boxes(boxes, move.out) if move.flip else boxes
+    out = boxes - np.array([left, top, left, top], dtype=np.float32)
+    xs, ys = out[:, 0::2], out[:, 1::2]  # views: clamped in place
+    np.minimum(np.maximum(xs, 0, out=xs), move.width, out=xs)
+    np.minimum(np.maximum(ys, 0, out=ys), move.height, out=ys)
+    if (move.out, move.out) != (move.height, move.width):
+        # torch.tensor(ratios) is in the default dtype: the product is rounded through it.
+        wide = np.float64 if torch.get_default_dtype() == torch.float64 else np.float32
+        w_ratio, h_ratio = move.out / move.width, move.out / move.height
+        ratios = np.array([w_ratio, h_ratio, w_ratio, h_ratio], dtype=wide)
+        out = (out.astype(wide) * ratios).astype(np.float32)
+    if move.flip:
+        x1 = np.float32(move.out) - out[:, 2]
+        out[:, 2] = np.float32(move.out) - out[:, 0]
+        out[:, 0] = x1
+    return out
 
 
 def move_masks(masks: torch.Tensor, move: Move) -> torch.Tensor:
@@ -115,3 +134,31 @@ def sanitize_keep(boxes: torch.Tensor, canvas: tuple[int, int], min_size: float 
     valid &= (boxes[:, 0] <= width) & (boxes[:, 2] <= width)
     valid &= (boxes[:, 1] <= height) & (boxes[:, 3] <= height)
     return valid
+
+
+def move_boxes_many(boxes: list[np.ndarray], moves: list[Move]) -> list[np.ndarray]:
+    """:func:`move_boxes` of many samples at once (one batch): the same float32 operations on
+    all their rows together (a ratio of exactly 1 where a sample is not resized, and
+    multiplying by 1 changes no bit), then split back per sample."""
+    counts = [len(b) for b in boxes]
+    if not sum(counts):
+        return [b.copy() for b in boxes]
+    rows = np.repeat(np.arange(len(moves)), counts)
+    allb = np.concatenate(boxes).astype(np.float32, copy=False)
+    params = np.array([(m.box_origin[1], m.box_origin[0], m.width, m.height) for m in moves],
+                      dtype=np.float32)[rows]
+    out = allb - params[:, [0, 1, 0, 1]]
+    for cols, limit in ((slice(0, None, 2), params[:, 2:3]), (slice(1, None, 2), params[:, 3:4])):
+        part = out[:, cols]
+        out[:, cols] = np.minimum(np.maximum(part, 0), limit)
+    wide = np.float64 if torch.get_default_dtype() == torch.float64 else np.float32
+    ratios = np.array([(m.out / m.width, m.out / m.height) if (m.out, m.out) != (m.height, m.width)
+                       else (1.0, 1.0) for m in moves], dtype=wide)[rows]
+    out = (out.astype(wide) * ratios[:, [0, 1, 0, 1]]).astype(np.float32)
+    flip = np.array([m.flip for m in moves], dtype=bool)[rows]
+    if flip.any():
+        size = np.array([m.out for m in moves], dtype=np.float32)[rows][flip]
+        x1 = size - out[flip, 2]
+        x2 = size - out[flip, 0]
+        out[flip, 0], out[flip, 2] = x1, x2
+    return np.split(out, np.cumsum(counts)[:-1])

@@ -86,17 +86,21 @@ class Targets:
     def geometric(self) -> bool:
         return any(f.geometric for f in self.fields.values())
 
-    def build(self, shard: Any, local: int, move: geometry.Move | None) -> dict[str, Any]:
-        """Record ``local`` of ``shard``'s target, moved by ``move`` (None: as stored)."""
+    def build(self, shard: Any, local: int, move: geometry.Move | None,
+              moved: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+        """Record ``local`` of ``shard``'s target, moved by ``move`` (None: as stored);
+        ``moved``: its boxes fields already moved (:meth:`build_batch`)."""
         height, width = int(shard.heights[local]), int(shard.widths[local])
         canvas = (move.out, move.out) if move is not None else (height, width)
-        raw = {n: shard.fields.value(n, local) for n in self.fields} if self.fields else {}
+        moved = moved or {}
+        raw = {n: moved[n] if n in moved else shard.fields.value(n, local) for n in self.fields}
         out: dict[str, Any] = {}
         for name in self.names:
             if name == LABEL:
                 out[name] = int(shard.labels[local])
                 continue
-            out[name] = self._convert(self.fields[name], raw[name], move)
+            out[name] = (torch.from_numpy(raw[name]) if name in moved
+                         else self._convert(self.fields[name], raw[name], move))
         if self.sanitize:
             self._sanitize(out, canvas)
         if self.tv:
@@ -108,10 +112,24 @@ class Targets:
                     out[name] = self.tv.Mask(out[name])
         return out
 
+    def build_batch(self, shard: Any, locals_: list[int], plans: list[Any], mode: str,
+                    crop: int | None) -> list[dict[str, Any]]:
+        """:meth:`build` for records ``locals_`` of one shard with their decode plans; the
+        boxes of all of them are moved together (:func:`geometry.move_boxes_many`)."""
+        moves = [move_for(p, mode, crop, int(shard.heights[i]), int(shard.widths[i]))
+                 for p, i in zip(plans, locals_)]
+        names = [n for n, f in self.fields.items() if f.kind == "boxes"]
+        if not names or any(m is None for m in moves):
+            return [self.build(shard, i, m) for i, m in zip(locals_, moves)]
+        moved = {n: geometry.move_boxes_many([shard.fields.value(n, i) for i in locals_], moves)
+                 for n in names}
+        return [self.build(shard, i, m, {n: moved[n][j] for n in names})
+                for j, (i, m) in enumerate(zip(locals_, moves))]
+
     def _convert(self, f: kinds.Field, value: Any, move: geometry.Move | None) -> Any:
         if f.kind == "boxes":
-            boxes = torch.from_numpy(value)
-            return geometry.move_boxes(boxes, move) if move is not None else boxes
+            return torch.from_numpy(geometry.move_boxes(value, move) if move is not None
+                                    else value)
         if f.kind in ("masks", "semantic"):
             masks = torch.from_numpy(value)
             return geometry.move_masks(masks, move) if move is not None else masks

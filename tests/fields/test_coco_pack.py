@@ -90,6 +90,8 @@ def test_sharded_pack_and_cli(coco, tmp_path):
     single = shardkit.ShardDataset(store, fields=FIELDS)
     sharded = shardkit.ShardDataset(folder, fields=FIELDS)
     assert len(sharded) == len(single)
+    assert [sharded[i][1]["image_id"] for i in range(len(sharded))] == [
+        single[i][1]["image_id"] for i in range(len(single))]  # CocoDetection's order
     by_id = {sharded[i][1]["image_id"]: sharded[i][1] for i in range(len(sharded))}
     for i in range(len(single)):
         a, b = single[i][1], by_id[single[i][1]["image_id"]]
@@ -162,13 +164,17 @@ def test_hostile_annotations_skip_their_image(tmp_path, coco):
 
 def test_huge_file_refused_before_reading(tmp_path, coco):
     path = str(tmp_path / "huge.json")
-    with open(path, "wb") as f:  # sparse: 2 GiB + 1 byte of a JSON string, never written out
+    with open(path, "wb") as f:  # sparse: a 2 GiB JSON string, never written out or read
         f.write(b'{"images": [], "x": "')
         f.truncate((2 << 30) + 1)
-    from shardkit.packing import coco as coco_module
-
+    with pytest.raises(PackError, match="larger than") as info:
+        shardkit.pack(coco[0], str(tmp_path / "x.lmdb"), coco=path, workers=1, progress=False)
+    assert "\n" not in str(info.value)
+    meta = str(tmp_path / "huge.jsonl")
+    os.link(path, meta)
     with pytest.raises(PackError, match="larger than"):
-        coco_module.CocoSource(path, coco[0], max_bytes=2 << 30)
+        shardkit.pack(coco[0], str(tmp_path / "y.lmdb"), metadata_file=meta, workers=1,
+                      progress=False)
 
 
 def test_many_boxes_one_image(tmp_path, coco):
