@@ -258,6 +258,7 @@ class ShardLoader(DataLoader):
             same_world = ordered.num_replicas == state["sampler"].get("num_replicas")
             progress.base_batches = state["batches"] if same_world \
                 else self._batches_for(ordered.consumed)
+            progress.batches = progress.base_batches  # saving again before iterating
             progress.armed, progress.resume_epoch = True, ordered.epoch
             return
         if state.get("batches_per_epoch") != len(self):
@@ -273,6 +274,7 @@ class ShardLoader(DataLoader):
                               "give the same order again; use shardkit.ShardSampler(dataset, "
                               "num_replicas=1, rank=0) (or a sampler with a seeded generator)")
         progress.pending = dict(state)
+        progress.batches = 0 if state["complete"] else state["batches"]
 
     def _batches_for(self, samples: int) -> int:
         """Batches that hold ``samples`` samples at this loader's batch size (another world size
