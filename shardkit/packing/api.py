@@ -21,7 +21,7 @@ from .install import install, install_finished, partial_path
 from .local import run_local, upload_shard
 from .plan import Plan, make_plan
 from .sources import SourceOptions, check_source, detect
-from .settings import ENGINES, Engine, PackSettings
+from .settings import ENGINES, Engine, PackSettings, check_integers
 from .staging import (PLAN_NAME, entry_path, finalize_sharded, prepare_partial, read_entries,
                       staging_path)
 from .workers import default_workers
@@ -174,6 +174,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     """
     t0 = time.perf_counter()
     src, out = os.fspath(src), os.fspath(out).rstrip("/") or "/"
+    check_integers(workers=workers, shard_size=shard_size, num_shards=num_shards,
+                   num_nodes=num_nodes, node_rank=node_rank)
     if shard_size is not None and num_shards is not None:
         raise PackOptionError("give `shard_size` or `num_shards`, not both")
     check_options(src, out, file_list, shard_size is not None or num_shards is not None,

@@ -3,6 +3,7 @@ around: :class:`Skipped` (a source left out, and why)."""
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -37,6 +38,7 @@ class PackSettings:
     def validate(self) -> None:
         """Raise PackOptionError (a PackError and ValueError) naming the parameter that is out
         of range."""
+        check_integers(size=self.size, quality=self.quality, max_pixels=self.max_pixels)
         if self.size < 0:
             raise PackOptionError("`size` must be >= 0 (0 keeps the original size)")
         if not 1 <= self.quality <= 100:
@@ -47,6 +49,22 @@ class PackSettings:
             raise PackOptionError(f"`format` must be one of {', '.join(FORMATS)}")
         if self.max_pixels < 0:
             raise PackOptionError("`max_pixels` must be >= 0 (0 disables the limit)")
+
+
+def check_integers(**values: Any) -> None:
+    """Refuse a parameter that is not an integer (None passes: the option is not given), naming
+    it, before a comparison could fail with a TypeError that names nothing."""
+    for name, value in values.items():
+        if value is not None and (isinstance(value, bool) or not _is_integer(value)):
+            raise PackOptionError(f"`{name}` must be an integer, not {value!r}")
+
+
+def _is_integer(value: Any) -> bool:
+    try:
+        operator.index(value)  # int and numpy integers; not float, str
+    except TypeError:
+        return False
+    return True
 
 
 class Skipped(NamedTuple):

@@ -74,8 +74,16 @@ def test_cli_refuses_options_before_any_work(tmp_path, args, message):
     ({"encoding": "webp"}, "`encoding` must be one of jpeg, raw"),
     ({"format": "zip"}, "`format` must be one of lmdb, hdf5"),
     ({"max_pixels": -1}, "`max_pixels` must be >= 0 (0 disables the limit)"),
+    ({"size": "big"}, "`size` must be an integer, not 'big'"),
+    ({"quality": 90.5}, "`quality` must be an integer, not 90.5"),
+    ({"max_pixels": True}, "`max_pixels` must be an integer, not True"),
+    ({"workers": "2"}, "`workers` must be an integer, not '2'"),
+    ({"num_shards": 2.0}, "`num_shards` must be an integer, not 2.0"),
+    ({"shard_size": "1GiB"}, "`shard_size` must be an integer, not '1GiB'"),
+    ({"num_nodes": "2", "num_shards": 2}, "`num_nodes` must be an integer, not '2'"),
 ], ids=["engine", "dask", "scheduler", "resume", "both-sizes", "node-rank", "size", "quality-0",
-        "quality-101", "encoding", "format", "max-pixels"])
+        "quality-101", "encoding", "format", "max-pixels", "size-str", "quality-float",
+        "max-pixels-bool", "workers-str", "num-shards-float", "shard-size-str", "num-nodes-str"])
 def test_pack_refuses_options_before_any_work(tmp_path, kwargs, message):
     """Option errors are PackErrors and ValueErrors (Python's convention for a bad argument)."""
     with pytest.raises(ValueError) as info:
