@@ -20,7 +20,7 @@ from .imaging import PILLOW_PIXEL_LIMIT
 from .install import install, install_finished, partial_path
 from .local import run_local, upload_shard
 from .plan import Plan, make_plan
-from .sources import SourceOptions, check_source, detect
+from .sources import SourceOptions, check_source, detect, is_tar_url
 from .settings import ENGINES, Engine, PackSettings, check_integers
 from .staging import (PLAN_NAME, entry_path, finalize_sharded, prepare_partial, read_entries,
                       staging_path)
@@ -56,7 +56,9 @@ class PackResult:
 def check_options(src: str, out: str, file_list: str | None, sharded: bool, resume: bool,
                   engine: Engine, scheduler: str | None, num_nodes: int, node_rank: int) -> None:
     """Refuse options that cannot work together, before any work is done."""
-    for path, what in ((src, "the source folder"), (file_list, "`file_list`")):
+    # Tars may be read from a URL (WebDataset shards in a bucket); nothing else is.
+    for path, what in ((None if is_tar_url(src) else src, "the source folder"),
+                       (file_list, "`file_list`")):
         if path is not None and is_url(path):
             raise PackOptionError(f"{path}: {what} must be a local path (only OUT may be a URL)")
     if engine not in ENGINES:

@@ -322,22 +322,34 @@ class Store:
 
     def _open_cached(self, k: int) -> OpenShard:
         """Shard ``k`` of a remote store: fetched into the cache (in use until closed), opened."""
-        self.cache.fetch(k)
+        self.cache.fetch(k, on_full=self._close_lru)  # a full cache: this process's go first
         try:
             shard = OpenShard(self.shards[k], k, self.meta)
         except BaseException:
             self.cache.release(k)
             raise
         if self.prefetch_next and self._last_opened in (None, k - 1) and k + 1 < len(self.shards):
-            self.cache.prefetch(k + 1)
+            self.cache.read_ahead(range(k + 1, len(self.shards)))
         self._last_opened = k
         return shard
+
+    def _close_lru(self) -> bool:
+        """Close this process's least recently used shard (False when none is open)."""
+        if not self._open:
+            return False
+        self._close_shard(*self._open.popitem(last=False))
+        return True
 
     def prefetch(self, k: int) -> None:
         """Start downloading shard ``k`` of a remote store into the machine's cache, in the
         background (a local store: nothing to do)."""
+        self.read_ahead([k])
+
+    def read_ahead(self, shards: Any) -> None:
+        """This process reads ``shards`` next, in this order: a remote store downloads the first
+        few in the background, several at once (:meth:`shardkit.remote.ShardCache.read_ahead`)."""
         if self.cache is not None:
-            self.cache.prefetch(k)
+            self.cache.read_ahead(shards)
 
     def _close_shard(self, k: int, shard: OpenShard) -> None:
         shard.close()

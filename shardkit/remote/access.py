@@ -11,6 +11,7 @@ from typing import Any, Callable, TypeVar
 from .. import metadata
 from ..errors import ShardkitError, StoreError
 from ..urls import is_url
+from .failures import Failure, classify, describe
 
 RETRY_DELAYS = (1.0, 2.0)  # seconds slept between the attempts of one remote call
 # A stalled endpoint fails one attempt after total_max_attempts * read_timeout (read_timeout bounds
@@ -22,7 +23,14 @@ T = TypeVar("T")
 
 
 class ObjectNotFound(StoreError):
-    """The remote object does not exist (reported at once, not retried)."""
+    """The remote object does not exist (reported at once, not retried); ``code`` is the
+    server's error code (``NoSuchBucket``: the bucket itself is missing)."""
+
+    code: str | None = None
+
+
+class LocalFault(StoreError):
+    """A fault of this machine (the cache's disk or folder), not of the remote object."""
 
 
 def default_cache_dir() -> str:
@@ -53,11 +61,6 @@ def _is_s3(url: str) -> bool:
     return url.split("://", 1)[0] in ("s3", "s3a")
 
 
-def _describe(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 class _Remote:
     """An fsspec filesystem for one URL prefix (made per process), and retried calls on it."""
 
@@ -86,7 +89,7 @@ class _Remote:
             except (ImportError, ValueError) as exc:
                 need = ("pip install 'shardkit[remote]'" if _is_s3(self.url) else
                         "fsspec and the package for this protocol")
-                raise ShardkitError(f"{self.url}: {_describe(exc)} (remote stores need "
+                raise ShardkitError(f"{self.url}: {describe(exc)} (remote stores need "
                                     f"{need})") from None
             self._fs_pid = os.getpid()
         return self._fs
@@ -100,21 +103,37 @@ class _Remote:
     def where(self, name: str) -> str:
         return f"{self.url}/{name}"
 
-    def retry(self, name: str, call: Callable[[], T]) -> T:
-        """``call()``, retried on transport errors; ``StoreError`` naming the object otherwise."""
+    def read_timeout(self) -> float | None:
+        """Seconds a read may get no byte before it fails (S3 only), for messages."""
+        if not _is_s3(self.url):
+            return None
+        return _options(self.url, self.storage_options)["config_kwargs"].get("read_timeout")
+
+    def failure(self, exc: BaseException) -> Failure:
+        return classify(exc, self.read_timeout())
+
+    def retry(self, name: str, call: Callable[[], T],
+              local: Callable[[BaseException], str | None] | None = None) -> T:
+        """``call()``, retried while a retry can succeed; ``StoreError`` naming the object (or,
+        when ``local(exc)`` names a fault of this machine, ``LocalFault`` with that text)."""
         for attempt in range(len(RETRY_DELAYS) + 1):
             try:
                 return call()
             except ShardkitError:
                 raise
-            except FileNotFoundError:
-                raise ObjectNotFound(f"{self.where(name)}: object not found") from None
-            except PermissionError as exc:
-                raise StoreError(f"{self.where(name)}: access denied ({_describe(exc)})") from None
-            # Backends raise their own types (botocore, aiohttp, gcsfs...): any other is transient.
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - classified below
+                blame = local(exc) if local is not None else None
+                if blame is not None:
+                    raise LocalFault(blame) from None
+                failure = self.failure(exc)
+                if failure.missing:
+                    err = ObjectNotFound(f"{self.where(name)}: {failure.message}")
+                    err.code = failure.code
+                    raise err from None
+                if not failure.transient:
+                    raise StoreError(f"{self.where(name)}: {failure.message}") from None
                 if attempt == len(RETRY_DELAYS):
-                    raise StoreError(f"{self.where(name)}: {_describe(exc)} (gave up after "
+                    raise StoreError(f"{self.where(name)}: {failure.message} (gave up after "
                                      f"{attempt + 1} attempts)") from None
                 time.sleep(RETRY_DELAYS[attempt])
         raise AssertionError("unreachable")
@@ -131,14 +150,17 @@ class RemoteFolder(_Remote):
         name = metadata.MANIFEST_NAME
         try:
             raw = self.retry(name, lambda: self.fs.cat_file(self.path(name)))
-        except ObjectNotFound:
+        except ObjectNotFound as exc:
+            if exc.code == "NoSuchBucket":
+                raise StoreError(f"{self.url}: {str(exc).split(': ', 1)[1]}") from None
             raise StoreError(f"{self.url} has no {name}: not a shardkit store, or a pack "
                              "that did not finish") from None
         self.meta = metadata.parse_manifest(raw, self.where(name))
         self.manifest_sha256 = hashlib.sha256(raw).hexdigest()
         self.manifest_bytes = len(raw)
 
-    def get(self, name: str, local_path: str) -> None:
-        """Download object ``name`` to ``local_path`` (retried)."""
-        self.retry(name, lambda: self.fs.get_file(self.path(name), local_path))
+    def get(self, name: str, local_path: str,
+            local: Callable[[BaseException], str | None] | None = None) -> None:
+        """Download object ``name`` to ``local_path`` (retried; ``local`` as in :meth:`retry`)."""
+        self.retry(name, lambda: self.fs.get_file(self.path(name), local_path), local)
 

@@ -2,25 +2,34 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
+import json
 import os
 import threading
 import time
 import uuid
-from typing import Any
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
 
 from ..errors import StoreError
 from ..fileutil import has_size, sha256_file, unlink
-from . import access
-from .access import RemoteFolder, default_cache_dir
-from .locks import evict_unused, locked, open_lock, scandir
+from . import access, limit
+from .access import LocalFault, RemoteFolder, default_cache_dir
+from .failures import LOCAL_ERRNOS
+from .locks import locked, open_lock, try_lock
+
+#: Downloads a process keeps in flight ahead of its reads (:meth:`ShardCache.read_ahead`).
+READ_AHEAD = 4
 
 
 class ShardCache:
     """Shards of one :class:`RemoteFolder`, staged in a local folder shared by all processes.
 
-    Picklable: a DataLoader worker gets its own locks and filesystem on first use.
+    Picklable: a DataLoader worker gets its own locks, threads and filesystem on first use.
+    ``read_ahead_depth`` downloads at most run ahead of this process's reads.
     """
 
     def __init__(self, remote: RemoteFolder, cache_dir: str | os.PathLike | None = None,
@@ -35,17 +44,21 @@ class ShardCache:
                                  f"shard of {remote.url} ({largest} bytes)")
         self.remote = remote
         self.cache_limit = cache_limit
+        self.read_ahead_depth = READ_AHEAD
         self.root = os.path.abspath(os.fspath(cache_dir) if cache_dir is not None
                                     else default_cache_dir())
         key = hashlib.sha256(f"{remote.url}\n{remote.manifest_sha256}".encode()).hexdigest()
         self.folder = os.path.join(self.root, key[:24])
+        self._make_folder()
+        self._pid: int | None = None
+        self._claim()
+
+    def _make_folder(self) -> None:
         try:
             os.makedirs(self.folder, exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"cannot create the cache folder {self.folder}: {exc.strerror}") \
-                from None
-        self._pid: int | None = None
-        self._claim()
+            raise StoreError(f"cannot create the cache folder {self.folder}: {exc.strerror} "
+                             "(check cache_dir)") from None
 
     # -- per-process state --------------------------------------------------------------------
 
@@ -55,13 +68,17 @@ class ShardCache:
             for fd in getattr(self, "_held", {}).values():
                 os.close(fd)
             self._held: dict[int, int] = {}
-            self._prefetching: dict[int, threading.Thread] = {}
+            self._pending: set[int] = set()
+            self._pool: ThreadPoolExecutor | None = None
             self._lock = threading.Lock()
             self._pid = os.getpid()
+            # A cache dropped without close() releases its shards (descriptors, locks) too.
+            self._finalizer = weakref.finalize(self, _release_all, self._held, self._pid,
+                                               self.root, self.cache_limit)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_held", "_prefetching", "_lock"):
+        for key in ("_held", "_pending", "_pool", "_lock", "_finalizer"):
             state.pop(key, None)
         state["_pid"] = None
         return state
@@ -76,22 +93,22 @@ class ShardCache:
         """Where shard ``k`` lies once fetched."""
         return os.path.join(self.folder, self.remote.meta["shards"][k]["file"])
 
-    def fetch(self, k: int) -> str:
+    def fetch(self, k: int, on_full: Callable[[], bool] | None = None) -> str:
         """Local path of shard ``k``, downloaded and checked first if needed.
 
         The shard stays in use (never evicted) until :meth:`release` or the process exits.
+        When the cache is full of shards in use, ``on_full()`` is called to release one of this
+        process's (True if it did) before the download goes over the limit.
         """
         self._claim()
         entry = self.remote.meta["shards"][k]
         path = self.path(k)
-        fd = open_lock(self.side_file(entry["file"], "use"), fcntl.LOCK_SH)
+        fd = self._use_lock(entry["file"])
         try:
             if not has_size(path, entry["bytes"]):
-                self._download(entry["file"], entry["bytes"], entry["sha256"])
-            try:
-                os.utime(path)  # last use, for LRU eviction
-            except OSError:
-                pass  # another user's file in a shared cache: its order stays as it was
+                self._download(entry["file"], entry["bytes"], entry["sha256"], on_full=on_full)
+            limit.touch(path)  # last use, for LRU eviction
+            unlink(self.side_file(entry["file"], "ahead"))  # read now: evicted as any other
         except BaseException:
             os.close(fd)
             raise
@@ -101,117 +118,230 @@ class ShardCache:
         self._held[k] = fd
         return path
 
+    def _use_lock(self, name: str) -> int:
+        """Hold ``.NAME.use`` shared; a cache folder removed while in use is made again."""
+        if not os.path.isdir(self.folder):
+            self._make_folder()
+        return open_lock(self.side_file(name, "use"), fcntl.LOCK_SH)
+
     def release(self, k: int) -> None:
-        """This process no longer reads shard ``k``: it may be evicted."""
+        """This process no longer reads shard ``k``: it may be evicted (the cache is brought
+        back under ``cache_limit`` now)."""
         self._claim()
         fd = self._held.pop(k, None)
         if fd is not None:
             os.close(fd)
+            if self.cache_limit is not None:
+                limit.trim(self.root, self.cache_limit)
 
     def close(self) -> None:
         self._claim()
-        for k in list(self._held):
-            self.release(k)
+        _release_all(self._held, self._pid, self.root, self.cache_limit)
 
-    def prefetch(self, k: int) -> threading.Thread | None:
-        """Download shard ``k`` in a background thread, unless cached or already under way.
-
-        Errors are dropped here: the :meth:`fetch` that needs the shard retries and reports them.
-        """
+    def read_ahead(self, shards: Any) -> None:
+        """This process reads ``shards`` next, in this order: download the first
+        ``read_ahead_depth`` of them that are not cached yet, several at once, in background
+        threads. A shard another process downloads is left to it, and a download that would go
+        over ``cache_limit`` is not started. Errors are dropped here: the :meth:`fetch` that
+        needs the shard reports them."""
         self._claim()
-        entry = self.remote.meta["shards"][k]
-        if has_size(self.path(k), entry["bytes"]):
-            return None
+        meta = self.remote.meta["shards"]
+        window = [int(k) for k in list(shards)[:self.read_ahead_depth]]
+        todo = [k for k in window if not has_size(self.path(k), meta[k]["bytes"])]
         with self._lock:
-            running = self._prefetching.get(k)
-            if running is not None and running.is_alive():
-                return running
-            thread = threading.Thread(target=self._prefetch, args=(entry,), daemon=True,
-                                      name=f"shardkit-prefetch-{k}")
-            self._prefetching[k] = thread
-        thread.start()
-        return thread
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.read_ahead_depth,
+                                                thread_name_prefix="shardkit-prefetch")
+            for k in todo:
+                if k not in self._pending:
+                    self._pending.add(k)
+                    self._pool.submit(self._prefetch, k)
 
-    def _prefetch(self, entry: dict[str, Any]) -> None:
+    def prefetch(self, k: int) -> None:
+        """Start downloading shard ``k`` in the background (:meth:`read_ahead` of one)."""
+        self.read_ahead([k])
+
+    def wait_read_ahead(self) -> None:
+        """Block until this process's background downloads are done (for tests and tools)."""
+        self._claim()
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def _prefetch(self, k: int) -> None:
+        entry = self.remote.meta["shards"][k]
         try:
-            with locked(self.side_file(entry["file"], "use"), fcntl.LOCK_SH):
-                if not has_size(os.path.join(self.folder, entry["file"]), entry["bytes"]):
-                    self._download(entry["file"], entry["bytes"], entry["sha256"])
-        except Exception:  # noqa: BLE001 - see prefetch()
+            self._download(entry["file"], entry["bytes"], entry["sha256"], wait=False)
+        except Exception:  # noqa: BLE001 - see read_ahead()
             pass
+        finally:
+            with self._lock:
+                self._pending.discard(k)
 
     def labels(self) -> str:
         """Local path of the store's ``labels.npy``, downloaded and checked first if needed."""
         labels = self.remote.meta["labels"]
-        path = os.path.join(self.folder, labels["file"])
-        if not os.path.exists(path):
-            self._download(labels["file"], None, labels["sha256"])
+        return self.file(labels["file"], labels["sha256"])
+
+    def file(self, name: str, sha256: str) -> str:
+        """Local path of another file the manifest names (``labels.npy``, ``layout.npy``),
+        downloaded and checked first if needed (a damaged cached copy is fetched again)."""
+        path = os.path.join(self.folder, name)
+        if not (has_size(path, None) and sha256_file(path) == sha256):
+            self._download(name, None, sha256, cached=lambda: has_size(path, None)
+                           and sha256_file(path) == sha256)
         return path
 
     def side_file(self, name: str, kind: str) -> str:
-        """The lock file of cached file ``name``: kind "dl" (held while downloading) or "use"."""
+        """The side file of cached file ``name``: kind "dl" (locked while downloading), "use"
+        (locked shared while in use) or "failed" (the last download's failure)."""
         return os.path.join(self.folder, f".{name}.{kind}")
 
-    def _download(self, name: str, size: int | None, sha256: str) -> None:
-        """Download ``name`` into the cache once (whoever holds ``.NAME.dl`` does it)."""
+    def _download(self, name: str, size: int | None, sha256: str, *, wait: bool = True,
+                  on_full: Callable[[], bool] | None = None,
+                  cached: Callable[[], bool] | None = None) -> bool:
+        """Download ``name`` into the cache once per machine (whoever holds ``.NAME.dl`` does it).
+
+        ``wait=False`` (read-ahead): skip when another download of it is under way or it would
+        not fit under the limit; returns whether the file is there. A process that waited for
+        another's download that failed gets that failure, not a retry chain of its own: one
+        deadline per shard per machine.
+        """
         path = os.path.join(self.folder, name)
-        where = self.remote.where(name)
-        with locked(self.side_file(name, "dl"), fcntl.LOCK_EX):
-            if has_size(path, size):
-                return  # another process or thread finished it while we waited
-            for entry in os.scandir(self.folder):  # left by a killed download
-                if entry.name.startswith(f".{name}.") and entry.name.endswith(".part"):
-                    unlink(entry.path)
-            part = self._reserve(name, size or 0)
+        if cached is None:
+            def cached() -> bool:
+                return has_size(path, size)
+        started = time.time_ns()
+        dl = self.side_file(name, "dl")
+        if wait:
+            fd = open_lock(dl, fcntl.LOCK_EX)
+        else:
+            fd = try_lock(dl, fcntl.LOCK_EX, create=True)
+            if fd is None:
+                return False
+        try:
+            if cached():
+                return True  # another process or thread finished it while we waited
+            failure = self._failure(name, started)
+            if failure is not None:
+                if not wait:
+                    return False
+                raise StoreError(failure)
+            reserved = self._reserve(name, size or 0, force=wait, on_full=on_full)
+            if reserved is None:
+                return False
+            part, part_fd = reserved
             try:
-                for attempt in range(len(access.RETRY_DELAYS) + 1):
-                    self.remote.get(name, part)
-                    got = os.path.getsize(part)
-                    if (size is None or got == size) and sha256_file(part) == sha256:
-                        with open(part, "rb") as f:
-                            os.fsync(f.fileno())
-                        os.replace(part, path)
-                        return
-                    if attempt < len(access.RETRY_DELAYS):
-                        time.sleep(access.RETRY_DELAYS[attempt])
-                raise StoreError(f"{where}: object is damaged or replaced: its size or SHA-256 "
-                                 f"differs from the manifest ({attempt + 1} downloads)")
+                self._transfer(name, size, sha256, part, path, ahead=not wait)
+            except LocalFault:
+                raise
+            except StoreError as exc:
+                self._record_failure(name, str(exc))
+                raise
             finally:
                 unlink(part)
+                os.close(part_fd)
+            return True
+        finally:
+            os.close(fd)
+
+    def _transfer(self, name: str, size: int | None, sha256: str, part: str, path: str,
+                  ahead: bool) -> None:
+        delays = access.RETRY_DELAYS
+        for attempt in range(len(delays) + 1):
+            self.remote.get(name, part, local=lambda exc: self._local_fault(exc, part))
+            try:
+                if (size is None or os.path.getsize(part) == size) and \
+                        sha256_file(part) == sha256:
+                    with open(part, "rb") as f:
+                        os.fsync(f.fileno())
+                    if size is not None:  # a shard: counted and evicted from now on
+                        open(self.side_file(name, "use"), "ab").close()
+                    if ahead:
+                        open(self.side_file(name, "ahead"), "ab").close()
+                    os.replace(part, path)
+                    limit.touch(path)
+                    unlink(self.side_file(name, "failed"))
+                    return
+            except OSError as exc:
+                raise LocalFault(self._local_fault(exc, part) or
+                                 f"cache file {part}: {exc.strerror}") from None
+            if attempt < len(delays):
+                time.sleep(delays[attempt])
+        raise StoreError(f"{self.remote.where(name)}: object is damaged or replaced: its size or "
+                         f"SHA-256 differs from the manifest ({attempt + 1} downloads)")
+
+    def _local_fault(self, exc: BaseException, part: str) -> str | None:
+        """The message for a fault of this machine's cache while writing ``part``, else None."""
+        if not isinstance(exc, OSError) or getattr(exc, "__cause__", None) is not None:
+            return None  # s3fs's translations of server errors keep the server's as the cause
+        code = exc.errno
+        folder = os.path.dirname(part)
+        if code in LOCAL_ERRNOS:
+            what = {errno.ENOSPC: "the cache disk is full", errno.EDQUOT: "disk quota exceeded",
+                    errno.EROFS: "the cache filesystem is read-only"}[code]
+        elif not os.path.isdir(folder):
+            what = "the cache folder was removed while in use"
+        elif not os.access(folder, os.W_OK):
+            what = "the cache folder is not writable"
+        else:
+            return None
+        return (f"cache {folder}: {what} ({os.strerror(code) if code else type(exc).__name__}) "
+                f"while downloading {self.remote.where(os.path.basename(part))}; check cache_dir "
+                "and cache_limit")
+
+    def _failure(self, name: str, since_ns: int) -> str | None:
+        """The failure another download of ``name`` recorded after ``since_ns``, if any."""
+        try:
+            with open(self.side_file(name, "failed"), "rb") as f:
+                record = json.loads(f.read())
+            return record["message"] if record["time_ns"] >= since_ns else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _record_failure(self, name: str, message: str) -> None:
+        try:
+            with open(self.side_file(name, "failed"), "w", encoding="utf-8") as f:
+                json.dump({"time_ns": time.time_ns(), "message": message}, f)
+        except OSError:
+            pass  # waiters then try on their own
 
     # -- cache limit --------------------------------------------------------------------------
 
-    def _reserve(self, name: str, size: int) -> str:
-        """A ``.part`` name for a download of ``size`` bytes; room made for it under the limit."""
-        part = os.path.join(self.folder, f".{name}.{size}-{uuid.uuid4().hex[:12]}.part")
-        if self.cache_limit is not None:
-            with locked(os.path.join(self.root, ".evict.lock"), fcntl.LOCK_EX):
-                self._evict(size)
-                open(part, "wb").close()  # counted by other processes' evictions from now on
-        return part
+    def _reserve(self, name: str, size: int, force: bool,
+                 on_full: Callable[[], bool] | None = None) -> tuple[str, int] | None:
+        """A locked ``.part`` file for a download of ``size`` bytes, with room made for it.
 
-    def _evict(self, incoming: int) -> None:
-        assert self.cache_limit is not None
-        total, shards = incoming, []
-        for folder in scandir(self.root):
-            if not folder.is_dir(follow_symlinks=False):
-                continue
-            entries = list(scandir(folder.path))
-            names = {e.name for e in entries}
-            for entry in entries:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if entry.name.endswith(".part"):
-                    reserved = entry.name[:-len(".part")].rsplit(".", 1)[-1].split("-")[0]
-                    total += max(st.st_size, int(reserved) if reserved.isdigit() else 0)
-                elif f".{entry.name}.use" in names:
-                    total += st.st_size
-                    shards.append((st.st_mtime_ns, st.st_size, entry.path))
-        for _, size, path in sorted(shards):
-            if total <= self.cache_limit:
-                break
-            if evict_unused(path):
-                total -= size
+        Without room (every cached shard in use): ``on_full()`` releases this process's own
+        shards one by one; then a fetch (``force``) goes over the limit by this one shard, and
+        a read-ahead gives up (None).
+        """
+        part = os.path.join(self.folder, limit.part_name(name, size, uuid.uuid4().hex[:12]))
+        while True:
+            if self.cache_limit is None:
+                return part, open_lock(part, fcntl.LOCK_EX)
+            with locked(os.path.join(self.root, limit.LOCK_NAME), fcntl.LOCK_EX):
+                fits = limit.make_room(self.root, self.cache_limit, size, ahead=not force)
+                if fits or (force and on_full is None):
+                    # created under the evict lock: counted by every later eviction
+                    return part, open_lock(part, fcntl.LOCK_EX)
+                if not force:
+                    return None
+            if not on_full():  # outside the evict lock: a release trims under it
+                on_full = None
 
+
+def _release_all(held: dict[int, int], pid: int | None, root: str,
+                 cache_limit: int | None) -> None:
+    """Close the ``.use`` descriptors of ``held`` (in the process that took them) and trim."""
+    if pid != os.getpid():
+        return
+    try:
+        released = bool(held)
+        for k in list(held):
+            os.close(held.pop(k))
+        if released and cache_limit is not None:
+            limit.trim(root, cache_limit)
+    except Exception:  # noqa: BLE001 - also runs from a finalizer: never raise or print there
+        pass

@@ -7,16 +7,38 @@ import os
 from contextlib import contextmanager
 from typing import Iterator
 
+from ..errors import StoreError
 from ..fileutil import unlink
 
 
 def open_lock(path: str, how: int) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    """A descriptor of ``path`` (created if needed) holding ``flock(how)``; ``StoreError`` naming
+    the path when the cache folder cannot hold it (removed, read-only, full)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        raise StoreError(f"cache file {path}: {exc.strerror} (check cache_dir: it must be a "
+                         "writable folder with free space)") from None
     try:
         fcntl.flock(fd, how)
     except BaseException:
         os.close(fd)
         raise
+    return fd
+
+
+def try_lock(path: str, how: int, create: bool = False) -> int | None:
+    """A descriptor of ``path`` holding ``flock(how)``, or None when another descriptor holds a
+    conflicting lock (or the file is gone and not ``create``)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o666)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
     return fd
 
 
@@ -32,9 +54,8 @@ def locked(path: str, how: int) -> Iterator[None]:
 def evict_unused(path: str) -> bool:
     """Delete a cached shard unless some process holds it (its ``.use`` lock)."""
     head, name = os.path.split(path)
-    try:
-        fd = open_lock(os.path.join(head, f".{name}.use"), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    fd = try_lock(os.path.join(head, f".{name}.use"), fcntl.LOCK_EX)
+    if fd is None:
         return False
     try:
         unlink(path)

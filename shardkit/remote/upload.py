@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import os
+import re
+import uuid
 from typing import Any
 
 from .. import metadata
 from ..errors import PackError, StoreError
 from .access import ObjectNotFound, _Remote
+from .verify import put_verified
 
 RECORDS = ".shardkit-upload"
+# The files a pack writes into a folder store (shardkit.packing.plan), besides the manifest.
+_STORE_FILE = re.compile(r"shard-\d{5,}\.[A-Za-z0-9]+|labels\.npy|layout\.npy")
 
 
 class Uploader:
     """Uploads a folder store to ``url``: shards as they finish, then labels, manifest last.
 
-    ``overwrite`` deletes an existing remote manifest first (so a killed upload leaves none);
-    without it a prefix that holds a store is refused. ``resume`` keeps shards whose upload
-    record and remote size match. Picklable, so workers can upload their own shards.
+    ``overwrite`` deletes an existing remote manifest first (so a killed upload leaves none)
+    and, once the new manifest is up, the old store's files the new one does not have; without
+    it a prefix that holds a store is refused. ``resume`` keeps shards whose upload record and
+    remote size match. Every upload is checked against the file's SHA-256
+    (:mod:`shardkit.remote.verify`). Picklable, so workers can upload their own shards.
     """
 
     def __init__(self, url: str | os.PathLike, storage_options: dict[str, Any] | None = None, *,
@@ -34,7 +41,7 @@ class Uploader:
         """Upload one finished shard file; False when ``resume`` found it uploaded already."""
         if self.resume and self.uploaded(name, sha256, size):
             return False
-        self._put(local_path, name, size)
+        put_verified(self.remote, local_path, name, size, sha256)
         record = self._record(name)
         self.remote.retry(record, lambda: self.remote.fs.pipe_file(
             self.remote.path(record), _record_bytes(name, sha256, size)))
@@ -59,19 +66,27 @@ class Uploader:
         manifest_path = os.path.join(os.fspath(local_folder), metadata.MANIFEST_NAME)
         with open(manifest_path, "rb") as f:
             meta = metadata.parse_manifest(f.read(), manifest_path)
-        labels = meta["labels"]["file"]
-        local = os.path.join(os.fspath(local_folder), labels)
-        self._put(local, labels, os.path.getsize(local))
-        self._put(manifest_path, metadata.MANIFEST_NAME, os.path.getsize(manifest_path))
+        sides = [meta["labels"]]
+        if "layout" in meta:  # the record layout (shardkit.packing.layout), before the manifest
+            sides.append(meta["layout"])
+        for side in sides:
+            local = os.path.join(os.fspath(local_folder), side["file"])
+            put_verified(self.remote, local, side["file"], os.path.getsize(local), side["sha256"])
+        put_verified(self.remote, manifest_path, metadata.MANIFEST_NAME,
+                     os.path.getsize(manifest_path))
         self._remove_records()
+        keep = {e["file"] for e in meta["shards"]} | {side["file"] for side in sides}
+        self._remove_stale(keep)
 
-    def _put(self, local_path: str, name: str, size: int) -> None:
-        fs = self.remote.fs
-        self.remote.retry(name, lambda: fs.put_file(local_path, self.remote.path(name)))
-        got = self.remote.retry(name, lambda: fs.size(self.remote.path(name)))
-        if got != size:
-            raise StoreError(f"{self.remote.where(name)}: uploaded {size} bytes, the store "
-                             f"holds {got}")
+    def _remove_stale(self, keep: set[str]) -> None:
+        """Delete the store files under the prefix that the new store does not name (left by
+        the store it replaced): the objects are exactly a local store's files."""
+        fs, root = self.remote.fs, self.remote.path("")
+        listing = self.remote.retry("", lambda: fs.ls(root, detail=False, refresh=True))
+        for path in listing:
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            if _STORE_FILE.fullmatch(name) and name not in keep:
+                self.remote.retry(name, lambda p=path: fs.rm_file(p))
 
     def _remove_records(self) -> None:
         fs, path = self.remote.fs, self.remote.path(RECORDS)
@@ -94,9 +109,17 @@ def _holds_store(remote: _Remote, overwrite: bool) -> bool:
 
 def check_target(url: str | os.PathLike, storage_options: dict[str, Any] | None = None,
                  overwrite: bool = False) -> None:
-    """Refuse an upload target before any work (its filesystem unavailable, unreachable, or
-    holding a store without ``overwrite``); changes nothing."""
-    _holds_store(_Remote(url, storage_options), overwrite)
+    """Refuse an upload target before any work: its filesystem unavailable, the endpoint
+    unreachable, the bucket missing, the credentials refused (a small probe object is written
+    and deleted under ``RECORDS``), or a store there without ``overwrite``."""
+    remote = _Remote(url, storage_options)
+    _holds_store(remote, overwrite)
+    probe = f"{RECORDS}/probe-{uuid.uuid4().hex[:12]}"
+    try:
+        remote.retry(probe, lambda: remote.fs.pipe_file(remote.path(probe), b"shardkit"))
+        remote.retry(probe, lambda: remote.fs.rm_file(remote.path(probe)))
+    except StoreError as exc:
+        raise PackError(f"cannot write to {remote.url}: {str(exc).split(': ', 1)[-1]}") from None
 
 
 def upload_folder_store(local_folder: str | os.PathLike, url: str | os.PathLike,

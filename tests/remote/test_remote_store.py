@@ -225,34 +225,33 @@ def test_workers_read_the_local_records_and_download_each_shard_once(packed, loc
     assert [a - b for a, b in zip(gets(server, url, names), before)] == [1] * SHARDS
 
 
-def _join_prefetches() -> None:
-    for thread in threading.enumerate():
-        if thread.name.startswith("shardkit-prefetch-"):
-            thread.join()
+def _join_prefetches(ds: ShardDataset) -> None:
+    ds.store.cache.wait_read_ahead()
 
 
 def test_sampler_prefetches_the_next_shard_of_its_rank(packed, local, tmp_path):
-    """Under ``ShardSampler``, handing out the first index of a rank's shard starts the download
-    of the rank's next shard (nothing read yet), and an epoch downloads the rank's shards only:
-    never the store's k+1 of a shard, which another rank reads."""
+    """Under ``ShardSampler``, handing out the first index of a rank's shard starts the downloads
+    of the rank's next ``read_ahead_depth`` shards (nothing read yet), and an epoch downloads the
+    rank's shards only: never the store's k+1 of a shard, which another rank reads."""
     server, url, _, _ = packed
     names = shard_names(local)
     ds = ShardDataset(url, output="bytes", cache_dir=tmp_path / "cache")
-    sampler = shardkit.ShardSampler(ds, num_replicas=4, rank=1, seed=3)
+    ds.store.cache.read_ahead_depth = 2
+    sampler = shardkit.ShardSampler(ds, num_replicas=2, rank=1, seed=3)
     mine = sampler.shards_of_rank()
     order = list(dict.fromkeys(ds.store.locate_many(sampler.indices())[0].tolist()))
-    assert len(order) >= 2 and any(k + 1 < SHARDS and k + 1 not in mine for k in mine)
+    assert len(order) >= 3 and any(k + 1 < SHARDS and k + 1 not in mine for k in mine)
     before = gets(server, url, names)
     first = next(iter(sampler))
-    _join_prefetches()
+    _join_prefetches(ds)
     assert ds.store.locate(first)[0] == order[0]
     downloaded = [a - b for a, b in zip(gets(server, url, names), before)]
-    assert downloaded == [int(k == order[1]) for k in range(SHARDS)]
+    assert downloaded == [int(k in order[:2]) for k in range(SHARDS)]
     want = ShardDataset(local, output="bytes")
     got = [(bytes(b), int(t)) for images, labels in ds.loader(batch_size=2, sampler=sampler)
            for b, t in zip(images, labels)]
     assert got == [want[i] for i in sampler.indices().tolist()]
-    _join_prefetches()
+    _join_prefetches(ds)
     downloaded = [a - b for a, b in zip(gets(server, url, names), before)]
     assert downloaded == [int(k in mine) for k in range(SHARDS)]
     ds.close()
@@ -266,11 +265,16 @@ def test_cache_limit_smaller_than_the_store(packed, local, tmp_path):
     ds = ShardDataset(url, output="bytes", cache_dir=tmp_path / "cache", cache_limit=limit)
     assert ds.store.max_open_shards == 2  # a process holds open no more shards than fit
     before = gets(server, url, names)
-    want = read_epoch(ShardDataset(local, output="bytes"), None, workers=0)
+    # Shard by shard (the records of a mixed layout lie in every shard: logical order would
+    # reopen every shard for every batch, a cache this small cannot hold that).
+    order = np.argsort(ds.store.locate_many(np.arange(len(ds)))[0], kind="stable").tolist()
+    want = read_epoch(ShardDataset(local, output="bytes"), None, order=order, workers=0)
     for _ in range(2):
-        assert read_epoch(ds, "fork") == want
+        assert read_epoch(ds, "fork", order=order) == want
     downloads = [a - b for a, b in zip(gets(server, url, names), before)]
-    assert sum(downloads) > SHARDS and downloads[0] == 2  # shard 0 was evicted in epoch 1
+    # Evicted in epoch 1 and downloaded again in epoch 2; the read-ahead never evicts what it
+    # downloaded ahead, so no shard is downloaded more than once an epoch.
+    assert SHARDS < sum(downloads) and max(downloads) <= 2 and downloads[0] == 2
     missing = next(k for k in range(SHARDS) if not os.path.exists(ds.store.shards[k].path))
     ds.store.shard(missing)  # a download with no other shard in use: the cache fits the limit
     assert cached_bytes(ds) <= limit
@@ -341,10 +345,10 @@ def test_damaged_or_missing_object(s3, local, tmp_path):
     names = shard_names(local)
     damage(url, names[2])
     ds = ShardDataset(url, output="bytes", cache_dir=tmp_path / "cache")
-    index = int(ds.store.starts[2])
     with pytest.raises(StoreError, match=f"^{url}/{names[2]}: object is damaged or replaced"):
-        ds[index]
-    assert ds[0][1] == ShardDataset(local)[0][1]  # the other shards read as before
+        ds.store.shard(2)
+    want = ShardDataset(local).store.shard(0)
+    assert np.array_equal(ds.store.shard(0).labels, want.labels)  # the others read as before
     bucket, prefix = url.removeprefix("s3://").split("/", 1)
     boto3.client("s3").delete_object(Bucket=bucket, Key=f"{prefix}/{names[5]}")
     proc = run_cli("verify", url, "-q", "--cache-dir", str(tmp_path / "cli-cache"))
@@ -352,7 +356,8 @@ def test_damaged_or_missing_object(s3, local, tmp_path):
     faults = [line for line in proc.stderr.splitlines() if line.startswith("fault:")]
     assert faults == [f"fault: {url}/{names[2]}: object is damaged or replaced: its size or "
                       "SHA-256 differs from the manifest (3 downloads)",
-                      f"fault: {url}/{names[5]}: object not found"]
+                      f"fault: {url}/{names[5]}: object not found (HTTP 404 NoSuchKey: The "
+                      "specified key does not exist.)"]
     assert "Traceback" not in proc.stderr
 
 

@@ -1,0 +1,285 @@
+"""A fault-injecting HTTP/1.1 proxy on 127.0.0.1, for tests and benchmarks of remote stores.
+
+It sits between a client (``AWS_ENDPOINT_URL`` pointed at ``proxy.endpoint``) and a real server,
+relays each request and response of every keep-alive connection, and logs ``(method, path)`` of
+every request, so tests count GETs of an object from the wire. Network conditions:
+
+- ``rtt``: seconds added to every request's round trip (and once to each new connection, as a
+  TCP handshake would);
+- ``rate``: bytes per second of one link shared by every connection (response and request bodies
+  are paced on it), ``None`` for no cap.
+
+Faults, each matched by method and path (query string ignored) and used ``times`` times:
+
+- ``"reset"``: after ``at`` bytes of the response body the connection is reset (RST);
+- ``"truncate"``: after ``at`` bytes of the response body the connection is closed (FIN);
+- ``"stall"``: after ``at`` bytes of the response body nothing more is sent until ``release()``
+  (or ``stop()``), then the connection is closed;
+- ``"flip"``: the byte at offset ``at`` of the body (the request's for PUT/POST, else the
+  response's) has its lowest bit flipped.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+KINDS = ("reset", "truncate", "stall", "flip")
+_CHUNK = 16384
+
+
+@dataclass
+class Fault:
+    method: str
+    path: str
+    kind: str
+    at: int = 0
+    times: int | None = 1  # None: every matching request
+    used: int = 0
+
+
+class _Closed(Exception):
+    """The connection ends here (a fault, or a peer that went away)."""
+
+
+class FaultProxy:
+    """``with FaultProxy(upstream_endpoint, rtt=0.1) as proxy:`` ... ``proxy.endpoint``."""
+
+    def __init__(self, upstream: str, rtt: float = 0.0, rate: float | None = None) -> None:
+        host, port = upstream.removeprefix("http://").rstrip("/").rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.rtt = rtt
+        self.rate = rate
+        self.requests: list[tuple[str, str]] = []
+        self.faults: list[Fault] = []
+        self.stalled = threading.Event()  # set when a stall fault starts holding a body
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+        self._link_free = 0.0  # when the shaped link is next idle (time.monotonic)
+        self._sockets: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
+        self._stopping = False
+
+    # -- control ------------------------------------------------------------------------------
+
+    def start(self) -> "FaultProxy":
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True, name="faultproxy").start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._released.set()
+        if self._listener is not None:
+            self._listener.close()
+        with self._lock:
+            for sock in list(self._sockets):
+                _close(sock)
+
+    def __enter__(self) -> "FaultProxy":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def add(self, method: str, path: str, kind: str, at: int = 0,
+            times: int | None = 1) -> Fault:
+        """Inject fault ``kind`` into the next ``times`` requests ``method path``."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        fault = Fault(method, path, kind, at, times)
+        with self._lock:
+            self.faults.append(fault)
+        return fault
+
+    def release(self) -> None:
+        """Let stalled responses go (their connections are then closed)."""
+        self._released.set()
+
+    def count(self, method: str, path: str) -> int:
+        with self._lock:
+            return sum(1 for m, p in self.requests if m == method and p == path)
+
+    # -- relay --------------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while not self._stopping:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._connection, args=(client,), daemon=True).start()
+
+    def _track(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.add(sock)
+
+    def _connection(self, client: socket.socket) -> None:
+        self._track(client)
+        server = None
+        try:
+            time.sleep(self.rtt)  # the handshake's round trip
+            server = socket.create_connection(self.upstream)
+            self._track(server)
+            cin, sin = client.makefile("rb"), server.makefile("rb")
+            while not self._stopping:
+                if not self._exchange(client, cin, server, sin):
+                    break
+        except (_Closed, OSError):
+            pass
+        finally:
+            _close(client)
+            if server is not None:
+                _close(server)
+            with self._lock:
+                self._sockets.discard(client)
+                self._sockets.discard(server)
+
+    def _match(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            for fault in self.faults:
+                if fault.method == method and fault.path == path and (
+                        fault.times is None or fault.used < fault.times):
+                    fault.used += 1
+                    return fault
+        return None
+
+    def _exchange(self, client, cin, server, sin) -> bool:
+        """One request and its response; False when the connection ends."""
+        head = _read_head(cin)
+        if head is None:
+            return False
+        method, target = head[0].split(b" ", 2)[:2]
+        method_s, path = method.decode(), target.decode().split("?", 1)[0]
+        with self._lock:
+            self.requests.append((method_s, path))
+        fault = self._match(method_s, path)
+        headers = _headers(head)
+        on_request = fault is not None and fault.kind == "flip" and method_s in ("PUT", "POST")
+        if headers.get(b"expect", b"").lower() == b"100-continue":
+            # Answered here: servers that never send "100 Continue" would cost a client timeout.
+            head = [line for line in head if not line.lower().startswith(b"expect:")]
+            client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        server.sendall(b"\r\n".join(head) + b"\r\n\r\n")
+        self._body(cin, headers, server, fault if on_request else None, request=True)
+        time.sleep(self.rtt)
+        response = _read_head(sin)
+        if response is None:
+            raise _Closed
+        client.sendall(b"\r\n".join(response) + b"\r\n\r\n")
+        return self._finish(client, sin, response, method_s, None if on_request else fault)
+
+    def _finish(self, client, sin, response, method, fault) -> bool:
+        status = int(response[0].split(b" ", 2)[1])
+        headers = _headers(response)
+        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            return headers.get(b"connection", b"").lower() != b"close"
+        until_close = (b"content-length" not in headers
+                       and headers.get(b"transfer-encoding", b"").lower() != b"chunked")
+        self._body(sin, headers, client, fault, request=False)
+        return not until_close and headers.get(b"connection", b"").lower() != b"close"
+
+    def _body(self, src, headers, dst: socket.socket, fault: Fault | None, request: bool) -> None:
+        """Relay one message body (Content-Length, chunked, or until close), applying ``fault``."""
+        sent = 0
+
+        def send(data: bytes) -> None:
+            nonlocal sent
+            if fault is not None and fault.kind == "flip" and sent <= fault.at < sent + len(data):
+                i = fault.at - sent
+                data = data[:i] + bytes([data[i] ^ 1]) + data[i + 1:]
+            if fault is not None and fault.kind != "flip" and sent + len(data) > fault.at:
+                self._pace(dst, data[:fault.at - sent])
+                self._break(dst, fault.kind)
+            self._pace(dst, data)
+            sent += len(data)
+
+        if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+            while True:
+                line = src.readline()
+                if not line:
+                    raise _Closed
+                send(line)
+                size = int(line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while True:  # trailers, then the empty line
+                        trailer = src.readline()
+                        if not trailer:
+                            raise _Closed
+                        send(trailer)
+                        if trailer in (b"\r\n", b"\n"):
+                            return
+                _copy(src, size + 2, send)
+        elif b"content-length" in headers:
+            _copy(src, int(headers[b"content-length"]), send)
+        elif not request:
+            while True:
+                data = src.read1(_CHUNK)
+                if not data:
+                    return
+                send(data)
+
+    def _break(self, sock: socket.socket, kind: str) -> None:
+        if kind == "stall":
+            self.stalled.set()
+            self._released.wait()
+        elif kind == "reset":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        raise _Closed
+
+    def _pace(self, sock: socket.socket, data: bytes) -> None:
+        for i in range(0, len(data), _CHUNK):
+            piece = data[i:i + _CHUNK]
+            if self.rate:
+                with self._lock:
+                    now = time.monotonic()
+                    start = max(now, self._link_free)
+                    self._link_free = start + len(piece) / self.rate
+                    wait = self._link_free - now
+                time.sleep(wait)
+            sock.sendall(piece)
+
+
+def _read_head(stream) -> list[bytes] | None:
+    lines = []
+    while True:
+        line = stream.readline(65537)
+        if not line:
+            if lines:
+                raise _Closed
+            return None
+        line = line.rstrip(b"\r\n")
+        if not line:
+            if not lines:
+                continue  # stray CRLF between messages
+            return lines
+        lines.append(line)
+
+
+def _headers(head: list[bytes]) -> dict[bytes, bytes]:
+    out = {}
+    for line in head[1:]:
+        name, _, value = line.partition(b":")
+        out[name.strip().lower()] = value.strip()
+    return out
+
+
+def _copy(src, n: int, send) -> None:
+    while n > 0:
+        data = src.read(min(n, _CHUNK))
+        if not data:
+            raise _Closed
+        send(data)
+        n -= len(data)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
