@@ -55,6 +55,7 @@ class StoreView:
         self._classes = classes
         self._layout: np.ndarray | None = None  # (2, N) memory map, per process
         self._layout_pid: int | None = None
+        self._relabelled: dict[int, _Relabelled] = {}
 
     # -- what differs from the base store -------------------------------------------------------
 
@@ -124,7 +125,12 @@ class StoreView:
 
     def shard(self, k: int) -> Any:
         shard = self.base.shard(k)
-        return shard if self.label_map is None else _Relabelled(shard, self.label_map)
+        if self.label_map is None:
+            return shard
+        held = self._relabelled.get(k)
+        if held is None or held._shard is not shard:  # remapped once per opening of the shard
+            held = self._relabelled[k] = _Relabelled(shard, self.label_map)
+        return held
 
     def groups(self) -> Groups:
         """The view's records grouped by the shard that holds them, in physical order."""
@@ -154,6 +160,7 @@ class StoreView:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_layout"] = state["_layout_pid"] = None  # mapped again in the receiving process
+        state["_relabelled"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ import shardkit
 from shardkit import ShardSampler
 from shardkit.cli import main as cli_main
 
-from helpers import image_tree
+from helpers import image_tree, program_env
 
 SIZES = (31, 17, 0, 23, 40, 9, 28, 35, 12, 19, 26, 14)  # 254 samples, uneven shards, one empty
 
@@ -221,48 +223,26 @@ def test_state_from_another_store_is_refused(stores):
     assert sizes != a.store.starts.tolist()
 
 
-# -- one real torch.distributed run (gloo, 2 processes): resume a state saved at 4 ranks -------
+# -- one real DDP run under torchrun (gloo, 2 processes): resume a state saved at 4 ranks ------
 
-def _resume_worker(rank: int, world: int, init: str, store: str, state: dict, out: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
-        ds = shardkit.ShardDataset(store, output="bytes")
-        sampler = ShardSampler(ds, seed=7)  # world and rank from torch.distributed
-        sampler.load_state_dict(state)  # num_canonical (4) adopted from the state
-        sampler.set_epoch(state["epoch"])
-        loader = ds.loader(batch_size=2, sampler=sampler, num_workers=2, collate_fn=list,
-                           multiprocessing_context="fork")
-        rest = [rec[0] for batch in loader for rec in batch]  # (record bytes, label)
-        sampler.set_epoch(state["epoch"] + 1)
-        following = list(sampler)
-        got: list = [None] * world
-        dist.all_gather_object(got, {"rest": rest, "next": following})
-        if rank == 0:
-            with open(out, "w") as f:
-                json.dump({"ranks": [{"rest": [r.hex() for r in g["rest"]], "next": g["next"]}
-                                 for g in got]}, f)
-    finally:
-        dist.destroy_process_group()
-
-
-def test_torch_distributed_resume_from_another_world_size(stores, tmp_path):
-    import torch.multiprocessing as tmp_mp
-
+def test_torchrun_resumes_a_state_from_another_world_size(stores, tmp_path):
     ds = shardkit.ShardDataset(stores["mixed"], output="bytes")
     n = len(ds)
     full = _interleave([list(s) for s in _ranks_at_epoch(ds, 4, 1, seed=7)])  # 28 (1 padded)
-    state, consumed = _run_until(ds, 4, 3, 1, seed=7)
-    out = str(tmp_path / "result.json")
-    tmp_mp.spawn(_resume_worker, args=(2, f"file://{tmp_path / 'rendezvous'}", stores["mixed"],
-                                       state, out), nprocs=2, join=True)
+    state, _ = _run_until(ds, 4, 3, 1, seed=7)  # 12 consumed at 4 ranks
+    state_path, out = str(tmp_path / "state.json"), str(tmp_path / "result.json")
+    with open(state_path, "w") as f:
+        json.dump(state, f)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", "2", "-m", "helpers.programs.elastic_ddp",
+                           stores["mixed"], state_path, out], env=program_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out) as f:
-        ranks = json.load(f)["ranks"]
-    rest = _interleave([[bytes.fromhex(r) for r in g["rest"]] for g in ranks])
+        ranks = sorted(json.load(f)["ranks"], key=lambda g: g["rank"])
     assert [len(g["rest"]) for g in ranks] == [-(-(n - 12) // 2)] * 2  # equal, padded
-    want = [ds[i][0] for i in full[12:n]]
-    assert rest[:n - 12] == want  # exactly the rest of the epoch, in the global order
+    rest = _interleave([[bytes.fromhex(r) for r in g["rest"]] for g in ranks])
+    assert rest[:n - 12] == [ds[i][0] for i in full[12:n]]  # the rest, in the global order
     expect_next = _interleave([list(s) for s in _ranks_at_epoch(ds, 2, 2, seed=7,
                                                                num_canonical=4)])
     assert _interleave([g["next"] for g in ranks]) == expect_next
