@@ -18,7 +18,7 @@ from ...errors import PackError, PackOptionError
 from .base import ContainerFormat, ContainerIndex, Item, MemberError, SourceOptions
 from .mds import MDSFormat
 from .parquet import ParquetFormat
-from .webdataset import WebDatasetFormat
+from .webdataset import WebDatasetFormat, is_tar_url
 
 FOLDER = "folder"
 _CONTAINERS: dict[str, ContainerFormat] = {f.name: f for f in (
@@ -29,7 +29,7 @@ SOURCE_FORMATS: dict[str, str] = {
     **{name: f.summary for name, f in _CONTAINERS.items()}}
 
 __all__ = ["SOURCE_FORMATS", "ContainerIndex", "Item", "MemberError", "SourceOptions",
-           "check_source", "detect", "read_item", "scan"]
+           "check_source", "detect", "is_tar_url", "read_item", "scan"]
 
 
 def detect(src: str) -> str:

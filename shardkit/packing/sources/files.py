@@ -2,6 +2,7 @@
 many members of the same shard), opened afresh in each process (a forked worker never shares
 a parent's file offset or decompressor), read at an offset.
 
+A URL is read through fsspec, one range request per member (uncompressed tars only).
 Compressed tars (gzip, bzip2, xz) are read through the standard library's decompressing file
 objects: reading forward continues where the last member ended, so a worker that reads its
 members in order decompresses the file about once.
@@ -15,6 +16,9 @@ import lzma
 import os
 from collections import OrderedDict
 from typing import Any, Callable
+
+from ...errors import PackError
+from ...urls import is_url
 
 OPEN_FILES = 8  # per worker: the shards it is reading now, and a few before
 _MAGIC: tuple[tuple[bytes, Callable[[str], Any]], ...] = (
@@ -51,6 +55,42 @@ class _Decompressed:
         self.file.close()
 
 
+class _Remote:
+    """A URL (``s3://...``, any fsspec protocol; credentials and endpoint from the environment),
+    read one range request per member."""
+
+    def __init__(self, url: str) -> None:
+        self.fs, self.path = url_fs(url)
+
+    def pread(self, offset: int, size: int) -> bytes:
+        if size <= 0:
+            return b""
+        return self.fs.cat_file(self.path, start=offset, end=offset + size)
+
+    def close(self) -> None:
+        pass
+
+
+def url_fs(url: str) -> tuple[Any, str]:
+    """(this process's fsspec filesystem for ``url``, the path within it)."""
+    try:
+        import fsspec
+    except ImportError:
+        raise PackError(f"{url}: sources at URLs need fsspec: pip install 'shardkit[remote]'"
+                        ) from None
+    scheme = url.split("://", 1)[0]
+    key = (os.getpid(), scheme)
+    fs = _filesystems.get(key)
+    try:
+        if fs is None:  # our own instance per process: fsspec's event loops are not forked
+            fs, _ = fsspec.core.url_to_fs(url, skip_instance_cache=True)
+            _filesystems[key] = fs
+        return fs, fs._strip_protocol(url)
+    except (ImportError, ValueError) as exc:
+        raise PackError(f"{url}: {exc}") from None
+
+
+_filesystems: dict[tuple[int, str], Any] = {}
 _open: "OrderedDict[str, Any]" = OrderedDict()
 _pid = os.getpid()
 
@@ -65,10 +105,13 @@ def open_cached(path: str) -> Any:
     if f is not None:
         _open.move_to_end(path)
         return f
-    with open(path, "rb") as probe:
-        head = probe.read(6)
-    f = next((_Decompressed(path, opener) for magic, opener in _MAGIC if head.startswith(magic)),
-             None) or _Plain(path)
+    if is_url(path):
+        f = _Remote(path)
+    else:
+        with open(path, "rb") as probe:
+            head = probe.read(6)
+        f = next((_Decompressed(path, opener) for magic, opener in _MAGIC
+                  if head.startswith(magic)), None) or _Plain(path)
     _open[path] = f
     while len(_open) > OPEN_FILES:
         _open.popitem(last=False)[1].close()

@@ -223,8 +223,9 @@ class _Batches:
                 yield [batch.column(self.schema.get_field_index(n)) for n in names]
 
     def group(self, g: int, column: str) -> Any:
-        if self.kind == "parquet":
-            return self.file.read_row_group(g, columns=[column]).column(0).combine_chunks()
+        if self.kind == "parquet":  # one thread: an encoding worker is one of many processes
+            return self.file.read_row_group(g, columns=[column], use_threads=False
+                                            ).column(0).combine_chunks()
         return self.batches[g].column(self.schema.get_field_index(column))
 
 
@@ -236,10 +237,12 @@ _last: dict[str, Any] = {}
 
 
 def _group(pa: Any, path: str, kind: str, column: str, g: int) -> Any:
-    """The image column of row group ``g``, kept until another one is asked for."""
+    """The image column of row group ``g``, kept until another one is asked for (and the
+    file, until another file is)."""
     key = (os.getpid(), path, column, g)
     if _last.get("key") != key:
-        _last.clear()
-        batches = _open_batches(pa, path, kind)
-        _last.update(key=key, images=batches.group(g, column))
+        if _last.get("file_key") != key[:2]:
+            _last.clear()
+            _last.update(file_key=key[:2], batches=_open_batches(pa, path, kind))
+        _last.update(key=key, images=_last["batches"].group(g, column))
     return _last["images"]

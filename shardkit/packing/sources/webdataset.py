@@ -1,5 +1,6 @@
 """WebDataset tar shards: one tar, a brace pattern (``train-{000000..000127}.tar``) or a folder
-of tars, read with the standard library's ``tarfile`` (no dependency on ``webdataset``).
+of tars, local or at a URL (fsspec: ``s3://bucket/shards/``), read with the standard library's
+``tarfile`` (no dependency on ``webdataset``).
 
 Members group into samples by WebDataset's own key rule: the path up to the first dot of the
 basename (directory kept) is the sample key, the rest (lower-cased) the member's suffix;
@@ -16,6 +17,7 @@ Refused with one line, before anything is packed: member names that are absolute
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tarfile
@@ -23,10 +25,11 @@ import zlib
 from pathlib import PurePosixPath
 
 from ...errors import PackError
+from ...urls import is_url
 from .base import (ContainerFormat, MemberError, Scanned, Shard, SourceOptions, member_name,
                    read_classes_file)
 from .fields import FIELD_BYTES, FieldRejected, decode_member, wds_field
-from .files import open_cached
+from .files import open_cached, url_fs
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff")
 LABEL_KEYS = ("cls", "class", "label", "index")
@@ -42,8 +45,16 @@ def base_plus_ext(path: str) -> tuple[str | None, str | None]:
     return (match.group(1), match.group(2)) if match else (None, None)
 
 
+def is_tar_url(src: str) -> bool:
+    """A URL this format reads: a tar, a brace pattern of tars, or a folder (ending in ``/``)."""
+    return is_url(src) and (bool(_BRACE.search(src)) or src.endswith("/")
+                            or src.lower().endswith(TAR_SUFFIXES))
+
+
 def expand(src: str) -> list[str]:
     """The shard files of ``src``: a brace pattern expanded, a folder's tars sorted, or ``src``."""
+    if is_url(src):
+        return _expand_url(src)
     if _BRACE.search(src):
         try:
             from braceexpand import braceexpand
@@ -66,11 +77,53 @@ def expand(src: str) -> list[str]:
     return [src]
 
 
+def _expand_url(src: str) -> list[str]:
+    scheme = src.split("://", 1)[0]
+    if _BRACE.search(src):
+        try:
+            from braceexpand import braceexpand
+        except ImportError:
+            raise PackError("a brace pattern needs braceexpand: pip install braceexpand") from None
+        return list(braceexpand(src))
+    fs, path = url_fs(src)
+    try:
+        if src.endswith("/"):
+            names = sorted(n for n in fs.ls(path, detail=False) if n.lower().endswith(TAR_SUFFIXES))
+            if not names:
+                raise PackError(f"{src}: no tar files ({', '.join(TAR_SUFFIXES)})")
+            return [f"{scheme}://{n}" for n in names]
+        if not fs.isfile(path):
+            raise PackError(f"source not found: {src}")
+    except OSError as exc:
+        raise PackError(f"{src}: cannot list: {exc}") from None
+    return [src]
+
+
+def _url_folder(url: str) -> str:
+    return url.rstrip("/") if url.endswith("/") else url.rsplit("/", 1)[0]
+
+
+def _url_classes(folder: str) -> list[str] | None:
+    fs, path = url_fs(folder + "/classes.json")
+    try:
+        if not fs.isfile(path):
+            return None
+        names = json.loads(fs.cat_file(path))
+    except (OSError, ValueError) as exc:
+        raise PackError(f"{folder}/classes.json: not a JSON list of class names ({exc})"
+                        ) from None
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise PackError(f"{folder}/classes.json: not a JSON list of class names")
+    return names
+
+
 class WebDatasetFormat(ContainerFormat):
     name = "webdataset"
     summary = "WebDataset tar shards (a tar, a brace pattern, or a folder of tars)"
 
     def detect(self, src: str) -> bool:
+        if is_url(src):
+            return is_tar_url(src)
         if _BRACE.search(src):
             return True
         if os.path.isdir(src):
@@ -84,17 +137,22 @@ class WebDatasetFormat(ContainerFormat):
         image_keys = options.keys(options.image_key, IMAGE_KEYS)
         label_keys = options.keys(options.label_key, LABEL_KEYS)
         files = expand(src)
-        root = src if os.path.isdir(src) else os.path.dirname(os.path.abspath(files[0]))
-        root = os.path.abspath(root)
-        scanned = Scanned(root, [], read_classes_file(root))
+        if is_url(src):
+            root = _url_folder(src if src.endswith("/") else files[0])
+            scanned = Scanned(root, [], _url_classes(root))
+        else:
+            root = src if os.path.isdir(src) else os.path.dirname(os.path.abspath(files[0]))
+            root = os.path.abspath(root)
+            scanned = Scanned(root, [], read_classes_file(root))
         for path in files:
-            scanned.shards.append(self._scan_tar(os.path.abspath(path), root, image_keys,
-                                                 label_keys, scanned.skipped))
+            scanned.shards.append(self._scan_tar(path if is_url(path) else os.path.abspath(path),
+                                                 root, image_keys, label_keys, scanned.skipped))
         return scanned
 
     def _scan_tar(self, path: str, root: str, image_keys: tuple[str, ...],
                   label_keys: tuple[str, ...], skipped: list[dict[str, str]]) -> Shard:
-        rel = os.path.relpath(path, root)
+        rel = path[len(root) + 1:] if is_url(path) and path.startswith(root + "/") else \
+            os.path.relpath(path, root)
         shard = Shard(path, rel)
         where = os.path.join(root, rel)
 
@@ -102,18 +160,26 @@ class WebDatasetFormat(ContainerFormat):
             skipped.append({"path": member_name(where, member), "reason": reason})
 
         try:
-            raw = open(path, "rb")
+            if is_url(path):
+                fs, fs_path = url_fs(path)
+                raw = fs.open(fs_path, "rb")
+                size = raw.size
+            else:
+                raw = open(path, "rb")
+                size = os.fstat(raw.fileno()).st_size
         except OSError as exc:
-            skipped.append({"path": where, "reason": f"cannot read tar: {exc.strerror}"})
+            skipped.append({"path": where, "reason": f"cannot read tar: {exc.strerror or exc}"})
             return shard
         with raw:
-            size = os.fstat(raw.fileno()).st_size
             try:
                 tar = tarfile.open(fileobj=raw, mode="r:*")
             except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
                 skipped.append({"path": where, "reason": f"not a readable tar: {exc}"})
                 return shard
             compressed = tar.fileobj is not raw
+            if compressed and is_url(path):  # members would be read by decompressed offsets
+                raise PackError(f"{where}: a compressed tar at a URL cannot be read member by "
+                                "member; decompress it, or copy it to a local folder")
             sample: dict[str, tuple[str, int, int]] = {}
             small: dict[str, bytes] = {}  # label and field members, read now
             key = None
