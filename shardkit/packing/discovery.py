@@ -140,18 +140,7 @@ def read_file_list(list_path: str, root: str) -> Discovery:
     list is UTF-8, with or without a BOM (Excel's "CSV UTF-8").
     The first row is a header when its label is not an integer and its path names no file.
     """
-    try:
-        with open(list_path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise PackError(f"cannot read file list {list_path}: {exc.strerror}") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise PackError(f"file list {list_path} is not UTF-8 text (line {line}, byte "
-                        f"{exc.start}: {data[exc.start:exc.start + 1]!r}); save it as UTF-8"
-                        ) from None
+    text = read_list_text(list_path)
     dialect = "excel-tab" if "\t" in text.split("\n", 1)[0] else "excel"
     rows = [r for r in csv.reader(io.StringIO(text, newline=""), dialect=dialect)
             if r and any(c.strip() for c in r)]
@@ -179,6 +168,23 @@ def read_file_list(list_path: str, root: str) -> Discovery:
         targets = [index[lab] for lab in labels]
     samples = [(os.path.join(root, row[0].strip()), t) for row, t in zip(rows, targets)]
     return Discovery(os.fspath(root), classes, {c: i for i, c in enumerate(classes)}, samples)
+
+
+def read_list_text(list_path: str) -> str:
+    """The text of a file list (UTF-8, a BOM dropped); one-line PackErrors naming the line and
+    byte that is not UTF-8, or why the file cannot be read."""
+    try:
+        with open(list_path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise PackError(f"cannot read file list {list_path}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise PackError(f"file list {list_path} is not UTF-8 text (line {line}, byte "
+                        f"{exc.start}: {data[exc.start:exc.start + 1]!r}); save it as UTF-8"
+                        ) from None
 
 
 def _integer_labels(labels: list[str], list_path: str) -> list[int]:
