@@ -21,6 +21,7 @@ _EXPORTS = {
     "IMG_EXTENSIONS": "packing.discovery", "find_classes": "packing.discovery",
     "make_dataset": "packing.discovery",
     "ShardkitError": "errors", "PackError": "errors", "StoreError": "errors",
+    "OptionError": "errors",
 }
 
 __all__ = ["__version__", *_EXPORTS, "fields"]

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from helpers import all_records, image_tree, one_line_error, program_cmd, program_env, run_cli
+import shardkit
 from shardkit import ShardDataset
-from shardkit.errors import OptionError, PackError
+from shardkit.errors import PackError
 from shardkit.packing.api import pack
 
 from helpers.scaleout import partial_of, shard_digests
@@ -88,7 +89,7 @@ def test_pack_refuses_options_before_any_work(tmp_path, kwargs, message):
     """Option errors are PackErrors and ValueErrors (Python's convention for a bad argument)."""
     with pytest.raises(ValueError) as info:
         pack(str(tmp_path / "no-src"), str(tmp_path / "out"), progress=False, **kwargs)
-    assert isinstance(info.value, PackError) and isinstance(info.value, OptionError)
+    assert isinstance(info.value, PackError) and isinstance(info.value, shardkit.OptionError)
     assert str(info.value) == message or str(info.value).startswith(message), str(info.value)
     assert os.listdir(tmp_path) == []
 
