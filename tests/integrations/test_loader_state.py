@@ -105,4 +105,5 @@ def test_normalised_output_is_contiguous_float(photo_store, workers):
     with pytest.raises(OptionError, match="device needs normalize"):
         ds.loader(batch_size=6, device="cpu")
     with pytest.raises(OptionError, match="uint8"):
-        next(iter(shardkit.ShardDataset(photo_store).loader(normalize=(MEAN, STD))))
+        next(iter(shardkit.ShardDataset(photo_store, crop=32, output="numpy").loader(
+            batch_size=2, normalize=(MEAN, STD))))
