@@ -1,0 +1,66 @@
+"""Read a store through DataLoader workers and print what the batches held (test_shm runs this
+inside a mount namespace whose /dev/shm is a 64 MB tmpfs, as in a Docker container).
+
+argv: STORE CASE CONTEXT. CASE ``plain-*`` is a plain ``DataLoader`` (torch's default collate);
+the others are ``ds.loader``: ``transform`` (a per-sample float transform), ``crop`` (the
+batched decode-crop path), ``numpy`` (``output="numpy"``), ``target`` (with a
+``target_transform``), ``single`` (``batch_size=None``). CONTEXT: the workers' start method.
+Prints JSON ``[[pixel sum, [labels]], ...]`` per batch; a worker that fails makes it exit non-zero.
+"""
+
+import json
+import sys
+
+CROP, BATCH = 224, 128
+
+
+def to_float(img):
+    """The per-sample transform: uint8 C x H x W -> float32 in [0, 1] (four times the bytes)."""
+    return img.float().div_(255)
+
+
+def shifted(label):
+    return label + 1000
+
+
+def setup(path: str, case: str):
+    from shardkit import ShardDataset
+
+    kind = case.removeprefix("plain-")
+    kwargs = {"crop": CROP}
+    if kind in ("transform", "single"):
+        kwargs["transform"] = to_float
+    if kind == "numpy":
+        kwargs["output"] = "numpy"
+    if kind == "target":
+        kwargs["target_transform"] = shifted
+    return ShardDataset(path, **kwargs), None if kind == "single" else BATCH
+
+
+def describe(batches) -> list:
+    """What each batch held: (sum of its pixels, its labels), enough to tell batches apart."""
+    import torch
+
+    out = []
+    for item in batches:
+        images, labels = item
+        out.append([float(images.double().sum()), torch.as_tensor(labels).reshape(-1).tolist()])
+    return out
+
+
+def main(argv: list[str]) -> None:
+    import shardkit
+    from torch.utils.data import DataLoader
+
+    path, case, context = argv
+    ds, batch_size = setup(path, case)
+    kwargs = dict(batch_size=batch_size, num_workers=2, multiprocessing_context=context)
+    if case.startswith("plain-"):
+        loader = DataLoader(ds, worker_init_fn=shardkit.worker_init_fn, **kwargs)
+    else:
+        loader = ds.loader(**kwargs)
+    print(json.dumps(describe(loader)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
