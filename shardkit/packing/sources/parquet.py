@@ -170,13 +170,13 @@ class ParquetFormat(ContainerFormat):
             except pa.ArrowException as exc:
                 raise PackError(f"{path}: cannot read columns {[label, *others]} ({exc})"
                                 ) from None
-            shard.file = f"{path}\0{kind}\0{image}"
+            shard.file = json.dumps([path, kind, image])  # what a worker opens (Item.file)
             scanned.shards.append(shard)
         return scanned
 
     @staticmethod
     def read(file: str, a: int, b: int, limit: int | None) -> bytes:
-        path, kind, column = file.split("\0")
+        path, kind, column = json.loads(file)
         pa = _pyarrow()
         try:
             images = _group(pa, path, kind, column, a)
