@@ -299,3 +299,28 @@ def test_killed_pack_from_tars_resumes(tars, tmp_path):
     assert {k: os.stat(os.path.join(out, f"shard-{k:05d}.lmdb")).st_ino for k in (0, 1)} == kept
     assert cli_main([*args[:2], ref, *args[2:]]) == 0
     assert store_files(out) == store_files(ref)
+
+
+def test_class_names_from_classes_json_or_sorted_text_labels(tmp_path):
+    named, plain = tmp_path / "named", tmp_path / "plain"
+    for folder in (named, plain):
+        folder.mkdir()
+        with wds.TarWriter(str(folder / "t.tar")) as sink:
+            for i, cls in enumerate(("dog", "cat", "eel", "1")):
+                sink.write({"__key__": f"s{i}", "jpg": _jpeg(i), "cls": cls})
+    write_json(str(named / "classes.json"), ["cat", "dog"])
+    result = shardkit.pack(str(named), str(tmp_path / "n.lmdb"), size=0, workers=1,
+                           progress=False)
+    assert {os.path.basename(s["path"]): s["reason"] for s in result.skipped} == \
+        {"t.tar#s2.jpg": "label 'eel' is not a known class"}
+    ds = shardkit.ShardDataset(str(tmp_path / "n.lmdb"))
+    assert ds.classes == ["cat", "dog"] and list(ds.targets) == [1, 0, 1]  # "1": index 1
+    result = shardkit.pack(str(plain), str(tmp_path / "p.lmdb"), size=0, workers=1,
+                           progress=False)
+    ds = shardkit.ShardDataset(str(tmp_path / "p.lmdb"))
+    # mixed text and integer labels without names: the integers count, names are refused
+    assert ds.classes == ["0", "1"] and list(ds.targets) == [1]
+    assert sorted(s["reason"] for s in result.skipped) == [
+        f"label {n!r} is not an integer (the source mixes integers and names and declares no "
+        "class names)"
+        for n in ("cat", "dog", "eel")]

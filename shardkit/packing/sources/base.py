@@ -165,7 +165,8 @@ class Labels:
                 return self.index[str(value)], None
             return None, f"label {str(value)!r} is not a known class"
         if as_int is None:
-            return None, f"label {str(value)!r} is not an integer (the source's other labels are)"
+            return None, (f"label {str(value)!r} is not an integer (the source mixes integers "
+                          "and names and declares no class names)")
         if as_int < 0 or (self.mode == "names" and as_int >= len(self.classes)):
             return None, (f"label {as_int} is not a class (0..{len(self.classes) - 1})"
                           if self.mode == "names" else f"label {as_int} is negative")
