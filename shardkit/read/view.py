@@ -142,6 +142,12 @@ class StoreView:
         by_place = np.argsort(places, kind="stable")
         return Groups(np.searchsorted(places[by_place], starts).astype(np.int64), by_place)
 
+    def close(self) -> None:
+        """Release every descriptor and lock this process holds (the layout's map too)."""
+        self.base.close()
+        self._layout = self._layout_pid = None
+        self._relabelled = {}
+
     # -- everything else is the base store's ----------------------------------------------------
 
     @property
