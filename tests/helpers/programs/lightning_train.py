@@ -65,7 +65,8 @@ def main() -> None:
     model = Tiny(len(dm.train_set.classes), args.log, args.normalize_in_step)
     if args.loader == "plain":  # ds.loader as a user writes it, Lightning splits it for the ranks
         ds = dm.train_set
-        model.train_dataloader = lambda: ds.loader(batch_size=4, shuffle=True, num_workers=1)
+        model.train_dataloader = lambda: ds.loader(batch_size=4, shuffle=True, num_workers=1,
+                                                   normalize=(MEAN, STD))
         dm = None
     checkpoints = pl.callbacks.ModelCheckpoint(dirpath=args.ckpt_dir, filename="{step}",
                                                every_n_train_steps=2, save_top_k=-1)
