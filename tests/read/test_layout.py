@@ -152,3 +152,12 @@ def test_each_rank_is_class_balanced_on_the_default_pack(packed, world):
             assert min(ps) > 0.05, ps
         else:  # today's layout: each rank sees only the classes of its own shards
             assert min(ps) < 0.01, ps
+
+
+def test_unshuffled_sampler_reads_a_mixed_store_shard_by_shard(packed):
+    ds = shardkit.ShardDataset(packed["mixed"])
+    order = list(ShardSampler(ds, 1, 0, shuffle=False))
+    assert sorted(order) == list(range(len(ds)))
+    shards, local = ds.store.locate_many(order)
+    places = np.asarray(ds.store.base.starts)[shards] + local
+    assert np.array_equal(places, np.arange(len(ds)))  # the physical order, shard by shard
