@@ -8,7 +8,13 @@
 - ``batchpool``: reusable (shared-memory) batch buffers.
 - ``threads``: the ``threads=N`` fan-out of one batch's records.
 - ``dataset``: ``ShardDataset``, ``collate``, ``worker_init_fn`` (orchestration of the above).
-- ``sampler``: ``ShardSampler``, a DistributedSampler whose ranks read whole shards.
+- ``view``: a store seen through the pack's record layout and an optional subset
+  (``StoreView``: logical index -> physical place).
+- ``order``: the epoch order, a pure function of (seed, epoch) over a canonical partition.
+- ``sampler``: ``ShardSampler``, a DistributedSampler whose ranks read whole shards and resume
+  at any world size dividing ``num_canonical``.
+- ``subset``: ``ds.subset(...)``/``ds.split(...)`` without repacking.
+- ``mix``: ``Mix`` and ``MixSampler``, several stores with exact per-epoch quotas.
 - ``inspect``: ``info`` and ``verify``.
 
 It imports only the core (errors, metadata, swap, urls, remote, codec, formats, fileutil).
