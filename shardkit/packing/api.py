@@ -89,7 +89,7 @@ def check_options(src: str, out: str, file_list: str | None, sharded: bool, resu
     if not os.access(folder, os.W_OK):  # EROFS for root too; refused before any decoding
         try:
             read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-        except OSError:
+        except (OSError, AttributeError):  # no statvfs (Windows)
             read_only = False
         raise PackError(f"cannot write {out}: folder {folder} is "
                         f"{'on a read-only file system' if read_only else 'not writable'}; "
