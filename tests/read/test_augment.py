@@ -6,6 +6,7 @@ needs the torchvision environment); everything here runs without torchvision.
 
 from __future__ import annotations
 
+import math
 
 import numpy as np
 import pytest
@@ -111,6 +112,61 @@ def test_resized_crop_falls_back_to_a_central_box_after_ten_tries(height, width,
                            rng_state_after(tries))
     finally:
         torch.set_default_dtype(before)
+
+
+def reference_resized_crop_box(height: int, width: int, scale, ratio) -> tuple[int, ...]:
+    """torchvision v2 ``RandomResizedCrop.make_params``, restated (``transforms/v2/_geometry.py``):
+    ten tries of an area in ``scale`` and a log-uniform ratio (the bounds' float32 logs), each side
+    rounded to the nearest pixel, then two ``torch.randint`` for the corner; after ten misses the
+    central box with the ratio clamped to ``ratio``, its other side rounded likewise."""
+    log_low, log_high = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        target_area = height * width * torch.empty(1).uniform_(scale[0], scale[1]).item()
+        aspect = torch.exp(torch.empty(1).uniform_(log_low, log_high)).item()
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = torch.randint(0, height - h + 1, size=(1,)).item()
+            left = torch.randint(0, width - w + 1, size=(1,)).item()
+            return top, left, h, w
+    if width / height < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif width / height > max(ratio):
+        w, h = int(round(height * max(ratio))), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+# Odd sides, where rounding a side to the nearest pixel and truncating it differ (41 / 0.9 is
+# 45.6: 46 pixels, not 45). Portrait sizes reach the fallback's ``w / min(ratio)`` branch,
+# landscape ones its ``h * max(ratio)`` branch (the probe's images are all 256 wide there).
+ODD_SIZES = ([(int(w * 1.5) + 1, w) for w in range(41, 160, 6)]
+             + [(h, int(h * 1.5) + 1) for h in range(41, 160, 6)] + [(77, 77), (255, 341)])
+
+
+@pytest.mark.parametrize("scale, ratio", [((0.08, 1.0), (3 / 4, 4 / 3)),
+                                          ((0.9, 1.0), (0.9, 1.1)),     # every try misses
+                                          ((0.3, 0.9), (0.5, 2.0))],
+                         ids=["default", "fallback", "wide-ratios"])
+def test_resized_crop_boxes_are_torchvisions_box_for_box_on_odd_sizes(scale, ratio):
+    """Without torchvision: each box (and the RNG state after it) equals the restated
+    ``make_params``, under several seeds, so a box side truncated instead of rounded, in the
+    tries or in the central fallback, fails here and not only under ``.venv-tv``."""
+    recipe = augment.Recipe(32, "random_resized", scale=scale, ratio=ratio)
+    fallbacks = 0
+    for seed in range(4):
+        torch.manual_seed(seed)
+        got = [tuple(plan)[:4] for plan in recipe.draws(ODD_SIZES)]
+        after = torch.get_rng_state()
+        torch.manual_seed(seed)
+        want = [reference_resized_crop_box(h, w, scale, ratio) for h, w in ODD_SIZES]
+        assert got == want
+        assert torch.equal(after, torch.get_rng_state())
+        fallbacks += sum(box[2:] != (h, w) and (box[0], box[1]) == ((h - box[2]) // 2,
+                         (w - box[3]) // 2) for box, (h, w) in zip(want, ODD_SIZES))
+    if scale == (0.9, 1.0):
+        assert fallbacks == 4 * (len(ODD_SIZES) - 1)  # all but the square 77 x 77 clamp a side
 
 
 def test_flip_draws_one_number_per_sample_and_none_when_off():
