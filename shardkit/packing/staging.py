@@ -84,7 +84,7 @@ def prepare_partial(partial: str, plan: Plan, plan_id: str, resume: bool,
             old = {}
         if not isinstance(old, dict) or old.get("plan_id") not in (None, plan_id):
             raise PackError(f"cannot resume: {partial} was started with different sources, "
-                            "settings or shard sizes; rerun without --resume (or delete it) "
+                            "settings or shard sizes; rerun without `resume=True` (or delete it) "
                             "to start over")
         done = completed_shards(partial, plan, plan_id, shards, uploader)
     else:
@@ -131,7 +131,8 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
         entries.append(entry)
     if missing:
         raise PackError(f"{len(missing)} of {num_shards} shards are not finished yet "
-                        f"(first: {missing[0]}); run the remaining nodes, or pack with --resume")
+                        f"(first: {missing[0]}); run the remaining nodes, or pack with "
+                        "`resume=True`")
     labels, start, skipped, shard_list, common = [], 0, [], [], None
     for k, entry in enumerate(entries):
         path = os.path.join(partial, entry["file"])
@@ -141,7 +142,7 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
         else:
             if not os.path.isfile(path) or os.path.getsize(path) != entry["bytes"]:
                 raise PackError(f"shard {k} ({path}) is missing or changed since it was packed; "
-                                "repack it (rerun its node, or pack with --resume)")
+                                "repack it (rerun its node, or pack with `resume=True`)")
             reader = open_reader(path, entry["format"])
             try:
                 meta = metadata.parse_shard_meta(reader.meta_json(), path)

@@ -481,3 +481,26 @@ def test_cli_summary_prints_startup_and_rate(src, tmp_path):
                   r"then ([0-9]+) images/s", proc.stderr)
     assert m, proc.stderr
     assert float(m.group(2)) <= float(m.group(1))
+
+
+def test_resume_and_merge_errors_name_the_parameter(src, tmp_path):
+    """Python callers read `resume=True`; the CLI shows --resume."""
+    out = str(tmp_path / "out")
+    pack(src, out, num_shards=2, num_nodes=2, node_rank=0, size=16, workers=1, progress=False)
+    with pytest.raises(PackError) as info:
+        pack(src, out, num_shards=2, size=24, resume=True, workers=1, progress=False)
+    assert str(info.value).endswith("was started with different sources, settings or shard "
+                                    "sizes; rerun without `resume=True` (or delete it) to start "
+                                    "over")
+    proc = run_cli("pack", src, out, "--num-shards", "2", "--size", "24", "--resume", "-q")
+    assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+    assert proc.stderr.strip().endswith("rerun without --resume (or delete it) to start over")
+    from shardkit.packing.api import merge
+
+    with pytest.raises(PackError, match=r"^1 of 2 shards are not finished yet \(first: 1\); run "
+                                        r"the remaining nodes, or pack with `resume=True`$"):
+        merge(out)
+    proc = run_cli("merge", out)
+    assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+    assert proc.stderr.strip() == ("shardkit merge: error: 1 of 2 shards are not finished yet "
+                                   "(first: 1); run the remaining nodes, or pack with --resume")
