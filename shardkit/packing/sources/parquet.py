@@ -205,7 +205,7 @@ class _Batches:
     def __init__(self, pa: Any, path: str, kind: str) -> None:
         self.pa, self.path, self.kind = pa, path, kind
         if kind == "parquet":
-            self.file = pa.parquet.ParquetFile(path)
+            self.file = pa.parquet.ParquetFile(path, memory_map=True)  # pages read in place
             self.schema = self.file.schema_arrow
         else:
             reader = pa.ipc.open_stream(pa.memory_map(path))
