@@ -68,6 +68,12 @@ def test_two_ranks_train_full_epochs_and_resume_mid_epoch_exactly(store, tmp_pat
         seen = [y for (e, _, _), labels in full.items() if e == epoch for y in labels]
         assert sorted(seen) == list(range(IMAGES))
     assert "Grad strides do not match" not in err
+    if loader == "datamodule":  # validation each epoch: the ranks' in-order shares, padded
+        for epoch in range(EPOCHS):
+            seen = [y for rank in range(RANKS) for line in Path(
+                f"{tmp_path / 'full'}.val.rank{rank}").read_text().splitlines()
+                for y in json.loads(line)["labels"] if json.loads(line)["epoch"] == epoch]
+            assert sorted(seen) == list(range(IMAGES))  # 32 = 2 x 16: nothing to pad
 
     # Stopped after step 3 (checkpoints every 2 steps), then resumed from step 2's checkpoint.
     fit(store, tmp_path / "before", tmp_path / "ck-cut", "--max-steps", "3", *mode)

@@ -5,8 +5,8 @@
 
 Every image of the store is its own class, so the labels a step receives name its samples; each
 rank appends ``{"epoch", "step", "labels"}`` per training step to ``LOG.rankN``. Checkpoints are
-written every 2 steps to CKPT_DIR (``step=N.ckpt``); Lightning's defaults otherwise
-(``use_distributed_sampler=True``).
+written every 2 steps to CKPT_DIR (``step=N.ckpt``); with the datamodule, each epoch's validation
+labels go to ``LOG.val.rankN``. Lightning's defaults otherwise (``use_distributed_sampler=True``).
 """
 
 from __future__ import annotations
@@ -43,6 +43,13 @@ class Tiny(pl.LightningModule):
                                 "contiguous": images.is_contiguous()}) + "\n")
         return nn.functional.cross_entropy(self.net(images), labels)
 
+    def validation_step(self, batch, batch_idx):
+        images, labels = batch
+        with open(f"{self.log_path}.val.rank{self.global_rank}", "a") as f:
+            f.write(json.dumps({"epoch": self.current_epoch, "labels": labels.tolist(),
+                                "dtype": str(images.dtype)}) + "\n")
+        return nn.functional.cross_entropy(self.net(images), labels)
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
@@ -60,8 +67,9 @@ def main() -> None:
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     options = dict(crop=32, crop_mode="random_resized", flip=0.5)
     normalize = None if args.normalize_in_step else (MEAN, STD)
-    dm = ShardDataModule(args.store, batch_size=4, num_workers=1, seed=3, normalize=normalize,
-                         train_options=options)
+    dm = ShardDataModule(args.store, args.store, batch_size=4, val_batch_size=5, num_workers=1,
+                         seed=3, normalize=normalize, train_options=options,
+                         val_options=dict(crop=32))
     model = Tiny(len(dm.train_set.classes), args.log, args.normalize_in_step)
     if args.loader == "plain":  # ds.loader as a user writes it, Lightning splits it for the ranks
         ds = dm.train_set
