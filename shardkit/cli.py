@@ -56,10 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"shardkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("pack", help="pack an ImageFolder-layout folder into a store",
+    p = sub.add_parser("pack", help="pack an image folder (or WebDataset tars, Hugging Face "
+                       "parquet, MDS) into a store",
                        description="Decode, resize and re-encode every image in SRC "
-                       "(SRC/<class>/<file>, as torchvision's ImageFolder) into the store OUT.")
-    p.add_argument("src", metavar="SRC", help="source folder (or root of --file-list paths)")
+                       "(SRC/<class>/<file>, as torchvision's ImageFolder; or WebDataset tars, "
+                       "Hugging Face parquet/Arrow, MosaicML MDS: --source-format) into the "
+                       "store OUT.")
+    p.add_argument("src", metavar="SRC", help="source folder (or root of --file-list paths); a "
+                   "tar, brace pattern or folder of tars (also a URL), parquet, MDS folder")
     p.add_argument("out", metavar="OUT", help=f"output store ({_SUFFIXES} file, or a folder "
                    "when sharded; a URL such as s3://bucket/prefix when sharded)")
     p.add_argument("--format", choices=formats.FORMATS,
