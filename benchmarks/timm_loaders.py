@@ -26,6 +26,7 @@ import statistics
 import tempfile
 import time
 
+import psutil
 import timm
 import timm.data
 import torch
@@ -39,11 +40,24 @@ COMMON = dict(is_training=True, hflip=0.5, color_jitter=0.0, interpolation="bili
               use_prefetcher=True, device=torch.device("cpu"))
 
 
-def epoch_rate(loader) -> float:
-    start, n = time.perf_counter(), 0
+def cpu_seconds() -> float:
+    """CPU time of this process and its live children (the DataLoader workers)."""
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def epoch_rate(loader) -> tuple[float, float]:
+    """(images/s, CPU microseconds per image) over one epoch."""
+    start, cpu, n = time.perf_counter(), cpu_seconds(), 0
     for images, _ in loader:
         n += len(images)
-    return n / (time.perf_counter() - start)
+    return n / (time.perf_counter() - start), (cpu_seconds() - cpu) * 1e6 / n
 
 
 def main() -> None:
@@ -73,11 +87,14 @@ def main() -> None:
             (3, SIZE, SIZE), BATCH, **common),
     }
     rates: dict[str, list[float]] = {name: [] for name in loaders}
+    cpu: dict[str, list[float]] = {name: [] for name in loaders}
     for name, loader in loaders.items():
         epoch_rate(loader)  # warm-up: workers start, files reach the page cache
     for _ in range(args.epochs):
         for name, loader in loaders.items():
-            rates[name].append(epoch_rate(loader))
+            rate, micros = epoch_rate(loader)
+            rates[name].append(rate)
+            cpu[name].append(micros)
     base = statistics.median(rates["timm ImageFolder + create_loader"])
     lines = [f"command: {' '.join(['python', *sys.argv])}",
              f"machine: {platform.processor() or platform.machine()}, "
@@ -86,10 +103,11 @@ def main() -> None:
              f"input: {args.count} photo-like JPEGs (10 classes), packed at 256; batch {BATCH}, "
              f"RandomResizedCrop({SIZE}) + flip, {args.workers} workers, median of "
              f"{args.epochs} epochs",
-             "", f"{'loader':52} {'images/s':>9} {'x timm':>7}   epochs"]
+             "", f"{'loader':52} {'images/s':>9} {'x timm':>7} {'CPU us/img':>11}   epochs"]
     for name, values in rates.items():
         median = statistics.median(values)
-        lines.append(f"{name:52} {median:9.0f} {median / base:7.2f}   "
+        lines.append(f"{name:52} {median:9.0f} {median / base:7.2f} "
+                     f"{statistics.median(cpu[name]):11.0f}   "
                      + ", ".join(f"{v:.0f}" for v in values))
     report = "\n".join(lines)
     print(report)
