@@ -29,8 +29,8 @@ SEEDS = list(range(6))
 
 @pytest.fixture(scope="module")
 def probe(tv_python, tmp_path_factory) -> dict:
-    """Photo-like JPEGs (300-800 px, two of 1600x1200) packed at 256 into one LMDB file, three
-    HDF5 shards and raw LMDB; the probe's measurements on them."""
+    """Photo-like JPEGs (300-800 px, two of 1600x1200, and small ones of odd sides) packed at 256
+    into one LMDB file, three HDF5 shards and raw LMDB; the probe's measurements on them."""
     base = tmp_path_factory.mktemp("tv-parity")
     src = base / "src"
     make_sample(str(src), 40, 4, seed=21, workers=1)
@@ -38,6 +38,12 @@ def probe(tv_python, tmp_path_factory) -> dict:
     for i in range(2):
         Image.fromarray(photo_like(rng, 1600, 1200)).save(src / "class_001" / f"large{i}.jpg",
                                                           quality=90)
+    # Shorter than 256, so packing keeps their odd sides: the central fallback's w / min(ratio)
+    # (portrait) and h * max(ratio) (landscape) then round differently from int() (41 / 0.9 =
+    # 45.6), where every image resized to 256 wide would not tell them apart.
+    for i, (w, h) in enumerate([(41, 62), (77, 116), (101, 152), (143, 215), (62, 45),
+                                (116, 77), (108, 65), (84, 55)]):
+        Image.fromarray(photo_like(rng, w, h)).save(src / "class_002" / f"odd{i}.jpg", quality=90)
     stores = {"lmdb": str(base / "s.lmdb"), "shards": str(base / "shards"),
               "raw": str(base / "raw.lmdb")}
     shardkit.pack(str(src), stores["lmdb"], size=256, workers=1, progress=False)
