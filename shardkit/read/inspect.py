@@ -20,8 +20,11 @@ MAX_FAULTS = 100
 
 def _disk_bytes(store: Store) -> int:
     if store.cache is not None:  # a remote store: what its objects hold, from the manifest
+        layout = store.meta.get("layout")  # the mixed record layout's layout.npy
         return (sum(e.bytes for e in store.shards) + os.path.getsize(store.cache.labels())
-                + store.cache.remote.manifest_bytes)
+                + store.cache.remote.manifest_bytes
+                + (os.path.getsize(store.cache.file(layout["file"], layout["sha256"]))
+                   if layout else 0))
     return disk_bytes(store.path)
 
 
