@@ -138,3 +138,18 @@ def test_every_dataloader_argument_passes_through(store):
     with pytest.raises(TypeError, match="bogus"):
         ds.loader(4, bogus=1)
 
+
+
+@pytest.mark.parametrize("context, workers", [(None, 0), ("fork", 2), ("spawn", 2)],
+                         ids=["main-process", "fork", "spawn"])
+def test_batch_size_none_yields_single_samples(store, context, workers):
+    """``ds.loader(batch_size=None)``: each sample as ``DataLoader(ds, batch_size=None)`` gives it
+    (torch's ``default_convert``; a collate function would try to stack image and label)."""
+    ds = ShardDataset(store, crop=32)
+    loader = ds.loader(batch_size=None, num_workers=workers, multiprocessing_context=context)
+    got = [(image.clone(), label) for image, label in loader]
+    assert len(got) == len(ds)
+    for i, (image, label) in enumerate(got):
+        reference, expected_label = ds[i]
+        assert torch.equal(image, reference) and image.shape == (3, 32, 32)
+        assert isinstance(label, int) and label == expected_label
