@@ -101,3 +101,19 @@ def test_wrong_schema_is_refused_with_one_line(tmp_path, capsys):
     assert cli_main(["pack", nolabel, str(tmp_path / "o.lmdb"), "-q"]) == 1
     err = capsys.readouterr().err
     assert "no label column" in err and "--label-key" in err
+
+
+def test_rows_without_image_bytes_are_skipped_never_read_by_path(folder, tmp_path):
+    root, samples = folder
+    jpg = read_bytes(os.path.join(root, samples[0][0]))
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    path = str(tmp_path / "p.parquet")
+    pq.write_table(pa.table({"image": pa.array([{"bytes": jpg, "path": None},
+                                                {"bytes": None, "path": "/etc/passwd"},
+                                                None], type=image),
+                             "label": [0, 1, 1]}), path)
+    result = shardkit.pack(path, str(tmp_path / "p.lmdb"), size=0, workers=1, progress=False)
+    assert result.count == 1
+    assert [(os.path.basename(s["path"]), s["reason"]) for s in result.skipped] == [
+        ("p.parquet#0:1", "no image bytes (only the path '/etc/passwd', which is not read)"),
+        ("p.parquet#0:2", "no image bytes (null)")]

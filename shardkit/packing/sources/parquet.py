@@ -179,20 +179,14 @@ class ParquetFormat(ContainerFormat):
         path, kind, column = json.loads(file)
         pa = _pyarrow()
         try:
-            images = _group(pa, path, kind, column, a)
-            value = images[b].as_py()
+            images, paths = _group(pa, path, kind, column, a)
+            data = images[b].as_py()
+            where = paths[b].as_py() if paths is not None and data is None else None
         except (OSError, pa.ArrowException, IndexError) as exc:
             raise MemberError(f"cannot read row: {exc}") from None
-        if isinstance(value, dict):
-            data = value.get("bytes")
-            if data is None:
-                raise MemberError("the image struct has no bytes"
-                                  + (f" (only the path {value.get('path')!r})"
-                                     if value.get("path") else ""))
-        else:
-            data = value
         if data is None:
-            raise MemberError("no image (null)")
+            raise MemberError("no image bytes" + (f" (only the path {where!r}, which is not "
+                                                  "read)" if where else " (null)"))
         if limit is not None and len(data) > limit:
             raise MemberError(f"image of {len(data)} bytes is larger than any image within "
                               "--max-pixels can be")
@@ -223,10 +217,17 @@ class _Batches:
                 yield [batch.column(self.schema.get_field_index(n)) for n in names]
 
     def group(self, g: int, column: str) -> Any:
+        """The image column of row group ``g``: its encoded bytes (a struct's ``bytes``
+        field) and, for a struct, its ``path`` field (or None)."""
         if self.kind == "parquet":  # one thread: an encoding worker is one of many processes
-            return self.file.read_row_group(g, columns=[column], use_threads=False
-                                            ).column(0).combine_chunks()
-        return self.batches[g].column(self.schema.get_field_index(column))
+            chunked = self.file.read_row_group(g, columns=[column], use_threads=False).column(0)
+            array = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
+        else:
+            array = self.batches[g].column(self.schema.get_field_index(column))
+        if self.pa.types.is_struct(array.type):  # flatten: a null struct's fields are null
+            fields = dict(zip((f.name for f in array.type), array.flatten()))
+            return fields["bytes"], fields.get("path")
+        return array, None
 
 
 def _open_batches(pa: Any, path: str, kind: str) -> _Batches:
