@@ -141,6 +141,13 @@ class ShardFields:
             except FieldError as exc:
                 raise StoreError(f"{what}: {exc} (damaged store)") from None
 
+    def gather(self, name: str, locals_: np.ndarray) -> list[np.ndarray]:
+        """Ragged field ``name`` of records ``locals_``: read-only views of the shard's rows."""
+        f = self.schema[name]
+        values, offsets = self.cols[f.col("values")], self.cols[f.col("offsets")]
+        starts, ends = offsets[locals_].tolist(), offsets[locals_ + 1].tolist()
+        return [values[a:b] for a, b in zip(starts, ends)]
+
     def rows(self, name: str, local: int) -> int:
         """How many rows record ``local`` has in ragged field ``name``."""
         offsets = self.cols[self.schema[name].col("offsets")]

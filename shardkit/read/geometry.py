@@ -137,20 +137,24 @@ def sanitize_keep(boxes: torch.Tensor, canvas: tuple[int, int], min_size: float 
 
 
 def move_boxes_many(boxes: list[np.ndarray], moves: list[Move]) -> list[np.ndarray]:
-    """:func:`move_boxes` of many samples at once (one batch): the same float32 operations on
-    all their rows together (a ratio of exactly 1 where a sample is not resized, and
-    multiplying by 1 changes no bit), then split back per sample."""
+    """:func:`move_boxes` of many samples at once (one batch), split back per sample."""
+    return np.split(move_boxes_cat(boxes, moves), np.cumsum([len(b) for b in boxes])[:-1])
+
+
+def move_boxes_cat(boxes: list[np.ndarray], moves: list[Move]) -> np.ndarray:
+    """All samples' boxes moved by their own moves, concatenated: the float32 operations of
+    :func:`move_boxes` on every row together (a ratio of exactly 1 where a sample is not
+    resized: multiplying by 1 changes no bit)."""
     counts = [len(b) for b in boxes]
-    if not sum(counts):
-        return [b.copy() for b in boxes]
+    allb = np.concatenate(boxes).astype(np.float32, copy=False) if boxes else np.zeros((0, 4))
+    if not len(allb):
+        return np.zeros((0, 4), np.float32)
     rows = np.repeat(np.arange(len(moves)), counts)
-    allb = np.concatenate(boxes).astype(np.float32, copy=False)
     params = np.array([(m.box_origin[1], m.box_origin[0], m.width, m.height) for m in moves],
                       dtype=np.float32)[rows]
     out = allb - params[:, [0, 1, 0, 1]]
     for cols, limit in ((slice(0, None, 2), params[:, 2:3]), (slice(1, None, 2), params[:, 3:4])):
-        part = out[:, cols]
-        out[:, cols] = np.minimum(np.maximum(part, 0), limit)
+        out[:, cols] = np.minimum(np.maximum(out[:, cols], 0), limit)
     wide = np.float64 if torch.get_default_dtype() == torch.float64 else np.float32
     ratios = np.array([(m.out / m.width, m.out / m.height) if (m.out, m.out) != (m.height, m.width)
                        else (1.0, 1.0) for m in moves], dtype=wide)[rows]
@@ -161,4 +165,4 @@ def move_boxes_many(boxes: list[np.ndarray], moves: list[Move]) -> list[np.ndarr
         x1 = size - out[flip, 2]
         x2 = size - out[flip, 0]
         out[flip, 0], out[flip, 2] = x1, x2
-    return np.split(out, np.cumsum(counts)[:-1])
+    return out

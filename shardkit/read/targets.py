@@ -103,6 +103,10 @@ class Targets:
                          else self._convert(self.fields[name], raw[name], move))
         if self.sanitize:
             self._sanitize(out, canvas)
+        return self._wrap(out, canvas)
+
+    def _wrap(self, out: dict[str, Any], canvas: tuple[int, int]) -> dict[str, Any]:
+        """Boxes as ``BoundingBoxes`` on ``canvas`` and masks as ``Mask`` (with torchvision)."""
         if self.tv:
             for name, f in self.fields.items():
                 if f.kind == "boxes":
@@ -114,17 +118,52 @@ class Targets:
 
     def build_batch(self, shard: Any, locals_: list[int], plans: list[Any], mode: str,
                     crop: int | None) -> list[dict[str, Any]]:
-        """:meth:`build` for records ``locals_`` of one shard with their decode plans; the
-        boxes of all of them are moved together (:func:`geometry.move_boxes_many`)."""
+        """:meth:`build` for records ``locals_`` of one shard with their decode plans, the
+        ragged fields of all of them read, moved and sanitized together (the same values as
+        :meth:`build` one by one, without its per-sample cost)."""
         moves = [move_for(p, mode, crop, int(shard.heights[i]), int(shard.widths[i]))
                  for p, i in zip(plans, locals_)]
-        names = [n for n, f in self.fields.items() if f.kind == "boxes"]
-        if not names or any(m is None for m in moves):
+        if not locals_ or any(m is None for m in moves) or self.multi_hot:
             return [self.build(shard, i, m) for i, m in zip(locals_, moves)]
-        moved = {n: geometry.move_boxes_many([shard.fields.value(n, i) for i in locals_], moves)
-                 for n in names}
-        return [self.build(shard, i, m, {n: moved[n][j] for n in names})
-                for j, (i, m) in enumerate(zip(locals_, moves))]
+        n, idx = len(locals_), np.asarray(locals_, dtype=np.int64)
+        ragged = {name: f for name, f in self.fields.items() if isinstance(f, kinds.Ragged)}
+        flat, counts = {}, {}
+        for name, f in ragged.items():
+            parts = shard.fields.gather(name, idx)
+            counts[name] = [len(p) for p in parts]
+            flat[name] = (geometry.move_boxes_cat(parts, moves) if f.kind == "boxes"
+                          else np.concatenate(parts))
+        keeps: dict[str, list[torch.Tensor]] = {}  # boxes field -> each sample's kept boxes
+        if self.sanitize:
+            for name, f in ragged.items():
+                if f.kind != "boxes":
+                    continue
+                keep = geometry.sanitize_keep(torch.from_numpy(flat[name]), (crop, crop)).numpy()
+                if keep.all():
+                    continue
+                keeps[name] = list(torch.from_numpy(keep).split(counts[name]))
+                kept = np.bincount(np.repeat(np.arange(n), counts[name])[keep],
+                                   minlength=n).tolist()
+                for other, g in ragged.items():
+                    if other == name or getattr(g, "of", None) == name:
+                        flat[other], counts[other] = flat[other][keep], kept
+        parts_t = {name: torch.from_numpy(flat[name]).split(counts[name]) for name in ragged}
+        out = []
+        for j, (i, move) in enumerate(zip(locals_, moves)):
+            target: dict[str, Any] = {}
+            for name in self.names:
+                if name == LABEL:
+                    target[name] = int(shard.labels[i])
+                    continue
+                if name in parts_t:
+                    target[name] = parts_t[name][j]
+                    continue
+                f = self.fields[name]
+                value = self._convert(f, shard.fields.value(name, i), move)
+                of = getattr(f, "of", None)
+                target[name] = value[keeps[of][j]] if of in keeps else value
+            out.append(self._wrap(target, (crop, crop)))
+        return out
 
     def _convert(self, f: kinds.Field, value: Any, move: geometry.Move | None) -> Any:
         if f.kind == "boxes":
@@ -155,7 +194,7 @@ class Targets:
                     out[other] = out[other][keep]
 
     def collate(self, targets: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        return collate_targets(targets, self.ragged, self.fields)
+        return TargetBatch(collate_targets(targets, self.ragged, self.fields))
 
 
 def _ragged_modes(ragged: Any) -> dict[str, str] | str:
@@ -242,7 +281,7 @@ def collate_samples(batch: Sequence[Any], ragged: Any = "list") -> list[Any]:
     same = all(isinstance(i, torch.Tensor) and i.shape == images[0].shape for i in images) or all(
         isinstance(i, np.ndarray) and i.shape == images[0].shape for i in images)
     return [default_collate(images) if same else images,
-            collate_targets([sample[1] for sample in batch], ragged)]
+            TargetBatch(collate_targets([sample[1] for sample in batch], ragged))]
 
 
 def store_schema(store: Any) -> Any:
@@ -251,3 +290,57 @@ def store_schema(store: Any) -> Any:
 
     raw = store.meta.get("fields")
     return None if raw is None else Schema.from_json(raw, store.path)
+
+
+class TargetBatch(dict):
+    """A batch's collated targets: a plain dict here; pickled (from a DataLoader worker to the
+    main process) as one numpy array per field, not as one shared-memory tensor per sample and
+    field (what torch sends a dict of tensors as: a file per tensor, milliseconds a batch), and
+    received as a plain dict with the same tensors (``BoundingBoxes``/``Mask`` kept)."""
+
+    def __reduce__(self) -> tuple:
+        return (_restore, ([(name, *_to_wire(value)) for name, value in self.items()],))
+
+
+def _tensor_meta(t: torch.Tensor) -> tuple | None:
+    tv = _tv_tensors()
+    if tv and isinstance(t, tv.BoundingBoxes):
+        return ("boxes", t.format.name, tuple(t.canvas_size))
+    if tv and isinstance(t, tv.Mask):
+        return ("mask",)
+    return None
+
+
+def _wrap(t: torch.Tensor, meta: tuple | None) -> torch.Tensor:
+    if meta is None:
+        return t
+    tv = _tv_tensors()
+    if meta[0] == "boxes":
+        return tv.BoundingBoxes(t, format=meta[1], canvas_size=meta[2])
+    return tv.Mask(t)
+
+
+def _to_wire(value: Any) -> tuple:
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+        return ("tensor", _tensor_meta(value), value.as_subclass(torch.Tensor).numpy())
+    if isinstance(value, list) and value and all(
+            isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.ndim >= 1
+            and v.dtype == value[0].dtype and v.shape[1:] == value[0].shape[1:] for v in value):
+        flat = np.concatenate([v.as_subclass(torch.Tensor).numpy() for v in value])
+        return ("list", [_tensor_meta(v) for v in value], flat, [len(v) for v in value])
+    return ("object", value)
+
+
+def _restore(entries: list[tuple]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, kind, *rest in entries:
+        if kind == "tensor":
+            meta, arr = rest
+            out[name] = _wrap(torch.from_numpy(arr), meta)
+        elif kind == "list":
+            metas, flat, lengths = rest
+            parts = torch.from_numpy(flat).split(lengths)
+            out[name] = [_wrap(p, m) for p, m in zip(parts, metas)]
+        else:
+            out[name] = rest[0]
+    return out

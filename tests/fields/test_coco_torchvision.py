@@ -52,3 +52,42 @@ def test_crops_move_boxes_and_masks_exactly_as_v2(tv_python, coco_store):
     assert result["compared"] == 3 * 2 * 4 * count
     assert result["boxes_dropped"] > 0  # sanitize=True had boxes to drop (tiny, cropped away)
     assert os.path.exists(store)
+
+
+def _writer_store(path: str, sizes: list[tuple[int, int]], seed: int) -> str:
+    """Boxes (on the borders, tiny, random), instance masks and a semantic map, via StoreWriter."""
+    import numpy as np
+
+    from shardkit import fields as F
+
+    rng = np.random.default_rng(seed)
+    schema = [F.Boxes("boxes"), F.PerBox("labels"), F.Masks("masks"), F.SemanticMask("seg")]
+    with shardkit.StoreWriter(path, ["a"], schema=schema, encoding="raw") as w:
+        for h, wd in sizes:
+            k = int(rng.integers(0, 6))
+            x1, y1 = rng.uniform(0, wd - 2, k), rng.uniform(0, h - 2, k)
+            boxes = np.column_stack([x1, y1, rng.uniform(x1, wd), rng.uniform(y1, h)])
+            if k:
+                boxes[0] = [0, 0, wd, h]  # the whole image
+            masks = (rng.random((k, h, wd)) > 0.6).astype(np.uint8)
+            seg = rng.integers(0, 7, (h, wd)).astype(np.uint8)
+            w.add(rng.integers(0, 255, (h, wd, 3), dtype=np.uint8), 0, boxes=boxes,
+                  labels=rng.integers(1, 5, k), masks=masks, seg=seg)
+    return path
+
+
+@pytest.mark.parametrize("sizes, modes", [
+    ([(230 + 7 * i, 300 - 9 * i) for i in range(8)], ["random_resized", "center", "random"]),
+    ([(150 + 11 * i, 223 - 13 * i) for i in range(6)], ["center", "random_resized"]),
+], ids=["larger-than-crop", "smaller-than-crop"])
+def test_semantic_masks_and_small_images_as_v2(tv_python, tmp_path, sizes, modes):
+    store = _writer_store(str(tmp_path / "w.lmdb"), sizes, seed=len(sizes))
+    config = {"store": store, "crop": 224, "modes": modes, "seeds": [0, 1],
+              "fields": ["seg"]}
+    done = run_program("fields_parity", json.dumps(config), python=tv_python,
+                       capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["differing"] == [], result["differing"][:10]
+    assert result["workers"] == []
+    assert result["compared"] == len(modes) * 2 * 2 * len(sizes)

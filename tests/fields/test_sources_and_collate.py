@@ -147,9 +147,11 @@ def _same(a, b) -> bool:
     return a == b
 
 
+@pytest.mark.parametrize("sanitize", [False, True])
 @pytest.mark.parametrize("ragged", ["list", "padded", "packed"])
-def test_every_read_path_gives_the_same_batches(detection, ragged):
-    kw = dict(fields=FIELDS, crop=200, crop_mode="random_resized", flip=0.5, ragged=ragged)
+def test_every_read_path_gives_the_same_batches(detection, ragged, sanitize):
+    kw = dict(fields=FIELDS, crop=200, crop_mode="random_resized", flip=0.5, ragged=ragged,
+              sanitize=sanitize, scale=(0.02, 0.3))  # small crops: boxes cut to slivers
     ds = shardkit.ShardDataset(detection, **kw)
     torch.manual_seed(3)
     batch = shardkit.collate(ds.__getitems__(list(range(10))))
@@ -163,6 +165,12 @@ def test_every_read_path_gives_the_same_batches(detection, ragged):
     targets = batch[1]
     assert targets["emb"].shape == (10, 2) and targets["caption"] == [f"#{i}" for i in range(10)]
     lengths = [len(t["labels"]) for _, t in items]
+    assert all(len(t["boxes"]) == n == len(t["masks"]) for (_, t), n in zip(items, lengths))
+    if sanitize:  # every kept box passes SanitizeBoundingBoxes' rule, and some were dropped
+        kept = torch.cat([t["boxes"] for _, t in items])
+        assert ((kept[:, 2] - kept[:, 0] >= 1) & (kept[:, 3] - kept[:, 1] >= 1)).all()
+        full = shardkit.ShardDataset(detection, fields=["boxes"])
+        assert sum(lengths) < sum(len(full[i][1]["boxes"]) for i in range(10))
     if ragged == "list":
         assert [len(b) for b in targets["boxes"]] == lengths
     elif ragged == "padded":

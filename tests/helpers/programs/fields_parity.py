@@ -21,7 +21,7 @@ from torchvision.transforms import v2
 import shardkit
 from shardkit import ShardDataset
 
-FIELDS = ["boxes", "labels", "masks"]
+FIELDS = ["boxes", "labels", "masks"]  # the config's "fields" (e.g. a semantic "seg") join them
 
 
 def plain(x):
@@ -57,6 +57,7 @@ def reference(mode: str, crop: int, sanitize: bool):
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     path, crop, seeds = cfg["store"], cfg["crop"], cfg["seeds"]
+    FIELDS[:] = FIELDS[:3] + cfg.get("fields", [])
     raw = ShardDataset(path, fields=FIELDS)
     n = len(raw)
     out = {"compared": 0, "differing": [], "boxes_seen": 0, "boxes_dropped": 0,
