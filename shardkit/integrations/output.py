@@ -31,6 +31,18 @@ def _triple(value: Any, name: str) -> tuple[float, ...]:
     return values
 
 
+def _moved(value: Any, device: torch.device) -> Any:
+    """Tensors in ``value`` (a tensor, or dicts/lists/tuples of them: detection targets) on
+    ``device``; anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {k: _moved(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_moved(v, device) for v in value)
+    return value
+
+
 class BatchOutput(NamedTuple):
     """What ``ShardLoader`` does to each ``[images, labels]`` batch before the loop sees it."""
 
@@ -82,8 +94,7 @@ class BatchOutput(NamedTuple):
                               f"{tuple(getattr(images, 'shape', ()))}")
         if self.device is not None:
             images = images.to(self.device, non_blocking=True)  # uint8: a quarter of the bytes
-            if isinstance(labels, torch.Tensor):
-                labels = labels.to(self.device, non_blocking=True)
+            labels = _moved(labels, self.device)
         # One copy into the chosen layout, then in place: exactly images.float().div(255) and
         # v2.Normalize(mean, std), as shardkit.normalize computes it.
         out = images.to(self.dtype, memory_format=self.memory_format)
