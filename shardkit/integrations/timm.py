@@ -21,13 +21,14 @@ Both delegate to timm's own functions for every other dataset. For ``--dataset s
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
 from typing import Any
 
 import timm.data
-from timm.data.loader import PrefetchLoader
+from timm.data.loader import PrefetchLoader, _worker_init
 
 from ..errors import OptionError
 from ..formats import SUFFIXES
@@ -50,7 +51,8 @@ FLAGS = {"vflip": "--vflip", "color_jitter": "--color-jitter", "auto_augment": "
 HANDLED = {"is_training", "no_aug", "scale", "ratio", "hflip", "interpolation", "mean", "std",
            "num_workers", "distributed", "crop_pct", "collate_fn", "pin_memory", "fp16",
            "img_dtype", "device", "use_prefetcher", "persistent_workers", "re_prob", "re_mode",
-           "re_count", "re_split", "color_jitter", "train_crop_mode", "crop_mode"}
+           "re_count", "re_split", "color_jitter", "train_crop_mode", "crop_mode",
+           "worker_seeding"}
 # Values that do nothing at decode whatever timm's default is.
 NEUTRAL = {"color_jitter": (0, 0.0, None), "train_crop_mode": (None, "rrc"),
            "crop_mode": (None, "center")}
@@ -180,7 +182,10 @@ def create_loader(dataset: Any, input_size: Any, batch_size: int, **options: Any
     loader_args: dict[str, Any] = dict(
         batch_size=batch_size, num_workers=o["num_workers"], pin_memory=o["pin_memory"],
         collate_fn=o["collate_fn"] or collate, drop_last=training,
-        persistent_workers=bool(o["persistent_workers"]) and o["num_workers"] > 0)
+        persistent_workers=bool(o["persistent_workers"]) and o["num_workers"] > 0,
+        # timm's own worker seeding (numpy too: FastCollateMixup draws with it in the workers),
+        # after shardkit's worker_init_fn.
+        worker_init_fn=functools.partial(_worker_init, worker_seeding=o["worker_seeding"]))
     if o["distributed"]:
         loader_args["sampler"] = ShardSampler(ds, shuffle=training)
     else:

@@ -39,6 +39,7 @@ def test_timm_trains_evaluates_and_refuses_what_it_cannot_match(tv_python, root)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["stores"] == [str(root / "train.lmdb"), str(root / "val.lmdb")]  # split names
+    assert out["config"] == [[3, 32, 32], "bicubic", 0.875]  # resolve_data_config, as train.py
     assert out["prefetch_type"] == "PrefetchLoader"
     assert out["recipe"] == [32, "random_resized", 0.5]
     assert out["same_pixels"]

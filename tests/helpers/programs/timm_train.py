@@ -72,6 +72,14 @@ def main() -> None:
     out["stores"] = [train.root, val.root]
     classes = len(train.classes)
     model = timm.create_model("resnet18", num_classes=classes)
+    # train.py's data config: --input-size 3 32 32 --interpolation bicubic --crop-pct 0.875.
+    config = timm.data.resolve_data_config(
+        {"input_size": (3, SIZE, SIZE), "interpolation": "bicubic", "crop_pct": 0.875,
+         "mean": None, "std": None}, model=model)
+    out["config"] = [list(config["input_size"]), config["interpolation"], config["crop_pct"]]
+    TRAIN.update(mean=config["mean"], std=config["std"])
+    EVAL.update(mean=config["mean"], std=config["std"], interpolation=config["interpolation"],
+                crop_pct=config["crop_pct"], crop_mode=config.get("crop_mode"))
 
     # Prefetcher (timm's default) with mixup/cutmix in the collate function.
     mix = dict(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=classes)
@@ -96,7 +104,7 @@ def main() -> None:
     out["plain_steps"] = steps(model, loader, SoftTargetCrossEntropy(), Mixup(**mix))
 
     # Evaluation: Resize(36) + CenterCrop(32) = the store packed at 36, centre crop at decode.
-    loader = create_loader(val, (3, SIZE, SIZE), BATCH, use_prefetcher=True, **EVAL)
+    loader = create_loader(val, config["input_size"], BATCH, use_prefetcher=True, **EVAL)
     model.eval()
     with torch.no_grad():
         out["eval_count"] = sum(len(t) for _, t in loader)
