@@ -9,7 +9,9 @@ captions from same-stem ``.txt`` files: :class:`MetadataSource`, a ``Plan.annota
 - ``captions``: ``<stem>.txt`` beside each image (UTF-8) becomes the text field ``caption``; an
   image without one is skipped with the reason (an error under ``strict``).
 
-The schema is given (``schema``) or inferred from every row and printed by the CLI. CSV cells
+The schema is given (``schema``) or inferred from every row and printed by the CLI. Boxes must
+be declared ``normalized`` (0..1 of the image: they follow the packer's resize); masks and pixel
+boxes are refused here (the COCO packer, :mod:`.coco`, moves pixel geometry with the image). CSV cells
 are typed as they read: integers, then numbers, then JSON arrays/objects, else text. A column of
 lists of strings is inferred as multi-label, its classes the sorted names.
 """
@@ -58,6 +60,13 @@ class MetadataSource:
                 self.schema = Schema([*self.schema, Text(CAPTION_FIELD, MAX_CAPTION_BYTES)])
         except FieldError as exc:
             raise PackError(f"schema: {exc}") from None
+        for f in self.schema:
+            # The packer resizes the pixels: geometry in the source's pixels would be silently
+            # off. Normalised boxes follow any size; COCO's packer scales pixel geometry itself.
+            if f.geometric and not getattr(f, "normalized", False):
+                raise PackError(f"schema: field {f.name!r} ({f.kind}) would be in the source "
+                                "image's pixels, which packing resizes; declare boxes with "
+                                "normalized=True, or pack COCO annotations with `coco`")
         digest.update(json.dumps(self.schema.as_json(), sort_keys=True).encode())
         self.sha256 = digest.hexdigest()
         self._rel: dict[str, str] | None = None

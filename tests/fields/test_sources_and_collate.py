@@ -102,6 +102,27 @@ def test_file_list_extra_columns_and_csv_metadata(folder, tmp_path):
     assert t["count"] == 5 and t["vec"].tolist() == [5, 6]
 
 
+def test_metadata_boxes_normalized_or_refused(folder, tmp_path):
+    src, _, rows = folder
+    table = tmp_path / "boxes.jsonl"
+    table.write_text("".join(json.dumps({"file_name": r["file_name"],
+                                         "box": [[0.25, 0.5, 0.5, 1.0]]}) + "\n" for r in rows))
+    pixel = tmp_path / "pixel.json"
+    pixel.write_text(json.dumps([{"name": "box", "kind": "boxes"}]))
+    with pytest.raises(PackError, match="normalized=True"):
+        shardkit.pack(src, str(tmp_path / "p.lmdb"), metadata_file=str(table),
+                      schema=str(pixel), workers=1, progress=False)
+    spec = tmp_path / "norm.json"
+    spec.write_text(json.dumps([{"name": "box", "kind": "boxes", "normalized": True}]))
+    out = str(tmp_path / "n.lmdb")
+    shardkit.pack(src, out, metadata_file=str(table), schema=str(spec), workers=1,
+                  progress=False, size=0)
+    ds = shardkit.ShardDataset(out, fields=["box"], tv_tensors=False)
+    image, target = ds[3]
+    h, w = image.shape[1:]
+    assert target["box"].tolist() == [[0.25 * w, 0.5 * h, 0.5 * w, 1.0 * h]]
+
+
 def test_missing_caption_skips_the_image(folder, tmp_path):
     src, _, _ = folder
     import shutil
