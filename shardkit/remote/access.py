@@ -20,6 +20,8 @@ _S3_CONFIG = {"connect_timeout": 10, "read_timeout": 30,
               "retries": {"total_max_attempts": 2, "mode": "standard"}}
 
 T = TypeVar("T")
+# Error "codes" that are only an HTTP status: the server's own code is found by _diagnose.
+_BARE_CODES = {"400", "403", "404", "BadRequest", "Forbidden", "NotFound"}
 
 
 class ObjectNotFound(StoreError):
@@ -109,8 +111,23 @@ class _Remote:
             return None
         return _options(self.url, self.storage_options)["config_kwargs"].get("read_timeout")
 
-    def failure(self, exc: BaseException) -> Failure:
-        return classify(exc, self.read_timeout())
+    def failure(self, exc: BaseException, name: str = "") -> Failure:
+        failure = classify(exc, self.read_timeout())
+        if failure.code in _BARE_CODES and _is_s3(self.url):
+            failure = self._diagnose(name) or failure
+        return failure
+
+    def _diagnose(self, name: str) -> Failure | None:
+        """The server's own error code, when a response without a body (HEAD) or a streamed
+        GET's error gave only the HTTP status: one listing of the key's prefix, whose error
+        body botocore parses (``SignatureDoesNotMatch``, ``NoSuchBucket``...)."""
+        try:
+            bucket, key, _ = self.fs.split_path(self.path(name))
+            self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=key, MaxKeys=1)
+        except Exception as exc:  # noqa: BLE001 - what we are after
+            found = classify(exc, self.read_timeout())
+            return found if found.code not in _BARE_CODES and found.code is not None else None
+        return None
 
     def retry(self, name: str, call: Callable[[], T],
               local: Callable[[BaseException], str | None] | None = None) -> T:
@@ -125,7 +142,7 @@ class _Remote:
                 blame = local(exc) if local is not None else None
                 if blame is not None:
                     raise LocalFault(blame) from None
-                failure = self.failure(exc)
+                failure = self.failure(exc, name)
                 if failure.missing:
                     err = ObjectNotFound(f"{self.where(name)}: {failure.message}")
                     err.code = failure.code

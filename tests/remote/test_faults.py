@@ -159,10 +159,8 @@ def test_a_cache_folder_removed_while_in_use_is_made_again(url, local, tmp_path)
 
 _LOCAL_FAULT = textwrap.dedent("""
     import sys
-    import shardkit.remote.access
     from shardkit.errors import StoreError
     from shardkit.remote import RemoteFolder, ShardCache
-    shardkit.remote.access.RETRY_DELAYS = (0.05, 0.05)
     cache = ShardCache(RemoteFolder(sys.argv[1]), sys.argv[2])
     try:
         cache.fetch(0)
