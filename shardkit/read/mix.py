@@ -19,9 +19,10 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import ConcatDataset
+from torch.utils.data import ConcatDataset, get_worker_info
 
 from ..errors import OptionError
+from . import batchpool
 from .order import Groups, rng
 from .sampler import OrderedSampler, fingerprint, shard_groups
 
@@ -58,15 +59,22 @@ class Mix(ConcatDataset):
         for positions, got in pieces:
             for p, sample in zip(positions.tolist(), got):
                 samples[p] = sample
-        if pieces and all(isinstance(got, Batch) and isinstance(getattr(got, "images", None),
-                                                                  torch.Tensor)
-                          and isinstance(getattr(got, "labels", None), torch.Tensor)
-                          for _, got in pieces):
-            order = torch.from_numpy(np.argsort(np.concatenate([p for p, _ in pieces]),
-                                                kind="stable"))
+        images = [getattr(got, "images", None) for _, got in pieces]
+        if all(isinstance(got, Batch) and isinstance(x, torch.Tensor) and x.ndim == 4
+               and x.shape[1:] == images[0].shape[1:] and x.dtype == torch.uint8
+               and isinstance(getattr(got, "labels", None), torch.Tensor)
+               for (_, got), x in zip(pieces, images)):
+            # One batch buffer, as a ShardDataset's own batch (a worker ships it uncopied).
+            _, c, h, w = images[0].shape
+            buf, slot = batchpool.pool(get_worker_info() is not None).take((len(idx), h, w, c))
             batch = Batch(samples)
-            batch.images = torch.cat([got.images for _, got in pieces])[order]
-            batch.labels = torch.cat([got.labels for _, got in pieces])[order]
+            batch.images = buf.permute(0, 3, 1, 2)
+            batch.labels = torch.empty(len(idx), dtype=pieces[0][1].labels.dtype)
+            for (positions, got), x in zip(pieces, images):
+                where = torch.from_numpy(positions)
+                batch.images[where] = x
+                batch.labels[where] = got.labels
+            batch.slot = slot
             return batch
         return samples
 

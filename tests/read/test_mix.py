@@ -176,6 +176,8 @@ def test_real_stores_through_the_loader(stores, context):
     labels = torch.cat([y for _, y in batches]).tolist()
     assert labels == targets[order].tolist()
     images = torch.cat([x for x, _ in batches])
+    in_process = list(mix.loader(batch_size=6, sampler=sampler))  # no workers: the same batches
+    assert torch.equal(torch.cat([x for x, _ in in_process]), images)
     for j in (0, 7, len(order) - 1):
         i = order[j]
         want = a[i][0] if i < 12 else b[i - 12][0]
