@@ -6,7 +6,8 @@ The image column is a Hugging Face ``Image`` struct ``{bytes, path}`` (or a plai
 column); the label column an integer ``ClassLabel`` (names from the schema metadata key
 ``huggingface``) or plain integers or strings. Defaults: the columns the metadata marks as
 ``Image`` and ``ClassLabel``, else the first of ``image;img;jpg;png`` and ``label;labels;cls``.
-Other columns become typed fields (text, numbers, lists, structs as JSON). The scan reads the
+Other columns become typed fields (text, numbers, lists, structs as JSON); binary columns are
+left out. The scan reads the
 label and field columns; workers read the image column one row group (one Arrow
 record batch) at a time and keep the last one, so memory stays bounded by a row group.
 """
@@ -112,6 +113,13 @@ def check_image_type(pa: Any, schema: Any, column: str, path: str) -> None:
                     "{bytes, path} or binary")
 
 
+def _binary(pa: Any, t: Any) -> bool:
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return True
+    return pa.types.is_struct(t) and any(_binary(pa, t.field(i).type)
+                                         for i in range(t.num_fields))
+
+
 def _label_values(pa: Any, array: Any, column: str, path: str) -> list[Any]:
     t = array.type
     if pa.types.is_dictionary(t):
@@ -157,7 +165,10 @@ class ParquetFormat(ContainerFormat):
                 if scanned.names is not None and scanned.names != names:
                     raise PackError(f"{path}: ClassLabel names differ from the other files'")
                 scanned.names = names
-            others = [n for n in schema.names if n not in (image, label)]
+            # Binary columns (another image, a mask file) are not read: only small typed values
+            # travel in the plan.
+            others = [n for n in schema.names if n not in (image, label)
+                      and not _binary(pa, schema.field(n).type)]
             try:
                 for g, (values, *columns) in enumerate(batches.columns([label, *others])):
                     extra = [c.to_pylist() for c in columns]
