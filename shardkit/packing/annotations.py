@@ -48,8 +48,10 @@ class MetadataSource:
         self.rows: dict[str, dict[str, Any]] = {}
         if metadata is not None:
             self.rows = _read_table(metadata, "file_name", skip=())
-        elif file_list is not None:
+        elif file_list is not None and _names_columns(file_list):
             self.rows = _read_table(file_list, None, skip=(1,))
+        else:  # a plain file list: read (and checked) by discovery alone, as without fields
+            self.sources = [p for p in self.sources if p != file_list]
         digest = hashlib.sha256()
         for path in self.sources:
             digest.update(_read_bytes(path))
@@ -105,6 +107,19 @@ class MetadataSource:
         if self.captions:
             values[CAPTION_FIELD] = _caption(path)
         return values
+
+
+def _names_columns(file_list: str) -> bool:
+    """Whether a file list's first line is a header naming more than ``path,label`` (only then
+    are its further columns fields); read alone, so other lists cost nothing more."""
+    try:
+        with open(file_list, "rb") as f:
+            first = f.readline(1 << 16).decode("utf-8-sig")
+    except (OSError, UnicodeDecodeError):
+        return False  # discovery reports it, as for any file list
+    cells = next(csv.reader([first], dialect="excel-tab" if "\t" in first else "excel"), [])
+    return len(cells) > 2 and os.path.splitext(cells[0].strip())[1] == "" and not any(
+        c.strip().lstrip("-").isdigit() for c in cells[:2])
 
 
 def _read_bytes(path: str) -> bytes:
