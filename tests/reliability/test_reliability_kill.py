@@ -137,7 +137,8 @@ def _leftovers(folder: str, keep: str) -> list[str]:
     if os.path.isdir(store):
         extra += [f"{keep}/{n}" for n in os.listdir(store)
                   if not (n == "manifest.json" or n.startswith("shard-") and
-                          n.endswith((".lmdb", ".h5")) or n.startswith("labels"))]
+                          n.endswith((".lmdb", ".h5")) or n.startswith("labels")
+                          or n == "layout.npy")]  # the mixed record layout's
     return extra
 
 
