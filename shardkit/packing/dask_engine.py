@@ -21,6 +21,7 @@ import uuid
 from typing import Any, Callable
 
 from ..errors import PackError
+from ..urls import is_url
 from .console import progress as progress_bar
 from .local import ShardDone, pack_shard
 from .plan import Plan
@@ -40,9 +41,13 @@ def _absolute(plan: Plan) -> Plan:
 
     Paths stored in shards are relative to the root, so the output does not change.
     """
+    if is_url(plan.root):  # tars at a URL: every worker reads them there
+        return plan
     root = os.path.abspath(plan.root)
-    return dataclasses.replace(plan, root=root,
-                               paths=[os.path.join(root, plan.relpath(p)) for p in plan.paths])
+    absolute = dataclasses.replace(plan, root=root,
+                                   paths=[os.path.join(root, plan.relpath(p)) for p in plan.paths])
+    absolute.annotations = plan.annotations  # not a dataclass field: replace() drops it
+    return absolute
 
 
 def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: str | None = None,
