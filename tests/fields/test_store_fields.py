@@ -187,3 +187,45 @@ def test_metadata_with_foreign_dtype_is_refused(tmp_path):
     with pytest.raises(StoreError, match="unknown kind"):
         metadata.check_typed_fields(meta, "x")
     assert os.path.exists(path)
+
+
+def _rewrite_column(path: str, column: str, values: np.ndarray) -> None:
+    """Replace an LMDB store's field column with ``values`` and vouch for it: its CRC32 in the
+    metadata updated and the metadata resealed, so only verify's checks beyond checksums (box
+    ranges, per-box lengths) can catch it."""
+    import lmdb
+
+    from shardkit import metadata
+
+    env = lmdb.open(path, subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        meta = json.loads(txn.get(b"__meta__"))
+        meta["arrays"][column] |= {"crc32": metadata.array_crc32(values),
+                                   "shape": list(values.shape)}
+        txn.put(f"__array__/{column}".encode(), values.tobytes())
+        txn.put(b"__meta__", metadata.dumps(metadata.seal(meta)))
+    env.close()
+
+
+def test_verify_catches_checksummed_nonsense(tmp_path):
+    path = str(tmp_path / "v.lmdb")
+    write(path, 4)
+    store = Store(path)
+    boxes = np.array(store.shard(0).arrays["f.boxes.values"])
+    store.close()
+    outside = boxes.copy()
+    outside[-1, 2] = W + 50  # a box reaching past its image
+    _rewrite_column(path, "f.boxes.values", outside)
+    report = shardkit.verify(path)
+    assert not report.ok and "outside the" in report.faults[0] and "record 3" in report.faults[0]
+    path2 = str(tmp_path / "w.lmdb")
+    write(path2, 4)
+    store = Store(path2)
+    labels = np.array(store.shard(0).arrays["f.labels.values"])
+    offsets = np.array(store.shard(0).arrays["f.labels.offsets"])
+    store.close()
+    offsets[-1] -= 1  # the last record loses a label: per-box lengths disagree
+    _rewrite_column(path2, "f.labels.offsets", offsets)
+    _rewrite_column(path2, "f.labels.values", labels[:-1].copy())
+    report = shardkit.verify(path2)
+    assert not report.ok and "values for" in report.faults[0]
