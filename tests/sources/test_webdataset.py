@@ -89,6 +89,17 @@ def test_json_npy_txt_members_become_typed_fields(tmp_path):
         assert np.array_equal(ours, boxes) and ours.dtype == boxes.dtype
 
 
+def test_sharded_pack_keeps_the_containers_order(tars, folder, folder_store, tmp_path):
+    out_dir, _ = tars
+    mine = str(tmp_path / "tars")
+    shardkit.pack(out_dir, mine, size=64, workers=2, num_shards=3, progress=False)
+    # A container is read in its order (no mixed layout), cut where its tars end (10, 20).
+    assert [r[:4] for r in store_records(mine)] == \
+        [r[:4] for r in store_records(folder_store(64))]
+    assert [e.count for e in shardkit.ShardDataset(mine).store.shards] == [10, 10, 4]
+    assert list(shardkit.ShardDataset(mine).targets) == [lab for _, lab in folder[1]]
+
+
 def test_brace_pattern_single_tar_and_forced_format(tars, folder_store, tmp_path):
     out_dir, files = tars
     want = store_records(folder_store(64))
@@ -129,7 +140,7 @@ def test_byte_identical_for_any_workers_and_engine(tars, tmp_path):
     for workers, engine in ((1, "local"), (3, "local"), (2, "dask")):
         out = str(tmp_path / f"s{workers}{engine}")
         result = shardkit.pack(out_dir, out, size=48, workers=workers, num_shards=3,
-                               order="source", engine=engine, progress=False)
+                               engine=engine, progress=False)
         assert result.shards == 3
         sharded.append(store_files(out))
     assert sharded[0] == sharded[1] == sharded[2]
@@ -275,8 +286,7 @@ def test_killed_pack_from_tars_resumes(tars, tmp_path):
 
     out_dir, _ = tars
     out, ref = str(tmp_path / "out"), str(tmp_path / "ref")
-    args = ["pack", out_dir, "--num-shards", "3", "--order", "source", "--size", "32", "-q",
-            "--workers", "2"]
+    args = ["pack", out_dir, "--num-shards", "3", "--size", "32", "-q", "--workers", "2"]
     events = str(tmp_path / "events")
     proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__),
                                                           "block_pack.py"), *args[:2], out,
