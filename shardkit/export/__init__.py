@@ -1,7 +1,7 @@
 """``shardkit export``: a store back out as WebDataset tars or Hugging Face parquet.
 
 :data:`TARGETS` is the one list of export formats (the CLI's ``--to`` choices derive from it).
-Records leave in the store's index order (record 0 first), split into numbered files of about
+Records leave in the dataset's order (``ShardDataset(store)[i]``, through a mixed layout), split into numbered files of about
 ``shard_size`` bytes named by a printf pattern (``out/train-%06d.tar``).
 
 * :mod:`.base`        the shared steps: reading records in order, splitting, naming files

@@ -1,5 +1,5 @@
 """The steps every export shares: open the store, read each record (bytes, label, fields) in
-index order, cut the output into numbered files of about ``shard_size`` bytes, write each file
+the dataset's order (``ds[i]``), cut the output into numbered files of about ``shard_size`` bytes, write each file
 under a hidden partial name and rename it when complete."""
 
 from __future__ import annotations
@@ -102,17 +102,30 @@ class Exporter:
     # -- shared steps -------------------------------------------------------------------------
 
     def records(self) -> Iterator[Record]:
+        """Every record in the dataset's order (``ds[i]``: through a mixed layout, if any)."""
+        from ..read.view import open_layout
+
         store = self.store
-        encoding = store.encoding
-        for k, entry in enumerate(store.shards):
+        view = open_layout(store)
+        if view is store:  # physical order is the order: one read transaction per shard
+            for k, entry in enumerate(store.shards):
+                shard = store.shard(k)
+                with shard.reader.records() as get:
+                    for local in range(entry.count):
+                        yield self._record(entry.start + local, shard, local, get)
+            return
+        for i in range(store.count):
+            k, local = view.locate(i)
             shard = store.shard(k)
             with shard.reader.records() as get:
-                for local in range(entry.count):
-                    fields = ({} if shard.fields is None else
-                              {f.name: shard.fields.value(f.name, local) for f in self.schema})
-                    yield Record(entry.start + local, bytes(get(local)), encoding,
-                                 int(shard.heights[local]), int(shard.widths[local]),
-                                 int(shard.labels[local]), shard.source_path(local), fields)
+                yield self._record(i, shard, local, get)
+
+    def _record(self, index: int, shard: Any, local: int, get: Any) -> Record:
+        fields = ({} if shard.fields is None else
+                  {f.name: shard.fields.value(f.name, local) for f in self.schema})
+        return Record(index, bytes(get(local)), self.store.encoding, int(shard.heights[local]),
+                      int(shard.widths[local]), int(shard.labels[local]),
+                      shard.source_path(local), fields)
 
     def run(self) -> ExportResult:
         from ..packing.console import progress as progress_bar

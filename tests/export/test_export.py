@@ -22,16 +22,20 @@ from shardkit.read.store import Store
 
 
 def records(path: str) -> list[tuple[bytes, int, int, int]]:
-    store = Store(path)
+    """(bytes, label, height, width) of every record in the dataset's order (ds[i])."""
+    ds = shardkit.ShardDataset(path)
+    base = Store(path)
     out = []
     try:
-        for k, entry in enumerate(store.shards):
-            shard = store.shard(k)
+        for i in range(len(ds)):
+            k, local = ds.store.locate(i)
+            shard = base.shard(k)
             with shard.reader.records() as get:
-                out += [(bytes(get(i)), int(shard.labels[i]), int(shard.heights[i]),
-                         int(shard.widths[i])) for i in range(entry.count)]
+                out.append((bytes(get(local)), int(shard.labels[local]),
+                            int(shard.heights[local]), int(shard.widths[local])))
     finally:
-        store.close()
+        base.close()
+    assert [r[1] for r in out] == list(ds.targets)  # the dataset's own labels, in its order
     return out
 
 
@@ -41,6 +45,7 @@ def store(tmp_path_factory) -> str:
     image_tree(str(base / "src"), classes=3, per_class=6, seed=4, pngs=1)
     out = str(base / "store")
     shardkit.pack(str(base / "src"), out, size=48, workers=1, num_shards=2, progress=False)
+    assert "layout" in Store(out).meta  # a mixed layout: ds order is not the shards' order
     return out
 
 
