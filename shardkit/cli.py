@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
 
     p = sub.add_parser("export", help="write a store out as WebDataset tars or Hugging Face "
-                       "parquet", description="Write every record of STORE, in index order, into "
+                       "parquet", description="Write every record of STORE, in the dataset's order, into "
                        "numbered files: WebDataset tars (KEY.jpg + KEY.cls, JPEG records byte "
                        "for byte) or parquet with the Hugging Face Image struct and ClassLabel.")
     p.add_argument("store", metavar="STORE", help="a store file or folder")
