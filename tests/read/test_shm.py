@@ -13,11 +13,15 @@ import os
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 from helpers import build_store_fast, program_cmd, program_env
 from helpers.programs import shm_loader
 
+import shardkit
 from shardkit import ShardDataset
+from shardkit.read import shipping
+from shardkit.read.batchpool import PooledBatch
 
 
 def _namespace_or_skip() -> None:
@@ -77,3 +81,62 @@ def test_every_loader_path_works_there(store, case, context):
     got = json.loads(done.stdout)
     assert got == expected(store, case)
     assert len(got) == (len(ShardDataset(store)) if case == "single" else 512 // shm_loader.BATCH)
+
+
+# -- where a worker's batch lives, without a mount namespace ---------------------------------------
+
+def _tensors(data) -> list:
+    if isinstance(data, dict):
+        return [t for v in data.values() for t in _tensors(v)]
+    if isinstance(data, (list, tuple)):
+        return [t for v in data for t in _tensors(v)]
+    return [data] if hasattr(data, "untyped_storage") else []
+
+
+def _places(data) -> list[str]:
+    """What each tensor's shared memory is (``/proc/self/fd`` link): asking torch for its
+    descriptor moves a tensor that is not shared yet into /dev/shm, as sending it would."""
+    return [os.readlink(f"/proc/self/fd/{t.untyped_storage()._share_fd_cpu_()[0]}")
+            for t in _tensors(data)]
+
+
+def collate_and_tell(batch):
+    out = shardkit.collate(batch)
+    if isinstance(out, PooledBatch):  # its images travel as their reusable memfd buffer
+        return out, _places(out[1]) + [os.readlink(f"/proc/self/fd/{out._slot.fd}")]
+    return out, _places(out)
+
+
+def numpy_float(img):
+    """A per-sample transform on numpy samples (default_collate turns them into tensors)."""
+    return img.astype(np.float32) / 255
+
+
+def convert_and_tell(sample):
+    out = shipping.convert(sample)
+    return out, _places(out)
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("places") / "s.lmdb")
+    build_store_fast(path, 24, side=64, variants=8, seed=4)
+    return path
+
+
+@pytest.mark.parametrize("kwargs, batch_size, collate_fn", [
+    ({"transform": shm_loader.to_float}, 4, collate_and_tell),
+    ({"output": "numpy", "transform": numpy_float}, 4, collate_and_tell),
+    ({"target_transform": shm_loader.shifted}, 4, collate_and_tell),
+    ({"output": "numpy", "target_transform": shm_loader.shifted}, 4, collate_and_tell),
+    ({"transform": shm_loader.to_float}, None, convert_and_tell)],
+    ids=["transform", "numpy-transform", "target-transform", "numpy-batched",
+         "batch-size-none"])
+def test_worker_tensors_live_in_memfd_memory(small_store, kwargs, batch_size, collate_fn):
+    """Every tensor that ``shardkit.collate`` (or ``convert``, for ``batch_size=None``) returns in
+    a worker is in a memfd, none in /dev/shm (runs anywhere: no root needed)."""
+    ds = ShardDataset(small_store, crop=16, **kwargs)
+    loader = ds.loader(batch_size=batch_size, num_workers=2, multiprocessing_context="fork",
+                       collate_fn=collate_fn)
+    places = [place for _, batch_places in loader for place in batch_places]
+    assert places and all(p.startswith("/memfd:shardkit-batch") for p in places), places[:4]
