@@ -187,6 +187,11 @@ def check_array(path: str, name: str, arr: np.ndarray, dtype: str, shape: tuple[
     return arr
 
 
+# A record's entries in the index arrays (label, height, width, CRC32, path offset) and its
+# source path, about: the same for every backend.
+RECORD_INDEX_BYTES = 64
+
+
 @dataclass(frozen=True)
 class Backend:
     """One entry of the format registry (:mod:`shardkit.formats`)."""
@@ -197,6 +202,9 @@ class Backend:
     sniff: Callable[[bytes], bool]  # from a file's first 64 bytes: written by this backend?
     reader: type[ShardReader]
     writer: type[ShardWriter]
+    #: Bytes a record of n bytes takes in a shard file (page rounding, per-record overhead):
+    #: what ``shard_size`` plans with.
+    record_bytes: Callable[[int], int] = lambda n: n + RECORD_INDEX_BYTES
 
 
 __all__ = ["Backend", "RecordGetter", "ShardReader", "ShardWriter", "check_array", "file_size",

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Sequence
 
 from .. import metadata
 from ..errors import PackError, PackOptionError
-from ..formats import SUFFIXES
+from ..formats import SUFFIXES, backend
 from . import workers
 from .discovery import Discovery, discover, read_file_list
 from .sources.plan import discover_container
@@ -103,12 +103,15 @@ def shard_bounds(n: int, num_shards: int | None, per_shard: int | None) -> list[
 
 
 def estimate_record_bytes(paths: Sequence[str], settings: PackSettings) -> int:
-    """Mean record size over up to SIZE_SAMPLE evenly spaced sources (deterministic)."""
+    """Mean bytes a record takes in a shard file (its format's page rounding and index entries
+    included) over up to SIZE_SAMPLE evenly spaced sources (deterministic)."""
     if not paths:
         return 1
     step = max(1, len(paths) // SIZE_SAMPLE)
-    sizes = [len(r.data) for r in (workers.encode_file(p, settings)
-                                   for p in paths[::step][:SIZE_SAMPLE]) if r.data is not None]
+    stored = backend(settings.format).record_bytes  # page rounding: LMDB's can be 1.6x
+    sizes = [stored(len(r.data)) for r in (workers.encode_file(p, settings)
+                                           for p in paths[::step][:SIZE_SAMPLE])
+             if r.data is not None]
     if not sizes:
         return settings.size * settings.size * 4 if settings.size else 1 << 20
     return max(1, int(sum(sizes) / len(sizes)))

@@ -14,7 +14,7 @@ from .verify import put_verified
 
 RECORDS = ".shardkit-upload"
 # The files a pack writes into a folder store (shardkit.packing.plan), besides the manifest.
-_STORE_FILE = re.compile(r"shard-\d{5,}\.[A-Za-z0-9]+|labels\.npy|layout\.npy")
+_STORE_FILE = re.compile(r"(shard-\d{5,}|labels|layout)(-[0-9a-f]{8,})?\.[A-Za-z0-9]+")
 
 
 class Uploader:

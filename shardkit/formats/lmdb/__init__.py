@@ -4,10 +4,27 @@
 file; ``writer`` and ``reader`` the two sides.
 """
 
-from ..base import Backend
+from ..base import RECORD_INDEX_BYTES, Backend
 from .reader import LmdbShardReader
 from .validate import sniff
 from .writer import LmdbShardWriter
 
+PAGE = 4096  # LMDB's page: the OS page size (x86-64, aarch64 with 4 KiB pages)
+_PAGE_HEADER, _NODE_HEADER, _KEY = 16, 8, 8  # bytes (lmdb's PAGEHDRSZ, NODESIZE; record_key)
+
+
+def record_bytes(n: int) -> int:
+    """Bytes a record of ``n`` bytes takes in an LMDB file: a value too big for half a page
+    goes to its own overflow pages (whole pages); small ones share leaf pages, as many whole
+    nodes as fit in one."""
+    node = _NODE_HEADER + _KEY + n
+    if node > (PAGE - _PAGE_HEADER) // 2:
+        pages = -(-(_PAGE_HEADER + n) // PAGE)
+        leaf = _NODE_HEADER + _KEY + 8 + 2  # the node that points at the overflow pages
+        return pages * PAGE + leaf + RECORD_INDEX_BYTES
+    per_page = (PAGE - _PAGE_HEADER) // (node + 2)  # + its 2-byte pointer in the page
+    return PAGE // per_page + RECORD_INDEX_BYTES
+
+
 BACKEND = Backend(name="lmdb", label="LMDB", suffixes=(".lmdb",), sniff=sniff,
-                  reader=LmdbShardReader, writer=LmdbShardWriter)
+                  reader=LmdbShardReader, writer=LmdbShardWriter, record_bytes=record_bytes)
