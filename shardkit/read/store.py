@@ -19,9 +19,11 @@ a local :class:`shardkit.remote.ShardCache`: the manifest and ``labels.npy`` are
 construction; a shard is downloaded (once per machine, SHA-256 checked) when a process first
 opens it, and released to the cache's LRU eviction when it is closed. Nothing is pinned: a cached
 shard never changes (its folder is keyed by the manifest's SHA-256). When a process opens shard k
-as its first shard, or right after k-1 (reading in order), shard k+1 is downloaded in the
-background; under a ``ShardSampler``, the sampler instead starts the download of its rank's next
-shard as it hands out the first index of the one before (see :mod:`shardkit.read.sampler`).
+as its first shard, or right after k-1 (reading in order), shards k+1.. are read ahead (several
+downloads at once, :meth:`Store.read_ahead`); under a ``ShardSampler``, the sampler instead reads
+ahead its rank's next shards as it hands out the first index of each (see
+:mod:`shardkit.read.sampler`). A full cache closes this process's least recently used shards
+before it downloads another (``cache_limit`` holds machine-wide).
 """
 
 from __future__ import annotations
