@@ -40,12 +40,15 @@ def _pack(src: str, out: str, *args: str) -> None:
 
 @pytest.fixture(scope="module")
 def packed(src, tmp_path_factory):
-    """fmt -> (4-shard folder store, single-file store) of the same source."""
+    """fmt -> (4-shard folder store, single-file store) of the same source. The folder keeps the
+    source order in its shards (``--order source``): these tests look at what each shard holds
+    (the default mixed layout is tests/read/test_layout.py's)."""
     base = tmp_path_factory.mktemp("packed")
     stores = {}
     for fmt in FORMATS:
         folder, single = str(base / f"{fmt}-4"), str(base / f"single{SUFFIX[fmt]}")
-        _pack(src, folder, "--num-shards", "4", "--format", fmt, "--workers", "2")
+        _pack(src, folder, "--num-shards", "4", "--format", fmt, "--workers", "2", "--order",
+              "source")
         _pack(src, single, "--workers", "2")
         stores[fmt] = folder, single
     return stores
@@ -70,12 +73,9 @@ def test_num_shards_layout_and_manifest(packed, src, fmt):
     assert not os.path.exists(partial_of(folder))
     m = manifest(folder)
     files = [f"shard-{k:05d}{SUFFIX[fmt]}" for k in range(4)]
-    # Only the shards, the labels, the record layout (the default, mixed) and the manifest: no
-    # plan, progress entries or temp files left.
-    assert sorted(os.listdir(folder)) == sorted(files + ["labels.npy", "layout.npy",
-                                                         "manifest.json"])
-    assert m["format"] == "shardkit" and m["kind"] == "sharded" and m["format_version"] == 3
-    assert m["layout"]["sha256"] == sha256(os.path.join(folder, "layout.npy"))
+    # Only the shards, the labels and the manifest: no plan, progress entries or temp files left.
+    assert sorted(os.listdir(folder)) == sorted(files + ["labels.npy", "manifest.json"])
+    assert m["format"] == "shardkit" and m["kind"] == "sharded" and m["format_version"] == 1
     assert m["count"] == N and m["classes"] == ["c0", "c1", "c2"] and m["skipped"] == []
     assert m["settings"]["size"] == 32 and m["settings"]["format"] == fmt
     assert m["source_root"] == os.path.abspath(src)
