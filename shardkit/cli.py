@@ -15,7 +15,7 @@ from .errors import Interrupted, ShardkitError
 from .packing.imaging import PILLOW_PIXEL_LIMIT
 from .packing.sources import SOURCE_FORMATS
 from .export import DEFAULT_SHARD_SIZE as EXPORT_SHARD_SIZE, TARGETS as EXPORT_TARGETS
-from .packing.settings import ENGINES
+from .packing.settings import ENGINES, ORDERS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write OUT as a folder of shards of about this size (e.g. 1GiB)")
     p.add_argument("--num-shards", type=_positive_int, metavar="N",
                    help="write OUT as a folder of N shards")
+    p.add_argument("--order", choices=ORDERS, default=ORDERS[0],
+                   help="record layout of a sharded OUT: mixed (every shard a uniform class "
+                   "mix; ds[i] keeps the source order) or source (shards in source order) "
+                   "[mixed]")
+    p.add_argument("--layout-seed", type=_positive_int, default=0, metavar="N",
+                   help="seed of the mixed layout [0]")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted sharded pack, keeping finished shards")
     p.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
@@ -172,7 +178,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
                   label_key=args.label_key,
                   shard_size=args.shard_size, num_shards=args.num_shards, resume=args.resume,
                   engine=args.engine, scheduler=args.scheduler, num_nodes=args.num_nodes,
-                  node_rank=args.node_rank, progress=not args.quiet)
+                  node_rank=args.node_rank, progress=not args.quiet, order=args.order,
+                  layout_seed=args.layout_seed)
     if args.num_nodes > 1:
         print(f"node {args.node_rank}/{args.num_nodes}: packed {result.count} images; run "
               f"'shardkit merge {args.out}' when every node is done", file=sys.stderr)
@@ -287,7 +294,7 @@ def _one_line(exc: BaseException) -> str:
 # Library errors name parameters as `name` or `name=value`; the command's users see flags.
 _PARAMETER = re.compile(r"`(size|quality|encoding|format|workers|strict|overwrite|max_pixels|"
                         r"allow_empty|file_list|source_format|image_key|label_key|to|shard_size|num_shards|resume|engine|scheduler|"
-                        r"num_nodes|node_rank)(?:=('[^'`]*'|True))?`")
+                        r"num_nodes|node_rank|order|layout_seed)(?:=('[^'`]*'|True))?`")
 
 
 def _as_flags(message: str) -> str:

@@ -108,7 +108,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
          node_rank: int = 0, progress: bool = True,
          source_format: str | None = None, image_key: str | None = None,
          label_key: str | None = None,
-         storage_options: dict[str, Any] | None = None) -> PackResult:
+         storage_options: dict[str, Any] | None = None, order: str = "mixed",
+         layout_seed: int = 0) -> PackResult:
     """Pack an ImageFolder-layout folder (or a file list) into an LMDB or HDF5 store.
 
     Without ``shard_size``/``num_shards`` OUT is one file; with them, a folder of shard files and
@@ -168,6 +169,12 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         node_rank: this machine's number, ``0 <= node_rank < num_nodes``.
         progress: show a progress bar on stderr.
         storage_options: options of the fsspec filesystem of a URL OUT (credentials, endpoint).
+        order: ``"mixed"`` (default): a store of several shards lays its records out so that
+            every shard holds a uniform mix of classes (a permutation seeded by
+            ``layout_seed``, recorded in the store), while ``ds[i]``, ``targets`` and
+            ``source_path(i)`` keep the sources' order; ``"source"``: shards hold the sources
+            in order (see :mod:`shardkit.packing.layout`).
+        layout_seed: the seed of the ``"mixed"`` layout (an integer >= 0).
 
     Returns:
         a :class:`PackResult`. Raises PackError (one line, naming the parameter) for bad
@@ -222,7 +229,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
                                       file_list, captions, schema, allow_empty)
     plan = make_plan(src, settings, source_format=source_format, annotations=annotations,
                      source_options=source_options, allow_empty=allow_empty, file_list=file_list,
-                     shard_size=shard_size, num_shards=num_shards, strict=strict)
+                     shard_size=shard_size, num_shards=num_shards, strict=strict,
+                     order=order, layout_seed=layout_seed)
     if plan.container is not None:  # a container's own fields (txt/json/npy members, columns)
         annotations = plan.container.fields
     plan.annotations = annotations

@@ -14,6 +14,7 @@ from ..fileutil import sha256_file
 from ..urls import is_url
 from .decode import Decoder, shard_name
 from .store import Store, disk_bytes
+from .view import labels_by_place
 
 MAX_FAULTS = 100
 
@@ -133,7 +134,7 @@ def verify(path: str | os.PathLike, progress: bool = False, *,
                     bar.update(1)
         if not report.faults and store.meta["kind"] == "sharded":  # any number of shards
             try:
-                if not np.array_equal(np.concatenate(labels_seen), store.labels):
+                if not np.array_equal(np.concatenate(labels_seen), labels_by_place(store)):
                     fault("labels.npy disagrees with the labels stored in the shards")
             except StoreError as exc:
                 fault(str(exc))
