@@ -140,3 +140,42 @@ def test_worker_tensors_live_in_memfd_memory(small_store, kwargs, batch_size, co
                        collate_fn=collate_fn)
     places = [place for _, batch_places in loader for place in batch_places]
     assert places and all(p.startswith("/memfd:shardkit-batch") for p in places), places[:4]
+
+
+@pytest.fixture(scope="module")
+def fields_store(tmp_path_factory) -> str:
+    """24 records with a multi-label field and a caption (a store with typed fields)."""
+    from shardkit.fields import MultiLabel, Text
+
+    path = str(tmp_path_factory.mktemp("fields-places") / "f.lmdb")
+    rng = np.random.default_rng(5)
+    schema = [MultiLabel("tags", 3, classes=["a", "b", "c"]), Text("caption")]
+    with shardkit.StoreWriter(path, ["x"], schema=schema) as w:
+        for i in range(24):
+            w.add(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), 0, tags=[i % 3],
+                  caption=f"record {i}")
+    return path
+
+
+def images_and_tell(batch):
+    """Where a fields batch's images live, and whether sending its targets shares any tensor
+    (they travel as numpy arrays, ``TargetBatch.__reduce__``: no /dev/shm either)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    images, targets = shardkit.collate(batch)
+    ForkingPickler.dumps(targets)
+    shared = [t.untyped_storage().is_shared() for t in _tensors(dict(targets))]
+    return [images, targets], (_places(images), shared)
+
+
+def test_fields_batches_live_in_memfd_memory(fields_store):
+    """A dataset with ``fields=`` collates its images through the same memfd path."""
+    ds = ShardDataset(fields_store, crop=16, fields=["tags", "caption"],
+                      transform=shm_loader.to_float)
+    loader = ds.loader(batch_size=4, num_workers=2, multiprocessing_context="fork",
+                       collate_fn=images_and_tell)
+    told = [tell for _, tell in loader]
+    places = [p for image_places, _ in told for p in image_places]
+    assert len(told) == 6 and len(places) == 6
+    assert all(p.startswith("/memfd:shardkit-batch") for p in places), places[:4]
+    assert not any(s for _, shared in told for s in shared)
