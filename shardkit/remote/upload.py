@@ -121,7 +121,7 @@ def check_target(url: str | os.PathLike, storage_options: dict[str, Any] | None 
     except PackError:
         raise
     except StoreError as exc:
-        raise PackError(f"cannot write to {remote.url}: {str(exc).split(': ', 1)[-1]}") from None
+        raise PackError(f"cannot write to {remote.url}: {exc}") from None
 
 
 def upload_folder_store(local_folder: str | os.PathLike, url: str | os.PathLike,

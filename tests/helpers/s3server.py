@@ -9,6 +9,7 @@ uploads from the server's side. ``hold(path)`` makes GETs of that object wait un
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 import uuid
@@ -102,7 +103,7 @@ class SeaweedServer:
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
-        self.proc: "subprocess.Popen | None" = None
+        self.proc: subprocess.Popen | None = None
 
     @staticmethod
     def weed() -> str | None:
@@ -115,7 +116,6 @@ class SeaweedServer:
     def start(self, timeout: float = 120.0) -> "SeaweedServer":
         import json
         import socket
-        import subprocess
 
         import boto3
 

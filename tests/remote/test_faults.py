@@ -238,7 +238,7 @@ def test_overwrite_with_fewer_shards_leaves_exactly_the_new_store(server, proxy,
 def test_pack_to_a_missing_bucket_fails_before_any_work(proxy, src, tmp_path, monkeypatch):
     monkeypatch.setenv("SHARDKIT_CACHE_DIR", str(tmp_path / "staging"))
     out = f"s3://shardkit-no-such-bucket-{os.getpid()}/train"
-    with pytest.raises(PackError, match=f"cannot write to {out}: the bucket does not exist"):
+    with pytest.raises(PackError, match=f"cannot write to {out}: .*the bucket does not exist"):
         shardkit.pack(src, out, num_shards=2, workers=1, progress=False)
     assert not [m for m, _ in proxy.requests if m == "PUT" and "shard-" in _]
     assert not os.path.exists(tmp_path / "staging") or not any(
@@ -255,3 +255,15 @@ def test_pack_cli_to_a_missing_bucket_is_one_line(proxy, src, tmp_path):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "the bucket does not exist" in lines[0], run.stderr
     assert np.all([m != "PUT" or "shard-" not in p for m, p in proxy.requests])
+
+
+def test_a_deeply_nested_remote_manifest_is_a_store_error(server, proxy, tmp_path):
+    """The remote manifest goes through the same parser as a local one: deep nesting is a
+    StoreError naming the object, not a RecursionError."""
+    bucket = server.new_bucket()
+    boto3.client("s3", endpoint_url=server.endpoint).put_object(
+        Bucket=bucket, Key="train/manifest.json", Body=b'{"a": ' + b"[" * 100000 + b"]" * 100000
+        + b"}")
+    with pytest.raises(StoreError, match=f"s3://{bucket}/train/manifest.json: metadata nests too "
+                                         "deeply"):
+        ShardDataset(f"s3://{bucket}/train", cache_dir=tmp_path / "cache")
