@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import gc
 import numbers
 import os
 from typing import Any, Callable, Literal, Sequence, get_args
@@ -25,52 +24,16 @@ from ..errors import OptionError
 from ..integrations.loader import ShardLoader
 from . import augment, batchpool, lifetime, shipping
 from . import targets as targetmod
+from .batching import Batch, collate
 from .decode import Decoder
 from .indices import check_index, check_indices
 from .store import OpenShard, Store
 from .threads import Fanout
 from .view import open_layout
+from .workers import _init_then, worker_init_fn
 
 Output = Literal["tensor", "numpy", "pil", "bytes"]
 OUTPUTS: tuple[str, ...] = get_args(Output)
-
-
-class Batch(list):
-    """A list of (image, label) samples that also carries them stacked, as ``images``/``labels``.
-
-    ``collate`` returns ``[images, labels]`` straight away; any other collate function sees an
-    ordinary list of samples.
-    """
-
-    images: torch.Tensor
-    labels: torch.Tensor
-    slot: batchpool.Slot | None = None  # the reusable buffer ``images`` lives in
-    channels_last = False  # ``images`` is N x H x W x C (output="numpy"), else N x C x H x W
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.pop("slot", None)  # process-local (a memory map); the images travel as tensors
-        return state
-
-
-def collate(batch: Sequence[Any], ragged: Any = "list") -> Any:
-    """``default_collate``, except that a ``Batch`` from ``ShardDataset`` is passed on uncopied,
-    and samples whose target is a dict of fields (``ShardDataset(fields=...)``) are collated by
-    :func:`shardkit.read.targets.collate_targets` (ragged fields as ``ragged`` says).
-
-    In a DataLoader worker the batch then travels to the main process as a reference to its
-    reusable shared-memory buffer (see :mod:`shardkit.read.batchpool`), not as a new segment.
-    """
-    if isinstance(batch, Batch):
-        slot = getattr(batch, "slot", None)
-        if slot is not None and slot.fd is not None:
-            return batchpool.PooledBatch(batch.images, batch.labels, slot, batch.channels_last)
-        return [batch.images, shipping.ship(batch.labels)
-                if isinstance(batch.labels, torch.Tensor) else batch.labels]
-    if batch and isinstance(batch[0], (tuple, list)) and len(batch[0]) == 2 \
-            and isinstance(batch[0][1], dict):
-        return targetmod.collate_samples(batch, ragged)
-    return shipping.collate(batch)  # default_collate, in memfd memory inside a worker
 
 
 def _forward(part: str, name: str) -> property:
@@ -464,41 +427,3 @@ class ShardDataset(Dataset):
     def __repr__(self) -> str:
         return (f"ShardDataset({self.root!r}, records={len(self)}, classes={len(self.classes)}, "
                 f"encoding={self.encoding!r}, output={self.output!r}, crop={self.crop})")
-
-
-def _find_shard_datasets(dataset: Any, seen: set[int] | None = None) -> list[ShardDataset]:
-    seen = set() if seen is None else seen
-    if id(dataset) in seen:
-        return []
-    seen.add(id(dataset))
-    if isinstance(dataset, ShardDataset):
-        return [dataset]
-    found: list[ShardDataset] = []
-    inner = getattr(dataset, "dataset", None)
-    if inner is not None:
-        found += _find_shard_datasets(inner, seen)
-    for inner in getattr(dataset, "datasets", ()) or ():
-        found += _find_shard_datasets(inner, seen)
-    return found
-
-
-def _init_then(user_init: Callable[[int], None], worker_id: int) -> None:
-    """``worker_init_fn``, then the user's own (``ShardDataset.loader``; a partial of this
-    pickles for spawned workers whenever the user's function does)."""
-    worker_init_fn(worker_id)
-    user_init(worker_id)
-
-
-def worker_init_fn(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: open every ShardDataset (also inside Subset/ConcatDataset).
-
-    It also freezes the garbage collector's view of the objects the worker inherited: otherwise
-    the first collection writes to every one of them and copies the parent's whole heap into
-    each forked worker (measured: +42 MB per worker under pytest).
-    """
-    info = get_worker_info()
-    if info is None:
-        return
-    gc.freeze()
-    for dataset in _find_shard_datasets(info.dataset):
-        dataset.open()

@@ -36,7 +36,7 @@ class Mix(ConcatDataset):
     """
 
     def __getitems__(self, indices: Sequence[int]) -> list:
-        from .dataset import Batch
+        from .batching import Batch
 
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
@@ -83,7 +83,8 @@ class Mix(ConcatDataset):
         (``shardkit.collate``, ``shardkit.worker_init_fn`` for every part, persistent workers)."""
         from ..integrations.loader import ShardLoader
         from . import shipping
-        from .dataset import _init_then, collate, worker_init_fn
+        from .batching import collate
+        from .workers import _init_then, worker_init_fn
 
         if batch_size is None and kwargs.get("batch_sampler") is None:
             kwargs.setdefault("collate_fn", shipping.convert)  # one sample at a time
