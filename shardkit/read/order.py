@@ -4,7 +4,9 @@ world size.
 Samples come in *groups* (a store's shards): ``starts = [0, s1, ..., N]`` cuts positions
 ``0..N-1`` into groups, and ``members[p]`` is the dataset index at position ``p``. One epoch:
 
-1. the groups are laid end to end in an order shuffled by ``(seed, epoch)``;
+1. the groups are laid end to end in an order shuffled by ``(seed, epoch)``, each group's own
+   samples shuffled too (a store of one shard, a single file, is one group: without this, each
+   rank would read one contiguous slice of it — class-sorted in a store packed in source order);
 2. that sequence is cut into ``C`` contiguous *canonical runs* (``C = num_canonical``; the first
    ``N mod C`` runs hold one sample more), and each run is shuffled on its own;
 3. the global sequence ``G`` interleaves the runs: ``G[j*C + c]`` is sample ``j`` of run ``c``.
@@ -87,6 +89,18 @@ class EpochOrder:
         c = np.arange(canonical + 1)
         self.run_starts = c * base + np.minimum(c, extra)
         self._runs: dict[int, np.ndarray] = {}
+        self._within: dict[int, np.ndarray] = {}  # group -> its samples' shuffled offsets
+
+    def _offsets(self, group: int, a: int, b: int) -> np.ndarray:
+        """Offsets ``a..b`` within ``group`` (shuffled by ``(seed, epoch, group)`` when shuffling)."""
+        if not self.shuffle:
+            return np.arange(a, b, dtype=np.int64)
+        perm = self._within.get(group)
+        if perm is None:
+            size = int(self.groups.starts[group + 1] - self.groups.starts[group])
+            perm = rng(self.seed, self.epoch, 2, group).permutation(size).astype(np.int64)
+            self._within[group] = perm
+        return perm[a:b]
 
     def _sequence(self, lo: int, hi: int) -> np.ndarray:
         """Positions (in ``groups``) at places ``[lo, hi)`` of the groups laid end to end."""
@@ -96,8 +110,9 @@ class EpochOrder:
         for j in range(max(first, 0), min(last, len(self._order))):
             a, b = max(lo, int(self._cum[j])), min(hi, int(self._cum[j + 1]))
             if b > a:
-                start = int(self._ordered_starts[j]) - int(self._cum[j])
-                parts.append(np.arange(a + start, b + start, dtype=np.int64))
+                cum = int(self._cum[j])
+                offsets = self._offsets(int(self._order[j]), a - cum, b - cum)
+                parts.append(int(self._ordered_starts[j]) + offsets)
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def run(self, c: int) -> np.ndarray:

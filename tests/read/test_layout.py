@@ -154,6 +154,25 @@ def test_each_rank_is_class_balanced_on_the_default_pack(packed, world):
             assert min(ps) < 0.01, ps
 
 
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_each_rank_is_class_balanced_on_a_single_file_store(packed, tmp_path, fmt):
+    """The default pack into one file is one shard in source (class-sorted) order: the sampler
+    shuffles within the shard too, so no rank reads one contiguous, class-sorted slice of it."""
+    out = str(tmp_path / f"one.{'h5' if fmt == 'hdf5' else 'lmdb'}")
+    shardkit.pack(packed["src"], out, workers=1, progress=False)
+    ds = shardkit.ShardDataset(out)
+    targets = np.asarray(ds.targets)
+    assert np.all(np.diff(targets) >= 0)  # stored class-sorted: the hard case
+    freq = np.bincount(targets, minlength=CLASSES) / len(targets)
+    for world in (2, 3, 4):
+        ps = []
+        for r in range(world):
+            counts = np.bincount(targets[list(ShardSampler(ds, world, r, seed=11))],
+                                 minlength=CLASSES)
+            ps.append(chi_square_p(counts, freq * counts.sum()))
+        assert min(ps) > 0.05, (world, ps)
+
+
 def test_unshuffled_sampler_reads_a_mixed_store_shard_by_shard(packed):
     ds = shardkit.ShardDataset(packed["mixed"])
     order = list(ShardSampler(ds, 1, 0, shuffle=False))
