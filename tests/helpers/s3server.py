@@ -188,3 +188,29 @@ class SeaweedServer:
                      aws_secret_access_key=DUMMY_ENV["AWS_SECRET_ACCESS_KEY"],
                      region_name=DUMMY_ENV["AWS_DEFAULT_REGION"]).create_bucket(Bucket=name)
         return name
+
+
+def bucket_objects(url: str, endpoint: str | None = None) -> dict[str, bytes]:
+    """Every object under ``url`` (``s3://bucket/prefix``), read with boto3, not shardkit:
+    {name below the prefix: bytes}. ``endpoint``: ask that server directly (else
+    ``AWS_ENDPOINT_URL``). Explicit keys: boto3's default session caches the credentials it
+    first found (an earlier test's session token, which SeaweedFS refuses)."""
+    import boto3
+
+    bucket, prefix = url.removeprefix("s3://").split("/", 1)
+    client = boto3.client("s3", endpoint_url=endpoint,
+                          aws_access_key_id=DUMMY_ENV["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=DUMMY_ENV["AWS_SECRET_ACCESS_KEY"],
+                          region_name=DUMMY_ENV["AWS_DEFAULT_REGION"])
+    listing = client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])
+    return {o["Key"][len(prefix) + 1:]: client.get_object(Bucket=bucket, Key=o["Key"])[
+        "Body"].read() for o in listing}
+
+
+def folder_files(folder: str) -> dict[str, bytes]:
+    """{name: bytes} of every file in ``folder`` (a local store, to compare with a bucket's)."""
+    out = {}
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), "rb") as f:
+            out[name] = f.read()
+    return out

@@ -18,7 +18,8 @@ import shardkit
 import shardkit.remote.access
 from helpers import image_tree
 from helpers.faultproxy import FaultProxy
-from helpers.s3server import DUMMY_ENV, S3Server
+from helpers.s3server import DUMMY_ENV, S3Server, bucket_objects
+from helpers.s3server import folder_files as files
 from shardkit import ShardDataset, metadata
 from shardkit.errors import PackError, StoreError
 from shardkit.fileutil import sha256_file
@@ -72,26 +73,14 @@ def key(url: str, name: str) -> str:
     return "/" + url.removeprefix("s3://") + "/" + name
 
 
+def stored(server: S3Server, url: str) -> dict[str, bytes]:
+    """Every object under ``url``, read straight from the server (boto3, no proxy)."""
+    return bucket_objects(url, server.endpoint)
+
+
 def shard_files(folder: str) -> list[str]:
     with open(os.path.join(folder, metadata.MANIFEST_NAME), "rb") as f:
         return [e["file"] for e in metadata.parse_manifest(f.read(), folder)["shards"]]
-
-
-def stored(server: S3Server, url: str) -> dict[str, bytes]:
-    """Every object under ``url``, read straight from the server (boto3, no proxy)."""
-    bucket, prefix = url.removeprefix("s3://").split("/", 1)
-    client = boto3.client("s3", endpoint_url=server.endpoint)
-    listing = client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])
-    return {o["Key"][len(prefix) + 1:]: client.get_object(Bucket=bucket, Key=o["Key"])[
-        "Body"].read() for o in listing}
-
-
-def files(folder: str) -> dict[str, bytes]:
-    out = {}
-    for name in os.listdir(folder):
-        with open(os.path.join(folder, name), "rb") as f:
-            out[name] = f.read()
-    return out
 
 
 # -- downloads --------------------------------------------------------------------------------

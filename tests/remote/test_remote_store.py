@@ -23,6 +23,8 @@ import shardkit
 import shardkit.remote.access
 from helpers import image_tree, one_line_error, run_cli
 from helpers.s3server import DUMMY_ENV, S3Server
+from helpers.s3server import bucket_objects as objects
+from helpers.s3server import folder_files as files
 from shardkit import ShardDataset, metadata
 from shardkit.errors import PackError, StoreError
 from shardkit.packing.staging import staging_path
@@ -123,23 +125,6 @@ def shard_names(folder: str) -> list[str]:
 
 def gets(server: S3Server, url: str, names: list[str]) -> list[int]:
     return [server.count("GET", key(url, name)) for name in names]
-
-
-def objects(url: str) -> dict[str, bytes]:
-    """Every object under ``url``, read with boto3 (not shardkit)."""
-    bucket, prefix = url.removeprefix("s3://").split("/", 1)
-    client = boto3.client("s3")
-    listing = client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])
-    return {o["Key"][len(prefix) + 1:]: client.get_object(Bucket=bucket, Key=o["Key"])[
-        "Body"].read() for o in listing}
-
-
-def files(folder: str) -> dict[str, bytes]:
-    out = {}
-    for name in os.listdir(folder):
-        with open(os.path.join(folder, name), "rb") as f:
-            out[name] = f.read()
-    return out
 
 
 def read_epoch(ds: ShardDataset, method: str | None, order=None, workers: int = 2) -> list:

@@ -10,14 +10,14 @@ import os
 import subprocess
 import sys
 
-import boto3
 import pytest
 
 import shardkit
 import shardkit.remote.access
 from helpers import image_tree
 from helpers.faultproxy import FaultProxy
-from helpers.s3server import DUMMY_ENV, SeaweedServer
+from helpers.s3server import DUMMY_ENV, SeaweedServer, bucket_objects
+from helpers.s3server import folder_files as files
 from shardkit import ShardDataset, metadata
 from shardkit.errors import PackError, StoreError
 
@@ -52,31 +52,10 @@ def seaweed(tmp_path_factory):
             yield server
 
 
-def stored(server: SeaweedServer, url: str) -> dict[str, bytes]:
-    bucket, prefix = url.removeprefix("s3://").split("/", 1)
-    # Explicit keys: boto3's default session caches the credentials it first found (an earlier
-    # test's session token, which SeaweedFS refuses).
-    client = boto3.client("s3", endpoint_url=server.endpoint,
-                          aws_access_key_id=DUMMY_ENV["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=DUMMY_ENV["AWS_SECRET_ACCESS_KEY"],
-                          region_name=DUMMY_ENV["AWS_DEFAULT_REGION"])
-    listing = client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])
-    return {o["Key"][len(prefix) + 1:]: client.get_object(Bucket=bucket, Key=o["Key"])[
-        "Body"].read() for o in listing}
-
-
-def files(folder: str) -> dict[str, bytes]:
-    out = {}
-    for name in os.listdir(folder):
-        with open(os.path.join(folder, name), "rb") as f:
-            out[name] = f.read()
-    return out
-
-
 def test_pack_and_read_back_through_seaweedfs(seaweed, src, local, tmp_path):
     url = f"s3://{seaweed.new_bucket()}/train"
     shardkit.pack(src, url, num_shards=3, workers=1, progress=False)
-    assert stored(seaweed, url) == files(local)
+    assert bucket_objects(url, seaweed.endpoint) == files(local)
     ds = ShardDataset(url, output="bytes", cache_dir=tmp_path / "cache")
     want = ShardDataset(local, output="bytes")
     assert [ds[i] for i in range(len(ds))] == [want[i] for i in range(len(want))]
@@ -97,7 +76,7 @@ def test_seaweedfs_refuses_an_upload_damaged_in_transit_and_it_is_sent_again(sea
         proxy.add("PUT", path, "flip", at=os.path.getsize(os.path.join(local, name)) // 2)
         shardkit.remote.upload_folder_store(local, url)
         assert proxy.count("PUT", path) >= 2
-    assert stored(seaweed, url) == files(local)
+    assert bucket_objects(url, seaweed.endpoint) == files(local)
 
 
 def test_wrong_credentials_name_the_server_code_and_are_not_retried(seaweed, local, tmp_path):
@@ -127,4 +106,4 @@ def test_pack_with_wrong_credentials_fails_before_any_work(seaweed, src, tmp_pat
     assert run.returncode != 0
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "SignatureDoesNotMatch" in lines[0], run.stderr
-    assert stored(seaweed, url) == {}
+    assert bucket_objects(url, seaweed.endpoint) == {}
