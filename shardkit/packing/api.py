@@ -138,6 +138,13 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
             bounded accordingly; 0 disables the limit. Default: Pillow's decompression-bomb limit.
         allow_empty: keep classes without images instead of refusing the source folder.
         file_list: a CSV/TSV file of ``path,label`` lines to pack instead of class folders.
+        source_format: what SRC is, a name from
+            ``shardkit.packing.sources.SOURCE_FORMATS``: ``folder``, ``webdataset`` (a tar, a
+            brace pattern, a folder of tars), ``parquet`` (Hugging Face parquet/Arrow) or
+            ``mds``; default: detected from SRC's content (docs/sources.md).
+        image_key: the member suffixes (WebDataset, ``'jpg;png'``: the first present) or the
+            column holding the image; default: the format's conventions.
+        label_key: the member suffix or column holding the label (``'cls'``), likewise.
         coco: a COCO instances JSON file whose ``file_name`` s are relative to ``src``: one
             record per COCO image with boxes, labels, iscrowd, area, image_id and masks as typed
             fields (see ``docs/fields.md``; :mod:`shardkit.packing.coco`).
@@ -150,13 +157,6 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         captions: the text of ``<stem>.txt`` beside each image as the field ``caption``.
         schema: the fields' declaration (a :class:`shardkit.fields.Schema`, a list of field
             kinds, or a schema JSON file); None: inferred from the metadata.
-        source_format: what SRC is, a name from
-            ``shardkit.packing.sources.SOURCE_FORMATS``: ``folder``, ``webdataset`` (a tar, a
-            brace pattern, a folder of tars), ``parquet`` (Hugging Face parquet/Arrow) or
-            ``mds``; default: detected from SRC's content (docs/sources.md).
-        image_key: the member suffixes (WebDataset, ``'jpg;png'``: the first present) or the
-            column holding the image; default: the format's conventions.
-        label_key: the member suffix or column holding the label (``'cls'``), likewise.
         shard_size: write a sharded folder store, shards of about this many bytes.
         num_shards: write a sharded folder store of this many shards (not with ``shard_size``).
         resume: continue an interrupted sharded pack, keeping the shards it finished.
