@@ -58,8 +58,9 @@ def mds_sources(folder, mds_env, tmp_path_factory):
             for i, (rel, lab) in enumerate(jpgs)]
     png_rows = [{"png": os.path.join(root, rel), "pil": os.path.join(root, rel), "label": lab}
                 for rel, lab in pngs]
-    dirs = {name: str(base / name) for name in ("raw", "gz", "png", "pil")}
+    dirs = {name: str(base / name) for name in ("raw", "gz", "zstd", "png", "pil")}
     spec = [(dirs["raw"], jpeg_cols, None, rows), (dirs["gz"], jpeg_cols, "gz", rows),
+            (dirs["zstd"], jpeg_cols, "zstd", rows),
             (dirs["png"], {"png": "png", "pil": "pil", "label": "int8"}, None, png_rows)]
     run_side(mds_env, WRITE, json.dumps(spec))
     return dirs, jpgs, pngs
@@ -74,7 +75,7 @@ def test_mds_packs_as_its_folder_and_as_streaming_reads_it(mds_sources, mds_env,
     dirs, jpgs, pngs = mds_sources
     folder = _by_source(folder_store(64))
     assert len([n for n in os.listdir(dirs["raw"]) if n.endswith(".mds")]) > 1
-    for name in ("raw", "gz"):
+    for name in ("raw", "gz", "zstd"):  # zstd: Streaming's default compression
         out = str(tmp_path / f"{name}.lmdb")
         result = shardkit.pack(dirs[name], out, size=64, workers=2, progress=False)
         assert result.count == len(jpgs)
