@@ -17,7 +17,8 @@ from shardkit.errors import StoreError
 def manifest_files(folder: str) -> list[str]:
     with open(os.path.join(folder, "manifest.json")) as f:
         m = json.load(f)
-    return ["manifest.json", m["labels"]["file"], *(e["file"] for e in m["shards"])]
+    layout = [m["layout"]["file"]] if "layout" in m else []  # the mixed record layout
+    return ["manifest.json", m["labels"]["file"], *layout, *(e["file"] for e in m["shards"])]
 
 
 def test_bytes_on_disk_counts_the_store_not_files_kept_for_old_readers(tmp_path):
