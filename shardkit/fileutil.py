@@ -12,7 +12,7 @@ import shutil
 import stat
 import uuid
 
-from .errors import StoreError
+from .errors import PackError, ShardkitError, StoreError
 
 # Non-blocking: an open() of a FIFO returns at once instead of waiting for a writer.
 READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -71,6 +71,27 @@ def sha256_file(path: str, chunk: int = 8 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def read_bounded(path: str, max_bytes: int, what: str, *, folder: str | None = None,
+                 error: type[ShardkitError] = PackError) -> bytes:
+    """The bytes of the file at ``path``, refused with ``error`` before any read when it is
+    larger than ``max_bytes``. ``what`` names the file in messages ("COCO": "COCO file not
+    found: ..."); ``folder`` is what a folder at ``path`` is told (default "the <what> must be
+    a file"). Reads at most ``max_bytes + 1`` bytes, so a file growing meanwhile stays bounded."""
+    try:
+        size = os.path.getsize(path)
+        if size > max_bytes:
+            raise error(f"{path}: {what} file of {size} bytes is larger than the "
+                        f"{max_bytes}-byte limit")
+        with open(path, "rb") as f:
+            return f.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise error(f"{what} file not found: {path}") from None
+    except IsADirectoryError:
+        raise error(f"{path}: {folder or f'the {what} must be a file'}, not a folder") from None
+    except OSError as exc:
+        raise error(f"cannot read {what} file {path}: {exc.strerror}") from None
 
 
 def write_synced(path: str, data: bytes) -> None:

@@ -11,7 +11,7 @@ from helpers import image_tree
 import shardkit
 from shardkit import fileutil, metadata
 from shardkit.read.store import disk_bytes
-from shardkit.errors import StoreError
+from shardkit.errors import PackError, StoreError
 
 
 def manifest_files(folder: str) -> list[str]:
@@ -71,3 +71,32 @@ def test_replace_atomic_replaces_whole_and_leaves_nothing_behind(tmp_path):
     with open(path, "rb") as f:
         assert f.read() == b'{"a": 2, "z": "\\u00e9"}'  # canonical: sorted keys, ASCII
     assert os.listdir(tmp_path) == ["plan.json"]
+
+
+def test_read_bounded_names_the_file_and_the_bound(tmp_path):
+    path = str(tmp_path / "meta.jsonl")
+    with open(path, "wb") as f:
+        f.write(b"x" * 11)
+    assert fileutil.read_bounded(path, 11, "metadata") == b"x" * 11
+    with pytest.raises(PackError) as info:
+        fileutil.read_bounded(path, 10, "metadata")
+    assert str(info.value) == f"{path}: metadata file of 11 bytes is larger than the 10-byte limit"
+    with pytest.raises(StoreError, match=r"^store file not found: .*missing$"):
+        fileutil.read_bounded(str(tmp_path / "missing"), 10, "store", error=StoreError)
+
+
+def test_metadata_and_coco_readers_keep_their_messages(tmp_path):
+    """Both packing readers share ``read_bounded``; each still names its own kind of file."""
+    src = str(tmp_path / "src")
+    image_tree(src, classes=2, per_class=2, seed=4)
+    folder, missing = str(tmp_path), str(tmp_path / "gone.json")
+    cases = [({"metadata_file": missing}, f"metadata file not found: {missing}"),
+             ({"metadata_file": folder}, f"{folder}: the metadata must be a file, not a folder"),
+             ({"coco": missing}, f"COCO file not found: {missing}"),
+             ({"coco": folder},
+              f"{folder}: the COCO annotations must be a JSON file, not a folder")]
+    for n, (option, message) in enumerate(cases):
+        with pytest.raises(PackError) as info:
+            shardkit.pack(src, str(tmp_path / f"out{n}.lmdb"), workers=1, progress=False,
+                          **option)
+        assert str(info.value) == message

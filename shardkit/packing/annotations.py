@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import PackError
 from ..fields import FieldError, MultiLabel, Schema, Text, as_schema
+from ..fileutil import read_bounded
 from .discovery import Discovery
 from .writer import relative_path
 
@@ -54,7 +55,7 @@ class MetadataSource:
             self.sources = [p for p in self.sources if p != file_list]
         digest = hashlib.sha256()
         for path in self.sources:
-            digest.update(_read_bytes(path))
+            digest.update(read_bounded(path, MAX_METADATA_BYTES, "metadata"))
         self.inferred = schema is None
         try:
             self.schema = _infer(self.rows) if schema is None else as_schema(schema)
@@ -122,27 +123,11 @@ def _names_columns(file_list: str) -> bool:
         c.strip().lstrip("-").isdigit() for c in cells[:2])
 
 
-def _read_bytes(path: str) -> bytes:
-    try:
-        size = os.path.getsize(path)
-        if size > MAX_METADATA_BYTES:
-            raise PackError(f"{path}: metadata file of {size} bytes is larger than the "
-                            f"{MAX_METADATA_BYTES}-byte limit")
-        with open(path, "rb") as f:
-            return f.read(MAX_METADATA_BYTES + 1)
-    except FileNotFoundError:
-        raise PackError(f"metadata file not found: {path}") from None
-    except IsADirectoryError:
-        raise PackError(f"{path}: the metadata must be a file, not a folder") from None
-    except OSError as exc:
-        raise PackError(f"cannot read metadata file {path}: {exc.strerror}") from None
-
-
 def _read_table(path: str, key: str | None, skip: tuple[int, ...]) -> dict[str, dict[str, Any]]:
     """{relative path: {column: value}}: JSON Lines, or CSV/TSV with a header row. ``key``: the
     path column's name (None: the first column); ``skip``: more column positions to leave out
     (a file list's label)."""
-    data = _read_bytes(path)
+    data = read_bounded(path, MAX_METADATA_BYTES, "metadata")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

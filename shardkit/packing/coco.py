@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import PackError
 from ..fields import Boxes, FieldError, Int, Masks, PerBox, Schema
 from ..fields.kinds import check_boxes
+from ..fileutil import read_bounded
 from .discovery import Discovery
 
 MAX_COCO_BYTES = 2 << 30  # the 2017 train instances file is 448 MB; LVIS v1 train 1.1 GB
@@ -57,7 +58,8 @@ class CocoSource:
     def __init__(self, path: str | os.PathLike, root: str, masks: bool | None = None,
                  max_bytes: int = MAX_COCO_BYTES) -> None:
         self.path, self.root = os.fspath(path), root
-        raw = _read(self.path, max_bytes)
+        raw = read_bounded(self.path, max_bytes, "COCO",
+                           folder="the COCO annotations must be a JSON file")
         self.sha256 = hashlib.sha256(raw).hexdigest()
         data = _parse(raw, self.path)
         where = self.path
@@ -161,23 +163,6 @@ class CocoSource:
         if masks is not None:
             out["masks"] = geometry.resize_masks(torch.from_numpy(masks), (height, width)).numpy()
         return out
-
-
-def _read(path: str, max_bytes: int) -> bytes:
-    try:
-        size = os.path.getsize(path)
-        if size > max_bytes:
-            raise PackError(f"{path}: COCO file of {size} bytes is larger than the "
-                            f"{max_bytes}-byte limit")
-        with open(path, "rb") as f:
-            return f.read(max_bytes + 1)
-    except FileNotFoundError:
-        raise PackError(f"COCO file not found: {path}") from None
-    except IsADirectoryError:
-        raise PackError(f"{path}: the COCO annotations must be a JSON file, not a folder"
-                        ) from None
-    except OSError as exc:
-        raise PackError(f"cannot read COCO file {path}: {exc.strerror}") from None
 
 
 def _parse(raw: bytes, where: str) -> dict[str, Any]:
