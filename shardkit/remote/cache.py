@@ -142,20 +142,24 @@ class ShardCache:
         """This process reads ``shards`` next, in this order: download the first
         ``read_ahead_depth`` of them that are not cached yet, several at once, in background
         threads. A shard another process downloads is left to it, and a download that would go
-        over ``cache_limit`` is not started. Errors are dropped here: the :meth:`fetch` that
-        needs the shard reports them."""
+        over ``cache_limit`` is not started. Room is given in this order (:class:`_Window`): a
+        shard is not downloaded ahead of one before it that found no room, which its fetch would
+        then evict. Errors are dropped here: the :meth:`fetch` that needs the shard reports them."""
         self._claim()
         meta = self.remote.meta["shards"]
         window = [int(k) for k in list(shards)[:self.read_ahead_depth]]
         todo = [k for k in window if not has_size(self.path(k), meta[k]["bytes"])]
         with self._lock:
+            todo = [k for k in todo if k not in self._pending]
+            if not todo:
+                return
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.read_ahead_depth,
                                                 thread_name_prefix="shardkit-prefetch")
-            for k in todo:
-                if k not in self._pending:
-                    self._pending.add(k)
-                    self._pool.submit(self._prefetch, k)
+            self._pending.update(todo)
+            order = _Window(len(todo))
+            for j, k in enumerate(todo):  # FIFO: position j starts no later than j + 1
+                self._pool.submit(self._prefetch, k, order, j)
 
     def prefetch(self, k: int) -> None:
         """Start downloading shard ``k`` in the background (:meth:`read_ahead` of one)."""
@@ -169,13 +173,16 @@ class ShardCache:
         if pool is not None:
             pool.shutdown(wait=True)
 
-    def _prefetch(self, k: int) -> None:
+    def _prefetch(self, k: int, order: "_Window", j: int) -> None:
         entry = self.remote.meta["shards"][k]
         try:
-            self._download(entry["file"], entry["bytes"], entry["sha256"], wait=False)
+            if order.wait(j):
+                self._download(entry["file"], entry["bytes"], entry["sha256"], wait=False,
+                               placed=lambda: order.decide(j, True))
         except Exception:  # noqa: BLE001 - see read_ahead()
             pass
         finally:
+            order.decide(j, False)  # no room, a failure, an error: the rest of the window waits
             with self._lock:
                 self._pending.discard(k)
 
@@ -200,11 +207,13 @@ class ShardCache:
 
     def _download(self, name: str, size: int | None, sha256: str, *, wait: bool = True,
                   on_full: Callable[[], bool] | None = None,
-                  cached: Callable[[], bool] | None = None) -> bool:
+                  cached: Callable[[], bool] | None = None,
+                  placed: Callable[[], None] = lambda: None) -> bool:
         """Download ``name`` into the cache once per machine (whoever holds ``.NAME.dl`` does it).
 
         ``wait=False`` (read-ahead): skip when another download of it is under way or it would
-        not fit under the limit; returns whether the file is there. A process that waited for
+        not fit under the limit; returns whether the file is there. ``placed()`` is called once
+        the file has its room: cached, downloading elsewhere, or reserved here. A process that waited for
         another's download that failed gets that failure, not a retry chain of its own: one
         deadline per shard per machine.
         """
@@ -219,9 +228,11 @@ class ShardCache:
         else:
             fd = try_lock(dl, fcntl.LOCK_EX, create=True)
             if fd is None:
+                placed()  # its downloader reserved its room
                 return False
         try:
             if cached():
+                placed()
                 return True  # another process or thread finished it while we waited
             failure = self._failure(name, started)
             if failure is not None:
@@ -231,6 +242,7 @@ class ShardCache:
             reserved = self._reserve(name, size or 0, force=wait, on_full=on_full)
             if reserved is None:
                 return False
+            placed()
             part, part_fd = reserved
             try:
                 self._transfer(name, size, sha256, part, path, ahead=not wait)
@@ -330,6 +342,32 @@ class ShardCache:
                     return None
             if not on_full():  # outside the evict lock: a release trims under it
                 on_full = None
+
+
+class _Window:
+    """The order in which one read-ahead window's downloads get room: position ``j`` asks only
+    once every position before it has room, and gives up when one of them found none (room it
+    took would be evicted again by the fetch of the earlier shard: downloaded twice)."""
+
+    def __init__(self, size: int) -> None:
+        self._placed: list[bool | None] = [None] * size
+        self._cond = threading.Condition()
+
+    def wait(self, j: int) -> bool:
+        """Block until position ``j - 1`` is decided; True if every position before ``j`` has
+        room."""
+        if j == 0:
+            return True
+        with self._cond:
+            self._cond.wait_for(lambda: self._placed[j - 1] is not None)
+            return bool(self._placed[j - 1])
+
+    def decide(self, j: int, placed: bool) -> None:
+        """Position ``j`` has room (``placed``) or not; the first decision stands."""
+        with self._cond:
+            if self._placed[j] is None:
+                self._placed[j] = placed and (j == 0 or bool(self._placed[j - 1]))
+                self._cond.notify_all()
 
 
 def _release_all(held: dict[int, int], pid: int | None, root: str,

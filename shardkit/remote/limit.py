@@ -5,8 +5,9 @@ in flight at its final size (``.NAME.SIZE-ID.part``, whose downloader holds an e
 on it). A ``.part`` nobody holds was left by a killed download: it is deleted, not counted.
 Eviction deletes the least recently *used* shards first (a fetch sets the file's mtime), never one
 that some process holds (its ``.NAME.use`` lock); a shard downloaded ahead and not read yet
-(``.NAME.ahead``) goes only after every other, and never to make room for another read-ahead
-(which would download what it then evicts). Every step runs under ``ROOT/.evict.lock``.
+(``.NAME.ahead``) goes only after every other, the latest downloaded first (read-ahead runs in
+reading order: the latest is read last), and never to make room for another read-ahead (which
+would download what it then evicts). Every step runs under ``ROOT/.evict.lock``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def usage(root: str) -> Usage:
                 total += st.st_size
                 ahead = f".{entry.name}.ahead" in names
                 shards.append((ahead, st.st_mtime_ns, st.st_size, entry.path))
-    shards.sort()
+    shards.sort(key=lambda e: (e[0], -e[1] if e[0] else e[1]))
     return Usage(total, shards)
 
 
