@@ -25,6 +25,7 @@ import tempfile
 
 import numpy as np
 from PIL import Image
+from reports import command_line, emit  # beside this script
 
 # name -> (file suffix, function of (rng, side) -> PIL image, save options)
 KINDS = {
@@ -98,11 +99,7 @@ def main() -> int:
             lines.append(f"  {name:18s}: {per_pixel:5.1f} B a pixel "
                          f"(the file: {file_per_pixel:4.1f} B a pixel; "
                          f"peak before the big file: +{before >> 20} MiB)")
-    report = "\n".join(lines) + "\n"
-    print(report, end="")
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(f"$ python benchmarks/decode_memory.py {' '.join(sys.argv[1:])}\n" + report)
+    emit(lines, args.out, command=command_line())
     return 0
 
 

@@ -31,6 +31,7 @@ except ImportError:  # run from a source checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import shardkit
 from shardkit.bench.sample import make_sample
+from reports import command_line, emit  # beside this script
 
 
 def _decode_seconds(data: bytes, fast: bool) -> float:
@@ -95,11 +96,7 @@ def main() -> int:
                      f"(quartiles {q1:.2f}-{q3:.2f}, min {ratios.min():.2f}, "
                      f"max {ratios.max():.2f})")
     lines.append(f"load average at the end: {os.getloadavg()[0]:.1f}")
-    report = "\n".join(lines) + "\n"
-    print(report, end="")
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(f"$ python benchmarks/decode_realism.py {' '.join(sys.argv[1:])}\n" + report)
+    emit(lines, args.out, command=command_line())
     return 0
 
 

@@ -33,6 +33,7 @@ import torch
 
 import shardkit
 from shardkit.bench.sample import make_sample
+from reports import emit  # beside this script
 
 
 def coco_file(src: str, seed: int) -> str:
@@ -135,11 +136,7 @@ def main() -> None:
         lines.append(f"B. detection / CocoDetection + v2: "
                      f"{med['detection (sanitize)'] / med['CocoDetection + v2 recipe']:.2f}x "
                      "(goal >= 4x)")
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report + "\n")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 from PIL import Image
+from reports import emit  # beside this script
 
 CLASSES = 10
 
@@ -130,11 +131,7 @@ def main() -> None:
     header = (f"pack_sources: {args.images} JPEGs {args.width}x{args.height} -> size "
               f"{args.size}, workers {args.workers or 'default'}, {os.cpu_count()} CPUs, "
               f"{platform.python_version()}, shardkit {shardkit.__version__}")
-    report = "\n".join([header, *lines])
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report + "\n")
+    emit([header, *lines], args.out)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 
 import shardkit
 from shardkit.bench.sample import make_sample
+from reports import emit  # beside this script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -124,11 +125,7 @@ def main() -> int:
         lines.append(f"{name:45s} {med:7.0f} img/s wall ({med / base:.3f}x), {med_cpu:6.0f} "
                      f"img per CPU-second ({med_cpu / base_cpu:.3f}x); wall rounds: "
                      f"{', '.join(f'{x:.0f}' for x in got)}")
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report + "\n")
+    emit(lines, args.out)
     return 0
 
 

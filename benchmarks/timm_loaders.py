@@ -34,6 +34,7 @@ import torch
 import shardkit
 import shardkit.timm
 from shardkit.bench.sample import make_sample
+from reports import emit  # beside this script
 
 SIZE, BATCH = 224, 64
 COMMON = dict(is_training=True, hflip=0.5, color_jitter=0.0, interpolation="bilinear",
@@ -109,11 +110,7 @@ def main() -> None:
         lines.append(f"{name:52} {median:9.0f} {median / base:7.2f} "
                      f"{statistics.median(cpu[name]):11.0f}   "
                      + ", ".join(f"{v:.0f}" for v in values))
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report + "\n")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":
