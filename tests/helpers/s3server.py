@@ -26,6 +26,12 @@ DUMMY_ENV = {
 }
 
 
+def use_dummy_credentials(mp) -> None:
+    """Set ``DUMMY_ENV`` through the ``pytest.MonkeyPatch`` ``mp`` (undone with it)."""
+    for name, value in DUMMY_ENV.items():
+        mp.setenv(name, value)
+
+
 class S3Server:
     """``with S3Server() as s3:`` ... ``s3.endpoint``; ``stop()`` closes the port (refused)."""
 

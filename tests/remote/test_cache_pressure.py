@@ -16,37 +16,20 @@ import numpy as np
 import pytest
 
 import shardkit
-from helpers import image_tree
-from helpers.s3server import DUMMY_ENV, S3Server
+from helpers.s3server import S3Server
 from shardkit import ShardDataset, metadata
 from shardkit.fileutil import sha256_file
 from shardkit.remote import RemoteFolder, ShardCache, upload_folder_store
 
+SOURCE = {"classes": 3, "per_class": 8, "seed": 21}  # src and local: tests/remote/conftest.py
 SHARDS = 6
 
 
 @pytest.fixture(scope="module")
-def src(tmp_path_factory) -> str:
-    root = str(tmp_path_factory.mktemp("pressure") / "src")
-    image_tree(root, classes=3, per_class=8, seed=21)
-    return root
-
-
-@pytest.fixture(scope="module")
-def local(src, tmp_path_factory) -> str:
-    out = str(tmp_path_factory.mktemp("pressure-local") / "train")
-    shardkit.pack(src, out, num_shards=SHARDS, workers=1, progress=False)
-    return out
-
-
-@pytest.fixture(scope="module")
-def server():
-    with pytest.MonkeyPatch.context() as mpatch:
-        for name, value in DUMMY_ENV.items():
-            mpatch.setenv(name, value)
-        with S3Server() as s3:
-            mpatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)  # inherited by child processes
-            yield s3
+def server(s3_env):
+    with S3Server() as s3:
+        s3_env.setenv("AWS_ENDPOINT_URL", s3.endpoint)  # inherited by child processes
+        yield s3
 
 
 @pytest.fixture
@@ -101,6 +84,17 @@ def _fetch_and_hold(cache: ShardCache, k: int, conn) -> None:
     cache.fetch(k)
     conn.send("fetched")
     conn.recv()
+
+
+def _held_download(server: S3Server, url: str, cache: ShardCache, k: int):
+    """``(process, pipe)``: a fork child started fetching shard ``k`` through ``cache`` while the
+    server holds that shard's GET (``server.hold_reached`` once it is in flight)."""
+    server.hold(key(url, cache.remote.meta["shards"][k]["file"]))
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_fetch_and_hold, args=(cache, k, child), daemon=True)
+    proc.start()
+    return proc, parent
 
 
 def _open_and_hold(url: str, cache_dir: str, limit: int, shards: list[int], conn) -> None:
@@ -198,12 +192,7 @@ def test_a_killed_download_leaves_no_reservation(server, url, local, tmp_path):
     """A process killed mid-download leaves its ``.part`` file; the next eviction deletes it
     instead of counting it (else it would evict shards to make room for nothing)."""
     cache = ShardCache(RemoteFolder(url), tmp_path / "cache", cache_limit=room_for(local, 1, 2))
-    name = cache.remote.meta["shards"][0]["file"]
-    server.hold(key(url, name))
-    ctx = mp.get_context("fork")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_fetch_and_hold, args=(cache, 0, child), daemon=True)
-    proc.start()
+    proc, _ = _held_download(server, url, cache, 0)
     try:
         assert server.hold_reached.wait(60)
         os.kill(proc.pid, signal.SIGKILL)
@@ -221,14 +210,9 @@ def test_a_killed_download_leaves_no_reservation(server, url, local, tmp_path):
 
 def test_a_download_in_flight_counts_at_its_full_size(server, url, local, tmp_path):
     cache = ShardCache(RemoteFolder(url), tmp_path / "cache", cache_limit=room_for(local, 1, 2))
-    name = cache.remote.meta["shards"][0]["file"]
     cache.fetch(1)
     cache.release(1)
-    server.hold(key(url, name))
-    ctx = mp.get_context("fork")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_fetch_and_hold, args=(cache, 0, child), daemon=True)
-    proc.start()
+    proc, parent = _held_download(server, url, cache, 0)
     try:
         assert server.hold_reached.wait(60)
         cache.fetch(2)  # room for shard 2 and the download of shard 0: shard 1 goes

@@ -16,41 +16,24 @@ import pytest
 
 import shardkit
 import shardkit.remote.access
-from helpers import image_tree
 from helpers.faultproxy import FaultProxy
-from helpers.s3server import DUMMY_ENV, S3Server, bucket_objects
+from helpers.s3server import S3Server, bucket_objects
 from helpers.s3server import folder_files as files
 from shardkit import ShardDataset, metadata
 from shardkit.errors import PackError, StoreError
 from shardkit.fileutil import sha256_file
 from shardkit.remote import RemoteFolder, ShardCache, upload_folder_store
 
+SOURCE = {"classes": 3, "per_class": 6, "seed": 31}  # src and local: tests/remote/conftest.py
 SHARDS = 3
 QUICK = {"config_kwargs": {"connect_timeout": 2, "read_timeout": 1,
                            "retries": {"total_max_attempts": 1}}}
 
 
 @pytest.fixture(scope="module")
-def src(tmp_path_factory) -> str:
-    root = str(tmp_path_factory.mktemp("faults") / "src")
-    image_tree(root, classes=3, per_class=6, seed=31)
-    return root
-
-
-@pytest.fixture(scope="module")
-def local(src, tmp_path_factory) -> str:
-    out = str(tmp_path_factory.mktemp("faults-local") / "train")
-    shardkit.pack(src, out, num_shards=SHARDS, workers=1, progress=False)
-    return out
-
-
-@pytest.fixture(scope="module")
-def server():
-    with pytest.MonkeyPatch.context() as mpatch:
-        for name, value in DUMMY_ENV.items():
-            mpatch.setenv(name, value)
-        with S3Server() as s3:
-            yield s3
+def server(s3_env):
+    with S3Server() as s3:  # no AWS_ENDPOINT_URL: each test's clients go through the proxy
+        yield s3
 
 
 @pytest.fixture

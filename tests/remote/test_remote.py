@@ -15,9 +15,7 @@ from contextlib import contextmanager
 import boto3
 import pytest
 
-import shardkit
-from helpers import image_tree
-from helpers.s3server import DUMMY_ENV, S3Server
+from helpers.s3server import S3Server, use_dummy_credentials
 from shardkit import metadata
 from shardkit.errors import PackError, StoreError
 from shardkit.remote import (RemoteFolder, ShardCache, Uploader, default_cache_dir,
@@ -27,22 +25,19 @@ from shardkit.read.store import Store
 
 # Fail fast once the server is gone: one botocore attempt per call (shardkit still retries).
 FAST = {"config_kwargs": {"retries": {"total_max_attempts": 1}}}
+SOURCE = {"classes": 4, "per_class": 8, "seed": 3}  # src and local: tests/remote/conftest.py
+SHARDS = 4
 
 
 @pytest.fixture(scope="module")
-def local_store(tmp_path_factory) -> str:
+def local_store(local) -> str:
     """A real folder store of 4 LMDB shards."""
-    root = tmp_path_factory.mktemp("remote-src")
-    image_tree(str(root / "src"), classes=4, per_class=8, seed=3)
-    out = str(root / "store")
-    shardkit.pack(str(root / "src"), out, num_shards=4, workers=1, progress=False)
-    return out
+    return local
 
 
 @pytest.fixture
 def s3(monkeypatch):
-    for key, value in DUMMY_ENV.items():
-        monkeypatch.setenv(key, value)
+    use_dummy_credentials(monkeypatch)
     with S3Server() as server:
         monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)  # inherited by spawned children
         yield server

