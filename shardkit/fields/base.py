@@ -72,6 +72,9 @@ class Field:
 
     kind: ClassVar[str]
     geometric: ClassVar[bool] = False  # moves with crop/flip at decode (boxes, masks)
+    #: Stored as side records beside the image record (:class:`.records.SideBlob`), not in
+    #: the index.
+    side: ClassVar[bool] = False
 
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not NAME.fullmatch(name) or name in RESERVED:

@@ -1,43 +1,58 @@
-"""Fields on disk: a writer's per-record values turned into index-array columns, the metadata
-that describes them, and a shard's columns checked and read back.
+"""Fields on disk: a writer's per-record values turned into index-array columns (and side
+records), the metadata that describes them, and a shard's columns checked and read back.
 
 Columns are ordinary index arrays (``meta["arrays"]``, each with dtype, shape and CRC32, read and
-checksummed by the shard reader like the store's own); ``meta["fields"]`` holds the schema. A
-store with fields has format version 2; one without is written exactly as before (version 1).
+checksummed by the shard reader like the store's own); ``meta["fields"]`` holds the schema.
+Masks (:class:`.records.SideBlob` kinds) are side records beside the image record, streamed to
+the shard writer as each record is written; their index columns hold each record's length and
+CRC32. A store with fields has format version 2; one without is written exactly as before
+(version 1).
 """
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import numpy as np
 
 from ..errors import StoreError
-from .kinds import DISK_DTYPES, Blob, FieldError
+from .kinds import DISK_DTYPES, Blob, FieldError, SideBlob
 from .schema import Schema
 
 FIELDS_KEY = "fields"
 
 
 class ColumnBuilder:
-    """Collects each record's checked field values; ``arrays()`` builds the columns at the end."""
+    """Collects each record's checked field values; ``arrays()`` builds the columns at the end.
+
+    Side-record fields keep only each record's length and CRC32 (12 bytes): their bytes are
+    what :meth:`append` returns, for the shard writer to store right away.
+    """
 
     def __init__(self, schema: Schema) -> None:
         self.schema = schema
-        self.values: dict[str, list[Any]] = {f.name: [] for f in schema}
-
-    def add(self, record: dict[str, Any], height: int, width: int) -> None:
-        checked = self.schema.validate(record, height, width)
-        for name, value in checked.items():
-            self.values[name].append(value)
+        self.values: dict[str, Any] = {
+            f.name: (array("q"), array("L")) if f.side else [] for f in schema}
 
     def check(self, record: dict[str, Any], height: int, width: int) -> dict[str, Any]:
         """Validate without keeping (the writer checks before it appends the image)."""
         return self.schema.validate(record, height, width)
 
-    def append(self, checked: dict[str, Any]) -> None:
-        for name, value in checked.items():
-            self.values[name].append(value)
+    def append(self, checked: dict[str, Any]) -> dict[str, bytes]:
+        """Keep one record's checked values; returns its side records (stream -> bytes), which
+        the caller stores with the record (``ShardWriter.append_side``)."""
+        side: dict[str, bytes] = {}
+        for f in self.schema:
+            value = checked[f.name]
+            if f.side:
+                side[f.stream()] = value
+                nbytes, crc = SideBlob.index(value)
+                self.values[f.name][0].append(nbytes)
+                self.values[f.name][1].append(crc)
+            else:
+                self.values[f.name].append(value)
+        return side
 
     def arrays(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -94,10 +109,11 @@ def check_meta(obj: dict[str, Any], where: str) -> Schema | None:
 
 
 class ShardFields:
-    """One open shard's field columns (views of the shard's memory-mapped index arrays)."""
+    """One open shard's field columns (views of the shard's memory-mapped index arrays) and,
+    through ``reader``, its side records."""
 
     def __init__(self, schema: Schema, arrays: dict[str, np.ndarray], heights: np.ndarray,
-                 widths: np.ndarray, where: str) -> None:
+                 widths: np.ndarray, where: str, reader: Any = None) -> None:
         self.schema = schema
         self.cols = {name: arr for name, arr in arrays.items() if name.startswith("f.")}
         self.heights, self.widths = heights, widths
@@ -108,16 +124,32 @@ class ShardFields:
             except FieldError as exc:
                 raise StoreError(str(exc)) from None
         self.where = where
+        self.reader = reader  # a shardkit.formats.ShardReader (side records)
 
     def value(self, name: str, local: int) -> Any:
         f = self.schema[name]
         if isinstance(f, Blob):
             ctx = {"height": int(self.heights[local]), "width": int(self.widths[local])}
             try:
+                if f.side:
+                    return f.decode(self.side_record(f, local), ctx)
                 return f.read(self.cols, local, ctx)
             except (FieldError, ValueError, UnicodeDecodeError) as exc:  # zlib.error is one
                 raise StoreError(f"{self.where}: record {local}, field {name!r}: {exc}") from None
         return f.read(self.cols, local)
+
+    def side_record(self, f: SideBlob, local: int) -> bytes:
+        """Record ``local``'s stored bytes of side-record field ``f``, checked against the
+        length and CRC32 in the index (FieldError when they differ)."""
+        if self.reader is None:
+            raise FieldError("stored in side records, and this shard was opened without them")
+        try:
+            with self.reader.side_records(f.stream()) as get:
+                raw = bytes(get(local))
+        except StoreError as exc:  # already names the file: name the record and field instead
+            raise FieldError(str(exc).removeprefix(f"{self.reader.path}: ")) from None
+        f.check_stored(raw, self.cols, local)
+        return raw
 
     def verify(self, local: int) -> None:
         """``verify``'s check of record ``local``: every field decodes, boxes lie inside the

@@ -1,5 +1,7 @@
-"""Byte-record field kinds (values + offsets of uint8): bytes, UTF-8 text, JSON, instance
-masks (zlib-compressed bit planes) and semantic label maps (zlib-compressed), lossless."""
+"""Byte-record field kinds: bytes, UTF-8 text and JSON (values + offsets of uint8 in the
+index), and instance masks (zlib-compressed bit planes) and semantic label maps
+(zlib-compressed), lossless, stored as side records beside the image record (:class:`SideBlob`).
+"""
 
 from __future__ import annotations
 
@@ -70,6 +72,58 @@ class Blob(Field):
         return {"max_bytes": self.max_bytes} if self.max_bytes != MAX_BYTES else {}
 
 
+class SideBlob(Blob):
+    """A byte record per record stored beside the image record, in the shard's side record
+    stream ``f.<name>`` (:mod:`shardkit.formats.base`), so a shard's masks are neither held in
+    memory while it is packed nor checksummed whole when it opens. The index holds two small
+    columns per record: ``f.<name>.nbytes`` (int64) and ``f.<name>.crc32`` (uint32, of the
+    stored bytes), checked at every read (``shardkit.fields.ShardFields``)."""
+
+    side = True
+
+    def stream(self) -> str:
+        """The side record stream holding this field's records."""
+        return self.col()
+
+    def column_names(self) -> tuple[str, ...]:
+        return self.col("nbytes"), self.col("crc32")
+
+    def columns(self, values: tuple[Any, Any]) -> dict[str, np.ndarray]:
+        """``values``: the records' byte counts and CRC32s (two sequences, see ``index``)."""
+        nbytes, crcs = values
+        return {self.col("nbytes"): np.asarray(nbytes, dtype="<i8"),
+                self.col("crc32"): np.asarray(crcs, dtype="<u4")}
+
+    @staticmethod
+    def index(raw: bytes) -> tuple[int, int]:
+        """What the index keeps of one stored record: its length and CRC32."""
+        return len(raw), zlib.crc32(raw)
+
+    def check_columns(self, cols: dict[str, np.ndarray], count: int, where: str) -> None:
+        for part, dtype in (("nbytes", np.int64), ("crc32", np.uint32)):
+            arr = cols[self.col(part)]
+            if arr.shape != (count,) or arr.dtype != dtype:
+                raise FieldError(f"{where}: field {self.name!r} column {part} is {arr.dtype}"
+                                 f"{list(arr.shape)}, expected {np.dtype(dtype)}[{count}]")
+        if count and cols[self.col("nbytes")].min() < 0:
+            raise FieldError(f"{where}: field {self.name!r} has a negative record size "
+                             "(damaged store)")
+
+    def check_stored(self, raw: bytes, cols: dict[str, np.ndarray], local: int) -> None:
+        """Refuse a side record whose length or CRC32 differs from the index's (FieldError)."""
+        want = int(cols[self.col("nbytes")][local])
+        if len(raw) != want:
+            raise FieldError(f"side record holds {len(raw)} bytes, the index says {want} "
+                             "(damaged store)")
+        if zlib.crc32(raw) != int(cols[self.col("crc32")][local]):
+            raise FieldError("side record is damaged (checksum mismatch)")
+
+    def read(self, cols: dict[str, np.ndarray], local: int, ctx: dict[str, Any] | None = None
+             ) -> Any:
+        raise TypeError(f"field {self.name!r} is stored in side records: read it through "
+                        "shardkit.fields.ShardFields.value")
+
+
 def _size_hint(value: Any) -> int | None:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return len(value)
@@ -134,9 +188,10 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"non-finite number {name}")
 
 
-class Masks(Blob):
+class Masks(SideBlob):
     """Instance masks: one H x W binary mask per box of ``of``, at the stored image's size.
-    Stored lossless: the bit planes, zlib-compressed. Read as uint8 (N, H, W) of 0/1."""
+    Stored lossless as a side record: a uint32 count, then the bit planes, zlib-compressed.
+    Read as uint8 (N, H, W) of 0/1."""
 
     kind = "masks"
     geometric = True
@@ -180,8 +235,9 @@ class Masks(Blob):
         return flat.reshape(n, h, w)
 
 
-class SemanticMask(Blob):
-    """A label map the size of the stored image (H x W, ``dtype``), stored zlib-compressed."""
+class SemanticMask(SideBlob):
+    """A label map the size of the stored image (H x W, ``dtype``), stored zlib-compressed as a
+    side record."""
 
     kind = "semantic"
     geometric = True

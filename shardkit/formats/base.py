@@ -4,6 +4,12 @@ A *shard* is one file holding, in order, records ``0..count-1`` (encoded image b
 named numpy index arrays (labels, heights, widths, checksums, source paths) and one JSON metadata
 object, written last. A writer produces a shard; a reader opens one read-only, in one process.
 
+A shard may also hold named *side record streams* beside its records: record ``i`` of stream
+``S`` belongs to record ``i`` (a typed field's instance masks, say). The writer stores them with
+``append_side(S, data)`` right after ``append`` of their record; every record of a shard carries
+the same streams (the first record's). The reader serves them with ``side_records(S)``, a
+context like ``records()``. A backend lays them out beside the records (its module docstring).
+
 The base classes own the steps every backend shares: refusing what is not a regular file, the
 "missing" errors for metadata, arrays and records, checking arrays against the metadata, and
 turning the backend library's exceptions into ``StoreError``. A backend fills the ``_hooks``.
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
@@ -26,23 +33,78 @@ from ..fileutil import file_size, unlink
 RecordGetter = Callable[[int], "bytes | memoryview | np.ndarray"]
 #: A backend's record fetch inside one read context: the record, or None when it is missing.
 RecordFetch = Callable[[int], Any]
+#: Names a side record stream may have: a backend stores them in keys and group names as is.
+SIDE_STREAM = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]{0,63}")
 
 
 class ShardWriter(ABC):
-    """Appends records in index order, then ``finish`` writes arrays and metadata and closes."""
+    """Appends records in index order, then ``finish`` writes arrays and metadata and closes.
+
+    Backends implement ``_append``, ``_append_side``, ``_finish`` and ``abort``; the base keeps
+    the count and checks that every record carries the same side streams.
+    """
 
     format_name: ClassVar[str]
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.count = 0
+        #: The side streams every record carries (fixed by the first record), sorted.
+        self.side_streams: tuple[str, ...] | None = None
+        self._side_given: list[str] = []  # streams given so far for record ``count - 1``
 
-    @abstractmethod
     def append(self, data: bytes) -> None:
         """Store ``data`` as record ``self.count``."""
+        self._close_record()
+        self._append(data)
+        self.count += 1
+
+    def append_side(self, stream: str, data: bytes) -> None:
+        """Store ``data`` as the record of side stream ``stream`` belonging to the record just
+        appended (``count - 1``); each stream once per record, the same streams for every record."""
+        if not isinstance(stream, str) or not SIDE_STREAM.fullmatch(stream):
+            raise ValueError(f"side stream name must match {SIDE_STREAM.pattern}, got {stream!r}")
+        if not self.count:
+            raise ValueError(f"{self.path}: append_side({stream!r}) before any record")
+        if stream in self._side_given:
+            raise ValueError(f"{self.path}: record {self.count - 1} already has a side record "
+                             f"in stream {stream!r}")
+        if self.side_streams is not None and stream not in self.side_streams:
+            raise ValueError(f"{self.path}: stream {stream!r} is not one of this shard's side "
+                             f"streams {list(self.side_streams)}")
+        self._append_side(stream, data)
+        self._side_given.append(stream)
+
+    def finish(self, arrays: dict[str, np.ndarray], meta_json: bytes) -> None:
+        """Write the index arrays, then the metadata, flush to disk and close."""
+        self._close_record()
+        self._finish(arrays, meta_json)
+
+    def _close_record(self) -> None:
+        """Check that record ``count - 1`` got exactly the shard's side streams."""
+        if not self.count:
+            return
+        given = tuple(sorted(self._side_given))
+        if self.side_streams is None:
+            self.side_streams = given
+        elif given != self.side_streams:
+            missing = sorted(set(self.side_streams) - set(given))
+            raise ValueError(f"{self.path}: record {self.count - 1} lacks its side record in "
+                             f"stream {missing[0]!r}")
+        self._side_given = []
+
+    # -- hooks --------------------------------------------------------------------------------
 
     @abstractmethod
-    def finish(self, arrays: dict[str, np.ndarray], meta_json: bytes) -> None:
+    def _append(self, data: bytes) -> None:
+        """Store ``data`` as record ``self.count`` (the base counts it afterwards)."""
+
+    @abstractmethod
+    def _append_side(self, stream: str, data: bytes) -> None:
+        """Store ``data`` as record ``self.count - 1`` of side stream ``stream``."""
+
+    @abstractmethod
+    def _finish(self, arrays: dict[str, np.ndarray], meta_json: bytes) -> None:
         """Write the index arrays, then the metadata, flush to disk and close."""
 
     @abstractmethod
@@ -77,8 +139,8 @@ def side_files_matching(path: str, pattern: str) -> list[str]:
 class ShardReader(ABC):
     """A read-only view of one shard file, opened in the current process.
 
-    Backends implement ``_open``, ``_meta``, ``_array``, ``_records`` and ``close``; every
-    exception in ``library_errors`` they raise becomes a ``StoreError`` naming the file.
+    Backends implement ``_open``, ``_meta``, ``_array``, ``_records``, ``_side_records`` and
+    ``close``; every exception in ``library_errors`` they raise becomes a ``StoreError`` naming the file.
     """
 
     format_name: ClassVar[str]
@@ -126,6 +188,11 @@ class ShardReader(ABC):
         """One read transaction: a fetch returning record ``i`` or None when missing."""
 
     @abstractmethod
+    def _side_records(self, stream: str) -> AbstractContextManager[RecordFetch]:
+        """One read transaction of side stream ``stream``: a fetch returning record ``i`` of
+        it, or None when it is missing (also when the shard has no such stream)."""
+
+    @abstractmethod
     def close(self) -> None:
         """Release the file handle / memory map (also called on a half-opened reader)."""
 
@@ -162,18 +229,34 @@ class ShardReader(ABC):
 
         One context is one read transaction: a whole batch is fetched inside one.
         """
+        with self._fetching(self._records, "records", "record {i}") as get:
+            yield get
+
+    @contextmanager
+    def side_records(self, stream: str) -> Iterator[RecordGetter]:
+        """Like :meth:`records`, for side stream ``stream``: ``get(i)`` is the side record of
+        record ``i`` (``StoreError`` naming the shard, stream and record when it is missing)."""
+        if not isinstance(stream, str) or not SIDE_STREAM.fullmatch(stream):
+            raise ValueError(f"side stream name must match {SIDE_STREAM.pattern}, got {stream!r}")
+        with self._fetching(lambda: self._side_records(stream), f"side stream {stream!r}",
+                            f"record {{i}}'s side record in stream {stream!r}") as get:
+            yield get
+
+    @contextmanager
+    def _fetching(self, open_fetch: Callable[[], AbstractContextManager[RecordFetch]],
+                  what: str, item: str) -> Iterator[RecordGetter]:
         path, errors = self.path, self.library_errors
         with ExitStack() as stack:
-            with self._library_call("records"):
-                fetch = stack.enter_context(self._records())
+            with self._library_call(what):
+                fetch = stack.enter_context(open_fetch())
 
             def get(i: int):
                 try:
                     value = fetch(i)
                 except errors as exc:
-                    raise StoreError(f"{path}: read of record {i} failed: {exc}") from None
+                    raise StoreError(f"{path}: read of {item.format(i=i)} failed: {exc}") from None
                 if value is None:
-                    raise StoreError(f"{path}: record {i} is missing (damaged store)")
+                    raise StoreError(f"{path}: {item.format(i=i)} is missing (damaged store)")
                 return value
 
             yield get
@@ -202,10 +285,21 @@ class Backend:
     sniff: Callable[[bytes], bool]  # from a file's first 64 bytes: written by this backend?
     reader: type[ShardReader]
     writer: type[ShardWriter]
-    #: Bytes a record of n bytes takes in a shard file (page rounding, per-record overhead):
-    #: what ``shard_size`` plans with.
-    record_bytes: Callable[[int], int] = lambda n: n + RECORD_INDEX_BYTES
+    #: Bytes a record of n bytes and its side records (stream -> bytes) take in a shard file
+    #: (page rounding, per-record overhead): what ``shard_size`` plans with.
+    record_bytes: Callable[..., int] = lambda n, side=None: plain_record_bytes(n, side)
 
 
-__all__ = ["Backend", "RecordGetter", "ShardReader", "ShardWriter", "check_array", "file_size",
-           "remove_shard"]
+# A side record's entries in the index: its offset (HDF5) and a typed field's byte count and
+# CRC32 (:mod:`shardkit.fields`).
+SIDE_INDEX_BYTES = 8 + 8 + 4
+
+
+def plain_record_bytes(n: int, side: "dict[str, int] | None" = None) -> int:
+    """Bytes of a record stored back to back with its side records (no page rounding)."""
+    side = side or {}
+    return n + RECORD_INDEX_BYTES + sum(side.values()) + SIDE_INDEX_BYTES * len(side)
+
+
+__all__ = ["SIDE_INDEX_BYTES", "SIDE_STREAM", "Backend", "RecordGetter", "ShardReader",
+           "ShardWriter", "check_array", "file_size", "plain_record_bytes", "remove_shard"]

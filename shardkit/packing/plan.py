@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Sequence
 
 from .. import metadata
 from ..errors import PackError, PackOptionError
+from ..fields import FieldError
 from ..formats import SUFFIXES, backend
 from . import workers
 from .discovery import Discovery, discover, read_file_list
@@ -102,19 +103,34 @@ def shard_bounds(n: int, num_shards: int | None, per_shard: int | None) -> list[
     return list(range(0, n, per_shard)) + [n] if n else [0, 0]
 
 
-def estimate_record_bytes(paths: Sequence[str], settings: PackSettings) -> int:
+def estimate_record_bytes(paths: Sequence[str], settings: PackSettings,
+                          annotations: Any = None) -> int:
     """Mean bytes a record takes in a shard file (its format's page rounding and index entries
-    included) over up to SIZE_SAMPLE evenly spaced sources (deterministic)."""
+    included, and its side records: masks from ``annotations``) over up to SIZE_SAMPLE evenly
+    spaced sources (deterministic)."""
     if not paths:
         return 1
     step = max(1, len(paths) // SIZE_SAMPLE)
     stored = backend(settings.format).record_bytes  # page rounding: LMDB's can be 1.6x
-    sizes = [stored(len(r.data)) for r in (workers.encode_file(p, settings)
-                                           for p in paths[::step][:SIZE_SAMPLE])
+    sizes = [stored(len(r.data), _side_bytes(annotations, p, r))
+             for p, r in ((p, workers.encode_file(p, settings)) for p in paths[::step][:SIZE_SAMPLE])
              if r.data is not None]
     if not sizes:
         return settings.size * settings.size * 4 if settings.size else 1 << 20
     return max(1, int(sum(sizes) / len(sizes)))
+
+
+def _side_bytes(annotations: Any, path: str, result: Any) -> dict[str, int]:
+    """Bytes of each side record (masks) source ``path``'s record carries; {} without any."""
+    schema = annotations.schema if annotations is not None else None
+    if schema is None or not any(f.side for f in schema):
+        return {}
+    try:
+        checked = schema.validate(annotations.fields(path, result.height, result.width),
+                                  result.height, result.width)
+    except FieldError:  # skipped when packed: takes no room
+        return {}
+    return {f.stream(): len(checked[f.name]) for f in schema if f.side}
 
 
 def make_plan(src: str, settings: PackSettings, *, allow_empty: bool = False,
@@ -143,7 +159,8 @@ def make_plan(src: str, settings: PackSettings, *, allow_empty: bool = False,
         if shard_size <= 0:
             raise PackOptionError("`shard_size` must be positive")
         per_shard = max(1, shard_size // estimate_record_bytes(
-            paths if container is None else container.items(), settings))
+            paths if container is None else container.items(), settings,
+            annotations if container is None else None))
     bounds = shard_bounds(len(paths), num_shards, per_shard) if sharded else [0, len(paths)]
     if container is not None and sharded:
         bounds = container.snap(bounds)

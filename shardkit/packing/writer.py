@@ -166,8 +166,9 @@ class StoreWriter:
         self._check_open()
         checked = _checked if _checked is not None else self._check_fields(fields, height, width)
         self._writer.append(data)
-        if self.columns is not None:
-            self.columns.append(checked)
+        if self.columns is not None:  # masks go to the file now, beside their record
+            for stream, raw in self.columns.append(checked).items():
+                self._writer.append_side(stream, raw)
         self.labels.append(int(label))
         self.heights.append(height)
         self.widths.append(width)

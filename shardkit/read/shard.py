@@ -64,7 +64,7 @@ class OpenShard:
             #: The typed fields' columns (:class:`shardkit.fields.ShardFields`), or None.
             self.fields = (None if "fields" not in meta else fieldstore.ShardFields(
                 fieldstore.Schema.from_json(meta["fields"]), self.arrays, self.arrays["heights"],
-                self.arrays["widths"], where))
+                self.arrays["widths"], where, self.reader))
             self.reader.release_library_handle()
         except BaseException:
             self.reader.close()

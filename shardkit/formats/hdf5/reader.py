@@ -2,8 +2,10 @@
 
 ``/data`` is one contiguous uint8 dataset of all encoded records back to back; ``/offsets``
 (int64, count+1) delimits them; index arrays are datasets under ``/index/<name>``; the metadata
-JSON is the string attribute ``shardkit_meta`` of the root group, written last. No variable-length
-objects, no pickle. Readers map the file (its datasets are contiguous), so a record read is a
+JSON is the string attribute ``shardkit_meta`` of the root group, written last. A side record
+stream ``S`` (see :mod:`shardkit.formats.base`) is laid out the same way in the group
+``/side/<S>``: ``/side/<S>/data`` (contiguous uint8, the side records back to back in record
+order) and ``/side/<S>/offsets`` (int64, count+1). No variable-length objects, no pickle. Readers map the file (its datasets are contiguous), so a record read is a
 slice of memory, not an HDF5 library call.
 """
 
@@ -19,7 +21,7 @@ import numpy as np
 
 from ...errors import StoreError
 from ..base import RecordFetch, ShardReader
-from .writer import META_ATTR
+from .writer import META_ATTR, SIDE_GROUP
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -61,27 +63,50 @@ class Hdf5ShardReader(ShardReader):
                                  "(incomplete or foreign store)")
             self._meta_raw = bytes(raw) if not isinstance(raw, str) else raw.encode()
             self._map = mmap.mmap(self._fileobj.fileno(), 0, access=mmap.ACCESS_READ)
-            self._data = self._map_data(self._file)
+            self._data, self._offsets = self._map_data(self._file, "")
+            self._sides = self._map_sides(self._file, len(self._offsets) - 1)
         except StoreError:
             raise
         except Exception as exc:  # noqa: BLE001 - h5py surfaces corruption as many types
             raise StoreError(f"{path}: damaged HDF5 store: {exc}") from None
 
-    def _map_data(self, f: h5py.File) -> np.ndarray:
+    def _map_data(self, f: h5py.Group, where: str) -> tuple[np.ndarray, np.ndarray]:
+        """``<where>data`` and ``<where>offsets`` of group ``f``, mapped and checked."""
         ds = f.get("data")
         offsets = f.get("offsets")
         if not isinstance(ds, h5py.Dataset) or not isinstance(offsets, h5py.Dataset):
-            raise StoreError(f"{self.path}: HDF5 store lacks /data or /offsets")
+            raise StoreError(f"{self.path}: HDF5 store lacks /{where}data or /{where}offsets")
         if ds.dtype != np.uint8 or ds.ndim != 1 or ds.chunks is not None or ds.compression:
-            raise StoreError(f"{self.path}: /data is not a contiguous uint8 dataset")
-        self._offsets = self._map_dataset(offsets)
-        if self._offsets.dtype != np.int64 or self._offsets.ndim != 1:
-            raise StoreError(f"{self.path}: /offsets is not an int64 vector")
+            raise StoreError(f"{self.path}: /{where}data is not a contiguous uint8 dataset")
+        mapped = self._map_dataset(offsets)
+        if mapped.dtype != np.int64 or mapped.ndim != 1:
+            raise StoreError(f"{self.path}: /{where}offsets is not an int64 vector")
         n = int(ds.shape[0])
-        if len(self._offsets) == 0 or self._offsets[0] != 0 or self._offsets[-1] != n \
-                or np.any(np.diff(self._offsets) < 0):
-            raise StoreError(f"{self.path}: /offsets do not describe /data (damaged store)")
-        return self._map_dataset(ds)
+        if len(mapped) == 0 or mapped[0] != 0 or mapped[-1] != n \
+                or np.any(np.diff(mapped) < 0):
+            raise StoreError(f"{self.path}: /{where}offsets do not describe /{where}data "
+                             "(damaged store)")
+        return self._map_dataset(ds), mapped
+
+    def _map_sides(self, f: h5py.File, count: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Every side stream's data and offsets (``count`` records each), mapped now: h5py is
+        closed once the index arrays are read."""
+        group = f.get(SIDE_GROUP)
+        if group is None:
+            return {}
+        if not isinstance(group, h5py.Group):
+            raise StoreError(f"{self.path}: /{SIDE_GROUP} is not a group (damaged store)")
+        sides = {}
+        for stream, sub in group.items():
+            where = f"{SIDE_GROUP}/{stream}/"
+            if not isinstance(sub, h5py.Group):
+                raise StoreError(f"{self.path}: /{where[:-1]} is not a group (damaged store)")
+            data, offsets = self._map_data(sub, where)
+            if len(offsets) != count + 1:
+                raise StoreError(f"{self.path}: side stream {stream!r} holds {len(offsets) - 1} "
+                                 f"records, the shard {count} (damaged store)")
+            sides[stream] = data, offsets
+        return sides
 
     def _meta(self) -> bytes:
         return self._meta_raw
@@ -110,6 +135,16 @@ class Hdf5ShardReader(ShardReader):
         count = len(offsets) - 1
         yield lambda i: data[offsets[i]:offsets[i + 1]] if 0 <= i < count else None
 
+    @contextmanager
+    def _side_records(self, stream: str) -> Iterator[RecordFetch]:
+        side = self._sides.get(stream)
+        if side is None:
+            yield lambda i: None
+            return
+        data, offsets = memoryview(side[0]), side[1]
+        count = len(offsets) - 1
+        yield lambda i: data[offsets[i]:offsets[i + 1]] if 0 <= i < count else None
+
     def release_library_handle(self) -> None:
         """Close h5py and its file once the index arrays are read; records come from the map."""
         if getattr(self, "_file", None) is not None:
@@ -122,6 +157,7 @@ class Hdf5ShardReader(ShardReader):
     def close(self) -> None:
         self.release_library_handle()
         self._data = self._offsets = None
+        self._sides = {}
         if getattr(self, "_map", None) is not None:
             try:
                 self._map.close()

@@ -11,7 +11,7 @@ import lmdb
 
 from ...errors import StoreError
 from ..base import RecordFetch, ShardReader
-from .validate import ARRAY_PREFIX, META_KEY, check_pages, layout, record_key
+from .validate import ARRAY_PREFIX, META_KEY, check_pages, layout, record_key, side_key
 
 MAX_READERS = 2048
 
@@ -94,6 +94,15 @@ class LmdbShardReader(ShardReader):
         get = txn.get
         try:
             yield lambda i: get(record_key(i))
+        finally:
+            txn.abort()
+
+    @contextmanager
+    def _side_records(self, stream: str) -> Iterator[RecordFetch]:
+        txn = self._env.begin(buffers=True)
+        get = txn.get
+        try:
+            yield lambda i: get(side_key(i, stream)) if i >= 0 else None
         finally:
             txn.abort()
 

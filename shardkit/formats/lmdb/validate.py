@@ -1,7 +1,10 @@
 """LMDB's on-disk layout as shardkit writes it, and the checks a file passes before LMDB maps it.
 
 Record ``i`` is under the 8-byte big-endian key ``i`` (so keys sort in index order and are written
-with ``append=True``). Index arrays are raw little-endian bytes under ``__array__/<name>``; their
+with ``append=True``). Its side record in stream ``S`` (see :mod:`shardkit.formats.base`) is under
+that key followed by the ASCII name ``S`` (``record_key(i) + b"f.masks"``): it sorts right after
+record ``i`` and before record ``i + 1``, so it lies beside its record in the B-tree and is
+written in the same ordered pass. Index arrays are raw little-endian bytes under ``__array__/<name>``; their
 dtype and shape live in the metadata JSON under ``__meta__``. No pickle anywhere.
 
 LMDB trusts every byte of the file it maps; a damaged or foreign one can crash the process
@@ -25,6 +28,11 @@ P_BRANCH, P_LEAF, P_LEAF2, F_BIGDATA = 0x01, 0x02, 0x20, 0x01
 
 def record_key(i: int) -> bytes:
     return i.to_bytes(8, "big")
+
+
+def side_key(i: int, stream: str) -> bytes:
+    """The key of record ``i``'s side record in ``stream`` (a name of ``base.SIDE_STREAM``)."""
+    return i.to_bytes(8, "big") + stream.encode("ascii")
 
 
 def sniff(head: bytes) -> bool:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...errors import StoreError
 from ..base import ShardWriter
-from .validate import ARRAY_PREFIX, META_KEY, record_key
+from .validate import ARRAY_PREFIX, META_KEY, record_key, side_key
 
 INITIAL_MAP_SIZE = 64 << 20
 TXN_BYTES = 8 << 20  # commit every ~8 MiB: written while encoders work, not all at the end
@@ -42,16 +42,26 @@ class LmdbShardWriter(ShardWriter):
             raise _write_error(path, exc, 0) from None
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
+        self._sides_pending = False
 
-    def append(self, data: bytes) -> None:
-        self._pending.append((record_key(self.count), data))
-        self._pending_bytes += len(data)
-        self.count += 1
+    def _append(self, data: bytes) -> None:
+        # Committed before a record, never between it and its side records: a transaction's
+        # keys are then put in order (``_commit`` sorts them), as ``append=True`` needs.
         if self._pending_bytes >= TXN_BYTES:
             self._commit()
+        self._pending.append((record_key(self.count), data))
+        self._pending_bytes += len(data)
+
+    def _append_side(self, stream: str, data: bytes) -> None:
+        self._pending.append((side_key(self.count - 1, stream), data))
+        self._sides_pending = True
+        self._pending_bytes += len(data)
 
     def _commit(self) -> None:
         """Write pending items in one transaction, doubling the map until they fit."""
+        if self._sides_pending:  # a record, then its side records by name (given in any order)
+            self._pending.sort(key=lambda item: item[0])
+            self._sides_pending = False
         while True:
             try:
                 with self._env.begin(write=True) as txn:
@@ -67,7 +77,7 @@ class LmdbShardWriter(ShardWriter):
         self._pending.clear()
         self._pending_bytes = 0
 
-    def finish(self, arrays: dict[str, np.ndarray], meta_json: bytes) -> None:
+    def _finish(self, arrays: dict[str, np.ndarray], meta_json: bytes) -> None:
         self._commit()
         for name, arr in arrays.items():
             self._pending.append((ARRAY_PREFIX + name.encode(), np.ascontiguousarray(arr).tobytes()))
