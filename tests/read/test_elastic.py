@@ -12,24 +12,20 @@ import sys
 
 import numpy as np
 import pytest
-import torch
-from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
+from torch.utils.data import ConcatDataset, DataLoader
 
 import shardkit
 from shardkit import ShardSampler
 from shardkit.cli import main as cli_main
 
 from helpers import image_tree, program_env
+from helpers.tensors import tensor_shards
 
 SIZES = (31, 17, 0, 23, 40, 9, 28, 35, 12, 19, 26, 14)  # 254 samples, uneven shards, one empty
 
 
 def _concat(sizes=SIZES) -> ConcatDataset:
-    parts, start = [], 0
-    for s in sizes:
-        parts.append(TensorDataset(torch.arange(start, start + s)))
-        start += s
-    return ConcatDataset(parts)
+    return tensor_shards(sizes)
 
 
 def _ranks(ds, world, **kw) -> list[ShardSampler]:

@@ -6,19 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import shardkit
+from helpers.tensors import tensor_shards as _part  # a part made of shards
 
 pl = pytest.importorskip("lightning.pytorch")
-
-
-def _part(sizes, start):
-    parts = []
-    for s in sizes:
-        parts.append(TensorDataset(torch.arange(start, start + s)))
-        start += s
-    return ConcatDataset(parts)
 
 
 class _Recorder(pl.LightningModule):

@@ -10,22 +10,13 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import ConcatDataset, TensorDataset
 
 import shardkit
 from shardkit.cli import main as cli_main
 from shardkit.read.mix import Mix, MixSampler
 
 from helpers import image_tree
-
-
-def _part(sizes, start):
-    """A part made of shards: item i is the tensor [start + i]."""
-    parts = []
-    for s in sizes:
-        parts.append(TensorDataset(torch.arange(start, start + s)))
-        start += s
-    return ConcatDataset(parts)
+from helpers.tensors import tensor_shards as _part  # a part made of shards
 
 
 def _mix(a=(10,) * 10, b=(20,) * 10) -> Mix:

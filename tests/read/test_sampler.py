@@ -19,17 +19,14 @@ from shardkit import ShardSampler
 from shardkit.cli import main as cli_main
 
 from helpers import image_tree
+from helpers.tensors import tensor_shards
 
 SIZES = (7, 0, 13, 5, 9, 1, 11, 4)  # uneven shards, one empty
 
 
 def _concat(sizes=SIZES) -> ConcatDataset:
     """Each part is one 'shard'; item i is the tensor [i]."""
-    parts, start = [], 0
-    for s in sizes:
-        parts.append(TensorDataset(torch.arange(start, start + s)))
-        start += s
-    return ConcatDataset(parts)
+    return tensor_shards(sizes)
 
 
 def _lists(ds, replicas, **kw) -> list[list[int]]:
