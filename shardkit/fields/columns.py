@@ -33,7 +33,7 @@ class ColumnBuilder:
     def __init__(self, schema: Schema) -> None:
         self.schema = schema
         self.values: dict[str, Any] = {
-            f.name: (array("q"), array("L")) if f.side else [] for f in schema}
+            f.name: (array("q"), array("I")) if f.side else [] for f in schema}
 
     def check(self, record: dict[str, Any], height: int, width: int) -> dict[str, Any]:
         """Validate without keeping (the writer checks before it appends the image)."""
@@ -144,8 +144,7 @@ class ShardFields:
         if self.reader is None:
             raise FieldError("stored in side records, and this shard was opened without them")
         try:
-            with self.reader.side_records(f.stream()) as get:
-                raw = bytes(get(local))
+            raw = self.reader.side_record(f.stream(), local)
         except StoreError as exc:  # already names the file: name the record and field instead
             raise FieldError(str(exc).removeprefix(f"{self.reader.path}: ")) from None
         f.check_stored(raw, self.cols, local)

@@ -242,6 +242,24 @@ class ShardReader(ABC):
                             f"record {{i}}'s side record in stream {stream!r}") as get:
             yield get
 
+    def side_record(self, stream: str, i: int) -> bytes:
+        """Record ``i``'s side record in ``stream``, copied: :meth:`side_records` for one
+        record, in one read transaction of its own, without the per-context set-up."""
+        item = f"record {i}'s side record in stream {stream!r}"
+        if not isinstance(stream, str) or not SIDE_STREAM.fullmatch(stream):
+            raise ValueError(f"side stream name must match {SIDE_STREAM.pattern}, got {stream!r}")
+        try:
+            with self._side_records(stream) as fetch:
+                value = fetch(i)
+                value = None if value is None else bytes(value)
+        except StoreError:
+            raise
+        except self.library_errors as exc:
+            raise StoreError(f"{self.path}: read of {item} failed: {exc}") from None
+        if value is None:
+            raise StoreError(f"{self.path}: {item} is missing (damaged store)")
+        return value
+
     @contextmanager
     def _fetching(self, open_fetch: Callable[[], AbstractContextManager[RecordFetch]],
                   what: str, item: str) -> Iterator[RecordGetter]:

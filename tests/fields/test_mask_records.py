@@ -282,16 +282,18 @@ def test_export_carries_the_masks(tmp_path, fmt):
     import pyarrow.parquet as pq
     import webdataset as wds
 
+    from shardkit.export import export
+
     path = str(tmp_path / f"e{SUFFIXES[fmt]}")
     write(path)
-    shardkit.export.export(path, str(tmp_path / "t-%06d.tar"), progress=False)
+    export(path, str(tmp_path / "t-%06d.tar"), progress=False)
     got = list(wds.WebDataset(str(tmp_path / "t-000000.tar"), shardshuffle=False))
     assert len(got) == N
     for i, sample in enumerate(got):
         assert np.array_equal(np.load(io.BytesIO(sample["masks.npy"])), record(i)["masks"])
         assert np.array_equal(np.load(io.BytesIO(sample["seg.npy"])), record(i)["seg"])
-    files = shardkit.export.export(path, str(tmp_path / "p-%02d.parquet"), to="parquet",
-                                   progress=False).files
+    files = export(path, str(tmp_path / "p-%02d.parquet"), to="parquet",
+                   progress=False).files
     rows = [r for f in files for r in pq.read_table(f).to_pylist()]
     assert len(rows) == N
     for i, row in enumerate(rows):
