@@ -6,6 +6,7 @@ prints these lines after the benchmark; on an existing report:
 
     python benchmarks/targets.py benchmarks/results/throughput.json
     python benchmarks/targets.py benchmarks/results/memory.json
+    python benchmarks/targets.py benchmarks/results/remote_latency_link.json
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ PACK = (
                      f"{s['ratio']:.2f} x the naive PIL loop"),
 )
 MEMORY_MB = 5.0  # worker Private_Dirty growth over a full pass of a 1M-record store
+REMOTE_RTT = 1.5  # cold epoch at +100 ms RTT / at +0 ms, default read-ahead (at most)
+REMOTE_LINK = 0.9  # shard bytes / epoch seconds / link rate, shaped link at +0 ms (at least)
 
 
 def line(text: str, rule: str, ok: bool) -> str:
@@ -93,8 +96,28 @@ def judge_memory(report: dict[str, Any]) -> list[str]:
                  f"< {MEMORY_MB:g} MB", worst < MEMORY_MB)]
 
 
+def judge_remote(report: dict[str, Any]) -> list[str]:
+    """``benchmarks/remote_latency.py``'s report: the rows of this tree (not a ``--baseline``)."""
+    rows = {r["row"]: r for r in report["remote_latency"]["rows"] if r["code"] == "this tree"}
+    out = []
+    near, far = rows.get("RTT +0 ms, read-ahead default"), rows.get("RTT +100 ms, read-ahead "
+                                                                      "default")
+    if near and far:
+        ratio = far["seconds"] / near["seconds"]
+        out.append(line(f"cold epoch at +100 ms RTT = {ratio:.2f} x at +0 ms (default read-ahead)",
+                        f"<= {REMOTE_RTT:g}", ratio <= REMOTE_RTT))
+    for r in rows.values():
+        if r["rate"] and r["rtt"] == 0:
+            out.append(line(f"shaped link {r['rate'] / 1e6:g} MB/s, +0 ms: shard bytes / epoch "
+                            f"seconds = {r['link_share']:.2f} of the link rate",
+                            f">= {REMOTE_LINK:g}", r["link_share"] >= REMOTE_LINK))
+    return out
+
+
 def judge(report: dict[str, Any]) -> list[str]:
-    """The target lines for a ``throughput.json`` or ``memory.json`` report."""
+    """The target lines for a ``throughput.json``, ``memory.json`` or ``remote_latency`` report."""
+    if "remote_latency" in report:
+        return judge_remote(report)
     return judge_memory(report) if "results" in report else judge_throughput(report)
 
 

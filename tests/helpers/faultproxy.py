@@ -7,7 +7,15 @@ every request, so tests count GETs of an object from the wire. Network condition
 - ``rtt``: seconds added to every request's round trip (and once to each new connection, as a
   TCP handshake would);
 - ``rate``: bytes per second of one link shared by every connection (response and request bodies
-  are paced on it), ``None`` for no cap.
+  are paced on it), ``None`` for no cap. Like a real shaped link (a token bucket), it holds a
+  ``burst`` of bytes: time the link sat idle while a sender was merely late (a thread scheduled
+  late on a busy machine) is made up by sending that many bytes at once, so the link's long-run
+  rate is ``rate`` whenever there is something to send.
+
+Timeline, for benchmarks and tests: ``transfers`` holds one :class:`Transfer` per request (when it
+came, when its response body started and ended, in ``time.monotonic()``), ``busy`` the intervals
+the shaped link was sending, and ``wait_for(predicate)`` blocks until the request log satisfies
+``predicate`` (events, not sleeps).
 
 Faults, each matched by method and path (query string ignored) and used ``times`` times:
 
@@ -29,6 +37,19 @@ from dataclasses import dataclass
 
 KINDS = ("reset", "truncate", "stall", "flip")
 _CHUNK = 16384
+BURST = 4 * _CHUNK  # bytes a shaped link sends at once after sitting idle
+
+
+@dataclass
+class Transfer:
+    """One request through the proxy, in ``time.monotonic()`` seconds."""
+
+    method: str
+    path: str
+    requested: float  # its request head arrived
+    started: float | None = None  # its response head was sent on
+    done: float | None = None  # its response body was sent in full
+    bytes: int = 0  # response body bytes sent
 
 
 @dataclass
@@ -48,16 +69,21 @@ class _Closed(Exception):
 class FaultProxy:
     """``with FaultProxy(upstream_endpoint, rtt=0.1) as proxy:`` ... ``proxy.endpoint``."""
 
-    def __init__(self, upstream: str, rtt: float = 0.0, rate: float | None = None) -> None:
+    def __init__(self, upstream: str, rtt: float = 0.0, rate: float | None = None,
+                 burst: int = BURST) -> None:
         host, port = upstream.removeprefix("http://").rstrip("/").rsplit(":", 1)
         self.upstream = (host, int(port))
         self.rtt = rtt
         self.rate = rate
+        self.burst = burst
         self.requests: list[tuple[str, str]] = []
+        self.transfers: list[Transfer] = []
+        self.busy: list[list[float]] = []  # [start, end] when the shaped link sent (merged)
         self.faults: list[Fault] = []
         self.stalled = threading.Event()  # set when a stall fault starts holding a body
         self._released = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # shared with _logged: one lock for every record
+        self._logged = threading.Condition(self._lock)
         self._link_free = 0.0  # when the shaped link is next idle (time.monotonic)
         self._sockets: set[socket.socket] = set()
         self._listener: socket.socket | None = None
@@ -99,6 +125,12 @@ class FaultProxy:
     def release(self) -> None:
         """Let stalled responses go (their connections are then closed)."""
         self._released.set()
+
+    def wait_for(self, predicate, timeout: float = 60.0) -> bool:
+        """Block until ``predicate(requests)`` is true for the request log (``(method, path)``
+        pairs), or ``timeout`` seconds pass (a guard against a hang, not a measurement)."""
+        with self._logged:
+            return self._logged.wait_for(lambda: predicate(list(self.requests)), timeout)
 
     def count(self, method: str, path: str) -> int:
         with self._lock:
@@ -156,8 +188,11 @@ class FaultProxy:
             return False
         method, target = head[0].split(b" ", 2)[:2]
         method_s, path = method.decode(), target.decode().split("?", 1)[0]
-        with self._lock:
+        transfer = Transfer(method_s, path, time.monotonic())
+        with self._logged:
             self.requests.append((method_s, path))
+            self.transfers.append(transfer)
+            self._logged.notify_all()
         fault = self._match(method_s, path)
         headers = _headers(head)
         on_request = fault is not None and fault.kind == "flip" and method_s in ("PUT", "POST")
@@ -172,19 +207,25 @@ class FaultProxy:
         if response is None:
             raise _Closed
         client.sendall(b"\r\n".join(response) + b"\r\n\r\n")
-        return self._finish(client, sin, response, method_s, None if on_request else fault)
+        transfer.started = time.monotonic()
+        try:
+            return self._finish(client, sin, response, method_s, None if on_request else fault,
+                                transfer)
+        finally:
+            transfer.done = time.monotonic()
 
-    def _finish(self, client, sin, response, method, fault) -> bool:
+    def _finish(self, client, sin, response, method, fault, transfer=None) -> bool:
         status = int(response[0].split(b" ", 2)[1])
         headers = _headers(response)
         if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
             return headers.get(b"connection", b"").lower() != b"close"
         until_close = (b"content-length" not in headers
                        and headers.get(b"transfer-encoding", b"").lower() != b"chunked")
-        self._body(sin, headers, client, fault, request=False)
+        self._body(sin, headers, client, fault, request=False, transfer=transfer)
         return not until_close and headers.get(b"connection", b"").lower() != b"close"
 
-    def _body(self, src, headers, dst: socket.socket, fault: Fault | None, request: bool) -> None:
+    def _body(self, src, headers, dst: socket.socket, fault: Fault | None, request: bool,
+              transfer: Transfer | None = None) -> None:
         """Relay one message body (Content-Length, chunked, or until close), applying ``fault``."""
         sent = 0
 
@@ -198,6 +239,8 @@ class FaultProxy:
                 self._break(dst, fault.kind)
             self._pace(dst, data)
             sent += len(data)
+            if transfer is not None:
+                transfer.bytes = sent
 
         if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
             while True:
@@ -238,10 +281,17 @@ class FaultProxy:
             if self.rate:
                 with self._lock:
                     now = time.monotonic()
-                    start = max(now, self._link_free)
+                    # Idle up to a burst's worth is owed to a late sender: the bucket's tokens.
+                    start = max(now - self.burst / self.rate, self._link_free)
                     self._link_free = start + len(piece) / self.rate
                     wait = self._link_free - now
-                time.sleep(wait)
+                    busy = (start, self._link_free)  # bytes / rate in all, burst included
+                    if self.busy and self.busy[-1][1] >= busy[0]:
+                        self.busy[-1][1] = max(self.busy[-1][1], busy[1])
+                    else:
+                        self.busy.append(list(busy))
+                if wait > 0:
+                    time.sleep(wait)
             sock.sendall(piece)
 
 
