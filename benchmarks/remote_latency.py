@@ -74,7 +74,7 @@ def epoch(url: str, cache: str, workers: int, depth: int | None) -> dict[str, An
     seconds = time.monotonic() - start
     ds.close()
     return {"seconds": seconds, "digest": digest.hexdigest(), "start": start,
-            "last_batch": last}
+            "last_batch": last, "shardkit": os.path.dirname(shardkit.__file__)}
 
 
 def warm_epoch(local: str, url: str, cache: str, workers: int,
@@ -155,13 +155,24 @@ def link_use(proxy: Any, start: float, seconds: float, prefix: str) -> Link:
     return link
 
 
+def _io_load(folder: str) -> subprocess.Popen:
+    """Another job's disk writes beside the epoch: 32 MiB written and fsynced, over and over."""
+    code = ("import os, sys\nblock = os.urandom(1 << 20)\nwhile True:\n"
+            "    with open(sys.argv[1], 'wb') as f:\n        for _ in range(32):\n"
+            "            f.write(block)\n        f.flush()\n        os.fsync(f.fileno())\n")
+    return subprocess.Popen([sys.executable, "-c", code, os.path.join(folder, "io-load")])
+
+
 def _load() -> str:
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
 
 
 def _checkout(ref: str, into: str) -> str:
-    """The ``shardkit`` package of git commit ``ref``, extracted under ``into``."""
+    """The ``shardkit`` package of git commit ``ref``, extracted under ``into`` (or ``ref``
+    itself: a folder holding a ``shardkit`` package)."""
+    if os.path.isdir(os.path.join(ref, "shardkit")):
+        return ref
     os.makedirs(into)
     archive = subprocess.run(["git", "-C", REPO, "archive", ref, "shardkit"],
                              capture_output=True, check=True).stdout
@@ -181,7 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="latency,link",
                         help="which rows: latency, link or both [latency,link]")
     parser.add_argument("--baseline", metavar="REF",
-                        help="also run each epoch with the shardkit of git commit REF")
+                        help="also run each epoch with the shardkit of git commit REF (or of "
+                             "folder REF)")
+    parser.add_argument("--rtts", type=lambda v: [int(x) for x in v.split(",")],
+                        default=[0, 20, 100], help="latency rows' added RTTs, ms [0,20,100]")
+    parser.add_argument("--default-only", action="store_true",
+                        help="latency rows with the default read-ahead only (no depth 1)")
+    parser.add_argument("--io-load", action="store_true",
+                        help="write and fsync 32 MiB over and over beside each epoch (other "
+                             "jobs' disk writes)")
     parser.add_argument("--out", help="also write the report to this file, and JSON beside it")
     parser.add_argument("--epoch", help=argparse.SUPPRESS)  # a child: one epoch, JSON out
     args = parser.parse_args(argv)
@@ -221,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         if "latency" in args.rows:
             rows += [(f"RTT +{ms} ms, read-ahead {name}", ms / 1000, None, depth)
-                     for ms in (0, 20, 100) for name, depth in (("default", None), ("1", 1))]
+                     for ms in args.rtts for name, depth in (("default", None), ("1", 1))
+                     if depth is None or not args.default_only]
         if "link" in args.rows:
             rows += [(f"link {args.rate / 1e6:g} MB/s, RTT +{ms} ms", ms / 1000, args.rate, None)
                      for ms in (0, 20)]
@@ -230,12 +250,20 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[tuple[dict[str, Any], Link | None, str]]] = {c: [] for c in codes}
             for r in range(args.repeat):
                 for c, code in codes.items():  # alternating: old and new see the same load
-                    with FaultProxy(s3.endpoint, rtt=rtt, rate=rate, burst=burst) as proxy:
-                        os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
-                        got = epoch_in(code, local, url,
-                                       os.path.join(work, f"cache-{n}-{r}-{len(c)}"),
-                                       args.workers, depth)
+                    writer = _io_load(work) if args.io_load else None
+                    try:
+                        with FaultProxy(s3.endpoint, rtt=rtt, rate=rate, burst=burst) as proxy:
+                            os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
+                            got = epoch_in(code, local, url,
+                                           os.path.join(work, f"cache-{n}-{r}-{len(c)}"),
+                                           args.workers, depth)
+                    finally:
+                        if writer is not None:
+                            writer.kill()
+                            writer.wait()
                     same &= got["digest"] == want
+                    if not os.path.samefile(os.path.dirname(got["shardkit"]), code):
+                        raise SystemExit(f"the epoch imported {got['shardkit']}, not {code}")
                     use = link_use(proxy, got["start"], got["seconds"], prefix) if rate else None
                     runs[c].append((got, use, _load()))
             for c, done in runs.items():
@@ -260,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                                             for g, u, load in done]})
 
     report = {"remote_latency": {"sample": args.sample, "shards": args.shards,
+                                 "io_load": args.io_load,
                                  "shard_bytes": shard_bytes, "rate": args.rate, "burst": burst,
                                  "workers": args.workers, "repeat": args.repeat,
                                  "same_pixels": same, "rows": rows_out}}
@@ -272,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
               f"shards), cold cache each epoch, DataLoader {args.workers} fork workers, "
               f"ShardSampler, crop 64; moto S3 on 127.0.0.1 behind tests/helpers/faultproxy.py "
               f"(link burst {burst} bytes); median of {args.repeat} epochs; MB/s: shard bytes / "
-              "epoch seconds"]
+              "epoch seconds" + ("; beside each epoch a writer fsyncs 32 MiB over and over"
+                                 if args.io_load else "")]
     print("\n".join(footer))
     if args.out:
         with open(args.out, "w") as f:

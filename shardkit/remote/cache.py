@@ -20,6 +20,7 @@ from . import access, limit
 from .access import LocalFault, RemoteFolder, default_cache_dir
 from .failures import LOCAL_ERRNOS
 from .locks import locked, open_lock, try_lock
+from .slots import NO_PLACE, Place, Slots
 
 #: Downloads a process keeps in flight ahead of its reads (:meth:`ShardCache.read_ahead`).
 READ_AHEAD = 4
@@ -29,7 +30,8 @@ class ShardCache:
     """Shards of one :class:`RemoteFolder`, staged in a local folder shared by all processes.
 
     Picklable: a DataLoader worker gets its own locks, threads and filesystem on first use.
-    ``read_ahead_depth`` downloads at most run ahead of this process's reads.
+    At most ``read_ahead_depth`` read-ahead downloads of this process run at once (as many more
+    may be checking and storing what they received: :mod:`shardkit.remote.slots`).
     """
 
     def __init__(self, remote: RemoteFolder, cache_dir: str | os.PathLike | None = None,
@@ -70,6 +72,7 @@ class ShardCache:
             self._held: dict[int, int] = {}
             self._pending: set[int] = set()
             self._pool: ThreadPoolExecutor | None = None
+            self._slots: Slots | None = None  # the read-ahead's places, made with _pool
             self._lock = threading.Lock()
             self._pid = os.getpid()
             # A cache dropped without close() releases its shards (descriptors, locks) too.
@@ -78,7 +81,7 @@ class ShardCache:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_held", "_pending", "_pool", "_lock", "_finalizer"):
+        for key in ("_held", "_pending", "_pool", "_slots", "_lock", "_finalizer"):
             state.pop(key, None)
         state["_pid"] = None
         return state
@@ -153,13 +156,14 @@ class ShardCache:
             todo = [k for k in todo if k not in self._pending]
             if not todo:
                 return
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.read_ahead_depth,
+            if self._pool is None:  # twice the threads of the places: see Slots
+                self._slots = Slots(self.read_ahead_depth)
+                self._pool = ThreadPoolExecutor(2 * self.read_ahead_depth,
                                                 thread_name_prefix="shardkit-prefetch")
             self._pending.update(todo)
             order = _Window(len(todo))
             for j, k in enumerate(todo):  # FIFO: position j starts no later than j + 1
-                self._pool.submit(self._prefetch, k, order, j)
+                self._pool.submit(self._prefetch, k, order, j, self._slots.place())
 
     def prefetch(self, k: int) -> None:
         """Start downloading shard ``k`` in the background (:meth:`read_ahead` of one)."""
@@ -173,16 +177,18 @@ class ShardCache:
         if pool is not None:
             pool.shutdown(wait=True)
 
-    def _prefetch(self, k: int, order: "_Window", j: int) -> None:
+    def _prefetch(self, k: int, order: "_Window", j: int, place: Place) -> None:
         entry = self.remote.meta["shards"][k]
         try:
+            place.take()  # in reading order, like the window's room
             if order.wait(j):
                 self._download(entry["file"], entry["bytes"], entry["sha256"], wait=False,
-                               placed=lambda: order.decide(j, True))
+                               placed=lambda: order.decide(j, True), place=place)
         except Exception:  # noqa: BLE001 - see read_ahead()
             pass
         finally:
             order.decide(j, False)  # no room, a failure, an error: the rest of the window waits
+            place.close()
             with self._lock:
                 self._pending.discard(k)
 
@@ -208,7 +214,8 @@ class ShardCache:
     def _download(self, name: str, size: int | None, sha256: str, *, wait: bool = True,
                   on_full: Callable[[], bool] | None = None,
                   cached: Callable[[], bool] | None = None,
-                  placed: Callable[[], None] = lambda: None) -> bool:
+                  placed: Callable[[], None] = lambda: None,
+                  place: Place = NO_PLACE) -> bool:
         """Download ``name`` into the cache once per machine (whoever holds ``.NAME.dl`` does it).
 
         ``wait=False`` (read-ahead): skip when another download of it is under way or it would
@@ -245,7 +252,7 @@ class ShardCache:
             placed()
             part, part_fd = reserved
             try:
-                self._transfer(name, size, sha256, part, path, ahead=not wait)
+                self._transfer(name, size, sha256, part, path, ahead=not wait, place=place)
             except LocalFault:
                 raise
             except StoreError as exc:
@@ -259,10 +266,16 @@ class ShardCache:
             os.close(fd)
 
     def _transfer(self, name: str, size: int | None, sha256: str, part: str, path: str,
-                  ahead: bool) -> None:
+                  ahead: bool, place: Place = NO_PLACE) -> None:
+        """Get ``name`` into ``part`` holding ``place`` (a read-ahead's), then give it up and
+        check and store it as ``path``: the next download need not wait for the check."""
         delays = access.RETRY_DELAYS
         for attempt in range(len(delays) + 1):
-            self.remote.get(name, part, local=lambda exc: self._local_fault(exc, part))
+            place.take()  # a retry's
+            try:
+                self.remote.get(name, part, local=lambda exc: self._local_fault(exc, part))
+            finally:
+                place.give()
             try:
                 if (size is None or os.path.getsize(part) == size) and \
                         sha256_file(part) == sha256:

@@ -8,9 +8,9 @@ every request, so tests count GETs of an object from the wire. Network condition
   TCP handshake would);
 - ``rate``: bytes per second of one link shared by every connection (response and request bodies
   are paced on it), ``None`` for no cap. Like a real shaped link (a token bucket), it holds a
-  ``burst`` of bytes: time the link sat idle while a sender was merely late (a thread scheduled
-  late on a busy machine) is made up by sending that many bytes at once, so the link's long-run
-  rate is ``rate`` whenever there is something to send.
+  ``burst`` of bytes (``BURST``, one 16 KiB chunk): idle time up to ``burst / rate`` (a sender
+  thread woken late on a busy machine) is made up by sending that much at once; no stretch of
+  time carries more than ``rate`` x its length + ``burst``.
 
 Timeline, for benchmarks and tests: ``transfers`` holds one :class:`Transfer` per request (when it
 came, when its response body started and ended, in ``time.monotonic()``), ``busy`` the intervals
@@ -37,7 +37,9 @@ from dataclasses import dataclass
 
 KINDS = ("reset", "truncate", "stall", "flip")
 _CHUNK = 16384
-BURST = 4 * _CHUNK  # bytes a shaped link sends at once after sitting idle
+# Bytes a shaped link sends at once after sitting idle: one chunk makes up for a sender thread
+# woken a few ms late, not for a client's gap (at 2 MB/s, 8 ms; a +20 ms round trip still shows).
+BURST = _CHUNK
 
 
 @dataclass
