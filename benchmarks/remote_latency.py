@@ -249,13 +249,13 @@ def main(argv: list[str] | None = None) -> int:
         for n, (name, rtt, rate, depth) in enumerate(rows):
             runs: dict[str, list[tuple[dict[str, Any], Link | None, str]]] = {c: [] for c in codes}
             for r in range(args.repeat):
-                for c, code in codes.items():  # alternating: old and new see the same load
+                for i, (c, code) in enumerate(codes.items()):  # alternating: the same load
                     writer = _io_load(work) if args.io_load else None
                     try:
                         with FaultProxy(s3.endpoint, rtt=rtt, rate=rate, burst=burst) as proxy:
                             os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
                             got = epoch_in(code, local, url,
-                                           os.path.join(work, f"cache-{n}-{r}-{len(c)}"),
+                                           os.path.join(work, f"cache-{n}-{r}-{i}"),
                                            args.workers, depth)
                     finally:
                         if writer is not None:
@@ -265,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
                     if not os.path.samefile(os.path.dirname(got["shardkit"]), code):
                         raise SystemExit(f"the epoch imported {got['shardkit']}, not {code}")
                     use = link_use(proxy, got["start"], got["seconds"], prefix) if rate else None
+                    if use is not None and use.wire < shard_bytes:
+                        raise SystemExit(f"{name}{c}: a cold epoch moved {use.wire} bytes, less "
+                                         f"than the shards' {shard_bytes}")
                     runs[c].append((got, use, _load()))
             for c, done in runs.items():
                 seconds = statistics.median(g["seconds"] for g, _, _ in done)
