@@ -22,8 +22,19 @@ from .failures import LOCAL_ERRNOS
 from .locks import locked, open_lock, try_lock
 from .slots import NO_PLACE, Place, Slots
 
-#: Downloads a process keeps in flight ahead of its reads (:meth:`ShardCache.read_ahead`).
-READ_AHEAD = 4
+#: Downloads a process keeps in flight ahead of its reads (:meth:`ShardCache.read_ahead`): as many
+#: shards as fit in READ_AHEAD_BYTES, within [READ_AHEAD_MIN, READ_AHEAD_MAX]. Small shards are
+#: bound by round trips (more in flight hide them), large ones by bandwidth (a few fill the link,
+#: and the bytes bound keeps what is fetched ahead of the reads bounded).
+READ_AHEAD_MIN, READ_AHEAD_MAX = 4, 16
+READ_AHEAD_BYTES = 1 << 30
+
+
+def default_read_ahead(shard_bytes: list[int]) -> int:
+    """The read-ahead depth for shards of these sizes (the largest counts)."""
+    largest = max(shard_bytes, default=0)
+    fit = READ_AHEAD_BYTES // largest if largest else READ_AHEAD_MAX
+    return int(min(READ_AHEAD_MAX, max(READ_AHEAD_MIN, fit)))
 
 
 class ShardCache:
@@ -46,7 +57,7 @@ class ShardCache:
                                  f"shard of {remote.url} ({largest} bytes)")
         self.remote = remote
         self.cache_limit = cache_limit
-        self.read_ahead_depth = READ_AHEAD
+        self.read_ahead_depth = default_read_ahead([e["bytes"] for e in remote.meta["shards"]])
         self.root = os.path.abspath(os.fspath(cache_dir) if cache_dir is not None
                                     else default_cache_dir())
         key = hashlib.sha256(f"{remote.url}\n{remote.manifest_sha256}".encode()).hexdigest()

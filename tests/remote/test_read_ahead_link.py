@@ -169,3 +169,15 @@ def test_targets_judge_the_remote_latency_report():
         "met)",
         "target: shaped link 2 MB/s, +0 ms: shard bytes / epoch seconds = 0.95 of the link rate "
         "(>= 0.9: met)"]
+
+
+def test_read_ahead_depth_follows_the_shard_size():
+    """Small shards: more downloads in flight (round trips dominate); large ones: a few, so what
+    is fetched ahead stays within READ_AHEAD_BYTES."""
+    from shardkit.remote.cache import (READ_AHEAD_BYTES, READ_AHEAD_MAX, READ_AHEAD_MIN,
+                                       default_read_ahead)
+
+    assert default_read_ahead([900_000, 1_000_000]) == READ_AHEAD_MAX
+    assert default_read_ahead([256 << 20]) == READ_AHEAD_MIN
+    assert default_read_ahead([READ_AHEAD_BYTES // 8]) == 8
+    assert default_read_ahead([]) == READ_AHEAD_MAX

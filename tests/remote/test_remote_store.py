@@ -334,6 +334,7 @@ def test_server_stopped_mid_epoch_raises_store_error(s3, local, tmp_path, monkey
     url = f"s3://{s3.new_bucket()}/train"
     upload_folder_store(local, url)
     ds = ShardDataset(url, output="bytes", cache_dir=tmp_path / "cache", storage_options=FAST)
+    ds.store.cache.read_ahead_depth = 2  # the forked workers' too: the last shard stays remote
     loader = DataLoader(ds, batch_size=2, num_workers=2, worker_init_fn=shardkit.worker_init_fn,
                         multiprocessing_context="fork")
     batches = iter(loader)
