@@ -16,7 +16,11 @@ from .failures import Failure, classify, describe
 RETRY_DELAYS = (1.0, 2.0)  # seconds slept between the attempts of one remote call
 # A stalled endpoint fails one attempt after total_max_attempts * read_timeout (read_timeout bounds
 # a read that gets no byte, not a whole transfer): with RETRY_DELAYS about 3 minutes in all.
-_S3_CONFIG = {"connect_timeout": 10, "read_timeout": 30,
+#: Connections a process may hold open to S3 (botocore's default is 10): at least the
+#: read-ahead's downloads in flight (``cache.READ_AHEAD_MAX``) plus the process's own fetches, or
+#: the downloads past 10 would queue for a connection, a round trip each.
+MAX_CONNECTIONS = 64
+_S3_CONFIG = {"connect_timeout": 10, "read_timeout": 30, "max_pool_connections": MAX_CONNECTIONS,
               "retries": {"total_max_attempts": 2, "mode": "standard"}}
 
 T = TypeVar("T")

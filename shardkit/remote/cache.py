@@ -26,7 +26,7 @@ from .slots import NO_PLACE, Place, Slots
 #: shards as fit in READ_AHEAD_BYTES, within [READ_AHEAD_MIN, READ_AHEAD_MAX]. Small shards are
 #: bound by round trips (more in flight hide them), large ones by bandwidth (a few fill the link,
 #: and the bytes bound keeps what is fetched ahead of the reads bounded).
-READ_AHEAD_MIN, READ_AHEAD_MAX = 4, 16
+READ_AHEAD_MIN, READ_AHEAD_MAX = 4, 32
 READ_AHEAD_BYTES = 1 << 30
 
 
