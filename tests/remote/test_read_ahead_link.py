@@ -181,3 +181,34 @@ def test_read_ahead_depth_follows_the_shard_size():
     assert default_read_ahead([256 << 20]) == READ_AHEAD_MIN
     assert default_read_ahead([READ_AHEAD_BYTES // 8]) == 8
     assert default_read_ahead([]) == READ_AHEAD_MAX
+
+
+def test_more_downloads_in_flight_than_botocore_pools(server, src, proxy, tmp_path, monkeypatch):
+    """A read-ahead of 16 shards has 16 GETs at the server at once: every response is held at
+    the proxy until all 16 requests have arrived. With botocore's default pool of 10 connections
+    the 11th request waits for a connection until a held one times out (read_timeout 300 s
+    here), so this fails at the 30 s guard."""
+    import shardkit
+
+    many = 16
+    folder = str(tmp_path / "many")
+    shardkit.pack(src, folder, num_shards=many, workers=1, progress=False)
+    url = f"s3://{server.new_bucket()}/many"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+    upload_folder_store(folder, url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    names = shard_files(folder)
+    for name in names:
+        proxy.add("GET", key(url, name), "stall")
+    remote = RemoteFolder(url, {"config_kwargs": {"read_timeout": 300}})
+    cache = ShardCache(remote, tmp_path / "cache")
+    cache.read_ahead_depth = many
+    cache.read_ahead(range(many))
+    try:
+        assert proxy.wait_for(lambda log: all(("GET", key(url, n)) in log for n in names), 30)
+    finally:
+        proxy.release()
+        cache.wait_read_ahead()
+    for k in range(many):  # the held downloads are retried: every shard ends up cached, whole
+        assert sha256_file(cache.fetch(k)) == cache.remote.meta["shards"][k]["sha256"]
+    cache.close()
