@@ -19,6 +19,7 @@ from ..fileutil import has_size, sha256_file, unlink
 from . import access, limit
 from .access import LocalFault, RemoteFolder, default_cache_dir
 from .failures import LOCAL_ERRNOS
+from .locks import close as close_lock
 from .locks import locked, open_lock, try_lock
 from .slots import NO_PLACE, Place, Slots
 
@@ -77,9 +78,7 @@ class ShardCache:
 
     def _claim(self) -> None:
         if self._pid != os.getpid():
-            # Inherited descriptors share the parent's locks: closing ours leaves the parent's.
-            for fd in getattr(self, "_held", {}).values():
-                os.close(fd)
+            # Inherited lock descriptors were closed at the fork (see .locks); the parent's stay.
             self._held: dict[int, int] = {}
             self._pending: set[int] = set()
             self._pool: ThreadPoolExecutor | None = None
@@ -124,11 +123,11 @@ class ShardCache:
             limit.touch(path)  # last use, for LRU eviction
             unlink(self.side_file(entry["file"], "ahead"))  # read now: evicted as any other
         except BaseException:
-            os.close(fd)
+            close_lock(fd)
             raise
         old = self._held.pop(k, None)
         if old is not None:
-            os.close(old)
+            close_lock(old)
         self._held[k] = fd
         return path
 
@@ -144,7 +143,7 @@ class ShardCache:
         self._claim()
         fd = self._held.pop(k, None)
         if fd is not None:
-            os.close(fd)
+            close_lock(fd)
             if self.cache_limit is not None:
                 limit.trim(self.root, self.cache_limit)
 
@@ -271,10 +270,10 @@ class ShardCache:
                 raise
             finally:
                 unlink(part)
-                os.close(part_fd)
+                close_lock(part_fd)
             return True
         finally:
-            os.close(fd)
+            close_lock(fd)
 
     def _transfer(self, name: str, size: int | None, sha256: str, part: str, path: str,
                   ahead: bool, place: Place = NO_PLACE) -> None:
@@ -402,7 +401,7 @@ def _release_all(held: dict[int, int], pid: int | None, root: str,
     try:
         released = bool(held)
         for k in list(held):
-            os.close(held.pop(k))
+            close_lock(held.pop(k))
         if released and cache_limit is not None:
             limit.trim(root, cache_limit)
     except Exception:  # noqa: BLE001 - also runs from a finalizer: never raise or print there

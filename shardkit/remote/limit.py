@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from ..fileutil import unlink
-from .locks import evict_unused, locked, scandir, try_lock
+from .locks import close, evict_unused, locked, scandir, try_lock
 
 LOCK_NAME = ".evict.lock"
 
@@ -59,7 +59,7 @@ def usage(root: str) -> Usage:
                     total += max(st.st_size, _reserved(entry.name))
                 else:  # left by a killed download
                     unlink(entry.path)
-                    os.close(held)
+                    close(held)
             elif f".{entry.name}.use" in names:
                 total += st.st_size
                 ahead = f".{entry.name}.ahead" in names
