@@ -223,6 +223,9 @@ class Masks(SideBlob):
 
     def decode(self, raw: bytes, ctx: dict[str, Any]) -> np.ndarray:
         h, w = ctx["height"], ctx["width"]
+        if len(raw) < 4:
+            raise FieldError(f"field {self.name!r}: mask record of {len(raw)} bytes has no "
+                             "header (damaged store)")
         n = int(np.frombuffer(raw[:4], dtype="<u4")[0])
         bits = n * h * w
         need = (bits + 7) // 8

@@ -34,7 +34,7 @@ RecordGetter = Callable[[int], "bytes | memoryview | np.ndarray"]
 #: A backend's record fetch inside one read context: the record, or None when it is missing.
 RecordFetch = Callable[[int], Any]
 #: Names a side record stream may have: a backend stores them in keys and group names as is.
-SIDE_STREAM = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]{0,63}")
+SIDE_STREAM = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]{0,65}")  # "f." + a 64-character field name
 
 
 class ShardWriter(ABC):

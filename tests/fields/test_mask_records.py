@@ -300,3 +300,20 @@ def test_export_carries_the_masks(tmp_path, fmt):
         assert np.array_equal(np.array(row["seg"], np.int32), record(i)["seg"])
         want = record(i)["masks"]
         assert np.array_equal(np.array(row["masks"], np.uint8).reshape(want.shape), want)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_longest_field_names_are_side_streams_too(tmp_path, fmt):
+    """A field name may have 64 characters; its stream ("f." + name) must be accepted as well."""
+    name = "m" * 64
+    path = str(tmp_path / f"long{SUFFIXES[fmt]}")
+    seg = np.arange(H * W, dtype=np.int32).reshape(H, W) % 7
+    with shardkit.StoreWriter(path, ["a"], schema=[F.SemanticMask(name, "int32")]) as w:
+        w.add(np.zeros((H, W, 3), np.uint8), 0, **{name: seg})
+    _, target = shardkit.ShardDataset(path, fields=[name], output="numpy")[0]
+    assert np.array_equal(np.asarray(target[name]), seg)
+
+
+def test_a_mask_record_too_short_for_its_header_is_a_field_error():
+    with pytest.raises(F.FieldError, match="has no header"):
+        F.Masks("masks").decode(b"\x01", {"height": 2, "width": 2})
