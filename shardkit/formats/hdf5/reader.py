@@ -70,17 +70,25 @@ class Hdf5ShardReader(ShardReader):
         except Exception as exc:  # noqa: BLE001 - h5py surfaces corruption as many types
             raise StoreError(f"{path}: damaged HDF5 store: {exc}") from None
 
-    def _map_data(self, f: h5py.Group, where: str) -> tuple[np.ndarray, np.ndarray]:
-        """``<where>data`` and ``<where>offsets`` of group ``f``, mapped and checked."""
+    def _map_data(self, f: h5py.Group, where: str, count: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """``<where>data`` and ``<where>offsets`` of group ``f`` (``count`` + 1 offsets when
+        given), mapped and checked."""
         ds = f.get("data")
         offsets = f.get("offsets")
         if not isinstance(ds, h5py.Dataset) or not isinstance(offsets, h5py.Dataset):
             raise StoreError(f"{self.path}: HDF5 store lacks /{where}data or /{where}offsets")
         if ds.dtype != np.uint8 or ds.ndim != 1 or ds.chunks is not None or ds.compression:
             raise StoreError(f"{self.path}: /{where}data is not a contiguous uint8 dataset")
+        # Checked before anything is read: a hostile file could declare billions of offsets.
+        if offsets.dtype != np.int64 or offsets.ndim != 1 or offsets.chunks is not None \
+                or offsets.compression or 8 * offsets.shape[0] > self.file_size:
+            raise StoreError(f"{self.path}: /{where}offsets is not a contiguous int64 vector "
+                             "within the file")
+        if count is not None and offsets.shape[0] != count + 1:
+            raise StoreError(f"{self.path}: side stream /{where[:-1]} holds "
+                             f"{offsets.shape[0] - 1} records, the shard {count} (damaged store)")
         mapped = self._map_dataset(offsets)
-        if mapped.dtype != np.int64 or mapped.ndim != 1:
-            raise StoreError(f"{self.path}: /{where}offsets is not an int64 vector")
         n = int(ds.shape[0])
         if len(mapped) == 0 or mapped[0] != 0 or mapped[-1] != n \
                 or np.any(np.diff(mapped) < 0):
@@ -101,11 +109,7 @@ class Hdf5ShardReader(ShardReader):
             where = f"{SIDE_GROUP}/{stream}/"
             if not isinstance(sub, h5py.Group):
                 raise StoreError(f"{self.path}: /{where[:-1]} is not a group (damaged store)")
-            data, offsets = self._map_data(sub, where)
-            if len(offsets) != count + 1:
-                raise StoreError(f"{self.path}: side stream {stream!r} holds {len(offsets) - 1} "
-                                 f"records, the shard {count} (damaged store)")
-            sides[stream] = data, offsets
+            sides[stream] = self._map_data(sub, where, count)
         return sides
 
     def _meta(self) -> bytes:
