@@ -84,18 +84,24 @@ class _Progress:
 
 class _Resuming:
     """The loader's index sampler, wrapped: counts each batch's samples, restores a
-    RandomSampler's generator and skips the batches a resume says were consumed."""
+    RandomSampler's generator and skips the batches a resume says were consumed.
 
-    def __init__(self, inner: Any, loader: "ShardLoader") -> None:
+    It holds the loader's progress and samplers, never the loader: a persistent-workers loader
+    keeps its iterator, which keeps this, and a reference back would make a cycle that only the
+    cyclic GC frees (the workers, their open shards and batch memory lived on until then).
+    """
+
+    def __init__(self, inner: Any, progress: _Progress, samplers: tuple[Any, ...]) -> None:
         self.inner = inner
-        self.loader = loader
+        self.progress = progress
+        self.samplers = samplers
 
     def __len__(self) -> int:
         return len(self.inner)
 
     def __iter__(self) -> Iterator[Any]:
-        progress = self.loader._progress
-        generator = self.loader._sampler_generator()
+        progress = self.progress
+        generator = _generator_of(self.samplers)
         skip = 0
         pending, progress.pending = progress.pending, None
         if pending is not None and pending["kind"] == "skip":
@@ -111,6 +117,15 @@ class _Resuming:
             progress.sizes.append(total)
             if number >= skip:
                 yield batch
+
+
+def _generator_of(samplers: tuple[Any, ...]) -> torch.Generator | None:
+    """The ``torch.Generator`` of the first of ``samplers`` that has one."""
+    for sampler in samplers:
+        generator = getattr(sampler, "generator", None)
+        if isinstance(generator, torch.Generator):
+            return generator
+    return None
 
 
 class ShardLoader(DataLoader):
@@ -155,7 +170,7 @@ class ShardLoader(DataLoader):
 
     @property
     def _index_sampler(self) -> Any:
-        return _Resuming(super()._index_sampler, self)
+        return _Resuming(super()._index_sampler, self._progress, self._samplers())
 
     def _samplers(self) -> tuple[Any, Any]:
         return self.sampler, getattr(self.batch_sampler, "sampler", None)
@@ -166,11 +181,7 @@ class ShardLoader(DataLoader):
         return found[0] if found else None
 
     def _sampler_generator(self) -> torch.Generator | None:
-        for sampler in self._samplers():
-            generator = getattr(sampler, "generator", None)
-            if isinstance(generator, torch.Generator):
-                return generator
-        return None
+        return _generator_of(self._samplers())
 
     def _epoch(self) -> Any:
         for sampler in self._samplers():
