@@ -177,3 +177,44 @@ def test_real_stores_through_the_loader(stores, context):
     single = list(mix.loader(batch_size=None, sampler=sampler, num_workers=2,
                              multiprocessing_context=context))
     assert [int(y) for _, y in single] == targets[order].tolist()
+
+
+# -- draws that must change per epoch, quotas that must round ------------------------------------
+
+def test_down_sampled_part_draws_other_shards_each_epoch_and_covers_the_store():
+    mix = _mix()  # a: 10 shards of 10, b: 10 shards of 20
+    sampler = MixSampler(mix, num_replicas=1, rank=0, proportion=[0.25, 0.75], epoch_size=100,
+                         seed=7, num_canonical=1)
+    assert sampler.quotas.tolist() == [25, 75]  # both parts down-sampled
+    shard_sets = {"a": [], "b": []}
+    for epoch in range(20):
+        sampler.set_epoch(epoch)
+        got = list(sampler)
+        assert _per_part(got) == (25, 75)
+        shard_sets["a"].append(frozenset(i // 10 for i in got if i < 100))
+        shard_sets["b"].append(frozenset((i - 100) // 20 for i in got if i >= 100))
+    for part, sets in shard_sets.items():
+        assert all(len(s) == (3 if part == "a" else 4) for s in sets)  # whole shards + 1 partial
+        assert len(set(sets)) > 10, part  # another draw of shards nearly every epoch
+        assert frozenset().union(*sets) == frozenset(range(10)), part  # all shards in 20 epochs
+
+
+def test_partly_taken_shard_gives_other_records_each_epoch():
+    mix = Mix([_part((10,), 0), _part((10, 10), 10)])  # part a: one shard of 10
+    sampler = MixSampler(mix, num_replicas=1, rank=0, choose=[4, 20], seed=3, num_canonical=1)
+    drawn = []
+    for epoch in range(10):
+        sampler.set_epoch(epoch)
+        drawn.append(frozenset(i for i in sampler if i < 10))
+    assert all(len(d) == 4 for d in drawn)
+    assert len(set(drawn)) > 5  # not the same (nor the first) 4 records every epoch
+    assert frozenset().union(*drawn) == frozenset(range(10))
+
+
+def test_repeat_quotas_are_rounded_not_floored():
+    mix = _mix()  # 100 + 200 samples
+    # 0.257 * 100 = 25.7 -> 26 and 1.3335 * 200 = 266.7 -> 267 (floor: 25 and 266)
+    sampler = MixSampler(mix, num_replicas=1, rank=0, repeat=[0.257, 1.3335], seed=1,
+                         num_canonical=1)
+    assert sampler.quotas.tolist() == [26, 267]
+    assert _per_part(list(sampler)) == (26, 267) and len(sampler) == 293

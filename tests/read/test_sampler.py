@@ -280,3 +280,17 @@ def test_is_a_distributed_sampler():
     assert (s.num_replicas, s.rank, s.epoch, s.seed, s.shuffle, s.drop_last) == (2, 1, 0, 3, True,
                                                                                   False)
     assert s.num_samples == len(DistributedSampler(s.dataset, 2, 1)) and s.total_size == 2 * 25
+
+
+def test_canonical_runs_are_reshuffled_every_epoch():
+    # Equal shards: were each run's shuffle the same every epoch, the places holding one shard's
+    # samples would repeat each epoch (only which shard sits there would change).
+    ds = _concat([5] * 8)
+    sampler = ShardSampler(ds, 1, 0, seed=4, num_canonical=2)
+    patterns = set()
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        shards = [i // 5 for i in sampler]
+        first_seen = {s: k for k, s in enumerate(dict.fromkeys(shards))}
+        patterns.add(tuple(first_seen[s] for s in shards))  # shard numbers up to renaming
+    assert len(patterns) == 4

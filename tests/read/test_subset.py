@@ -124,3 +124,28 @@ def test_subset_is_lazy_picklable_and_sampled_by_shard(store):
         assert labels == [int(sub.targets[i]) for i in list(sampler)]
         images = torch.cat([b[0] for b in got])
         assert torch.equal(images[3], sub[list(sampler)[3]][0])
+
+
+def test_fraction_rounds_each_class_and_keeps_one_of_a_small_class(store):
+    ds = shardkit.ShardDataset(store, output="bytes")
+    targets = np.asarray(ds.targets)
+    by_class = [np.flatnonzero(targets == c) for c in range(CLASSES)]
+    uneven = ds.subset(np.concatenate([by_class[0], by_class[1][:7], by_class[2][:1]]))
+    assert np.bincount(uneven.targets, minlength=CLASSES).tolist() == [12, 7, 1, 0]
+    # round(0.3 * n): 3.6 -> 4 (floor 3), 2.1 -> 2, 0.3 -> 0 but at least 1; c3 is absent
+    share = uneven.subset(fraction=0.3, seed=5)
+    assert np.bincount(share.targets, minlength=CLASSES).tolist() == [4, 2, 1, 0]
+
+
+def test_remap_of_a_remapped_subset_composes(store):
+    ds = shardkit.ShardDataset(store, output="bytes")
+    targets = np.asarray(ds.targets)
+    first = ds.subset(classes=["c1", "c2", "c3"], remap=True)  # c1, c2, c3 -> 0, 1, 2
+    second = first.subset(classes=["c3", "c1"], remap=True)   # c1, c3 -> 0, 1
+    want = np.flatnonzero(np.isin(targets, [1, 3]))
+    assert second.classes == ["c1", "c3"] and second.class_to_idx == {"c1": 0, "c3": 1}
+    assert second.targets.tolist() == [0 if t == 1 else 1 for t in targets[want].tolist()]
+    assert [y for _, y in _records(second)] == second.targets.tolist()  # read from shards
+    kept = first.subset(classes=["c3"])  # no remap: the first remap's labels stay
+    assert kept.classes == ["c1", "c2", "c3"] and set(kept.targets.tolist()) == {2}
+    assert {y for _, y in _records(kept)} == {2}
