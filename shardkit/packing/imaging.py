@@ -22,7 +22,8 @@ Rules, applied in this order:
    (I;16, I) is scaled from 0..65535 to 0..255; float grey (F) is clipped to 0..255. CMYK,
    YCbCr, LAB, HSV, 1, L and P use Pillow's conversion.
 6. The shorter side is resized to ``size`` with an anti-aliased bicubic filter
-   (:mod:`shardkit.packing.resize`; torchvision's ``Resize`` size rule); smaller images are never
+   (:mod:`shardkit.packing.resize`; torchvision's ``Resize`` size rule, applied to the file's own
+   oriented size, not to a DCT-scaled decode's rounded-up sides); smaller images are never
    upscaled. ``size=0`` keeps the original size.
 """
 
@@ -154,6 +155,17 @@ def decode_rgb(data: bytes, size: int = 0, max_pixels: int = PILLOW_PIXEL_LIMIT)
     JPEGs come out at the DCT scale chosen for ``size`` (rule 3), so the shape tells which scale
     the decoder used. Raises :class:`ImageRejected` with the reason for an unusable file.
     """
+    return decode_sized(data, size, max_pixels)[0]
+
+
+def decode_sized(data: bytes, size: int = 0, max_pixels: int = PILLOW_PIXEL_LIMIT
+                 ) -> tuple[np.ndarray, tuple[int, int]]:
+    """:func:`decode_rgb`'s pixels and the file's own (width, height) after EXIF orientation.
+
+    The resize target comes from that size, never from the DCT-scaled decode: libjpeg rounds a
+    scaled side up (a 671x625 photo at 3/8 is 252x235), and the rule applied to the rounded
+    sides can differ by a pixel from the rule applied to the file's.
+    """
     if not data:
         raise ImageRejected("empty file (0 bytes)")
     with warnings.catch_warnings():
@@ -192,13 +204,15 @@ def decode_rgb(data: bytes, size: int = 0, max_pixels: int = PILLOW_PIXEL_LIMIT)
         except Exception as exc:  # noqa: BLE001 - truncated/corrupt data surfaces as many types
             reason = str(exc) or type(exc).__name__
             raise ImageRejected(f"cannot decode image: {reason}") from None
-    return _ORIENT[orientation](pixels) if orientation != 1 else pixels
+    oriented = (height, width) if orientation in (5, 6, 7, 8) else (width, height)
+    return (_ORIENT[orientation](pixels) if orientation != 1 else pixels), oriented
 
 
 def load_rgb(data: bytes, size: int, max_pixels: int = PILLOW_PIXEL_LIMIT) -> np.ndarray:
     """Decode, orient, convert and resize one encoded image; returns HxWx3 uint8 (C-contiguous)."""
-    pixels = decode_rgb(data, size, max_pixels)
-    new_w, new_h = target_size(pixels.shape[1], pixels.shape[0], size)
+    pixels, (width, height) = decode_sized(data, size, max_pixels)
+    # The size rule on the file's own (oriented) size; the decode may be DCT-scaled (rule 3).
+    new_w, new_h = target_size(width, height, size)
     if (new_w, new_h) == (pixels.shape[1], pixels.shape[0]):
         return np.ascontiguousarray(pixels)
     try:

@@ -111,9 +111,36 @@ def test_jpeg_decode_scale(width, height, size, fast, slow):
     for encoded, shape in ((data, fast), (_with_extraneous_bytes(data), slow)):
         decoded = decode_rgb(encoded, size)
         assert decoded.shape == shape + (3,)
-        new_w, new_h = target_size(shape[1], shape[0], size)
+        new_w, new_h = target_size(width, height, size)  # the file's size, not the decode's
         expected = decoded if (new_w, new_h) == shape[::-1] else resize_rgb(decoded, new_w, new_h)
         assert np.array_equal(load_rgb(encoded, size), expected)
+
+
+def test_stored_size_is_the_resize_rule_on_the_files_own_size(tmp_path):
+    """libjpeg rounds DCT-scaled sides up (Pillow's draft too): the rule applied to the scaled
+    decode stored a 671x625 photo at 275x256 where ``v2.Resize(256)`` gives 274x256 (about a
+    quarter of sizes over 512 differed). Packed, every size is the rule on the file's oriented
+    size: ``int(256 * long / short)``, computed here by hand."""
+    cases = [  # (width, height, EXIF orientation, Pillow path): each differed by one pixel
+        (671, 625, None, False), (2295, 1454, None, False), (3188, 694, None, False),
+        (590, 2401, 6, False), (1616, 1347, 8, False), (2859, 2506, None, True)]
+    src = tmp_path / "src"
+    want = []
+    for n, (w, h, orientation, pillow) in enumerate(cases):
+        data = jpeg_bytes(np.zeros((h, w, 3), np.uint8), 50, exif_orientation=orientation)
+        if pillow:  # a libjpeg warning: Pillow decodes it, with draft
+            data = _with_extraneous_bytes(data)
+        write_bytes(str(src / "c" / f"{n}.jpg"), data)
+        if orientation in (6, 8):
+            w, h = h, w
+        short, long = min(w, h), max(w, h)
+        new = (256, int(256 * long / short))  # torchvision's _compute_resized_output_size
+        want.append(new if w <= h else new[::-1])  # (width, height)
+    out = str(tmp_path / "s.lmdb")
+    pack(str(src), out, workers=1, progress=False)
+    got = [(img.shape[1], img.shape[0]) for img, _ in all_records(out)]
+    assert got == want
+    assert want[0] == (274, 256)
 
 
 def test_12000px_jpeg_is_decoded_at_one_eighth():
