@@ -17,6 +17,11 @@ Both delegate to timm's own functions for every other dataset. For ``--dataset s
   ``ShardSampler`` under ``distributed=True``. With timm's prefetcher (the default) the uint8
   batches go to timm's ``PrefetchLoader``, which normalises and random-erases on the device;
   with ``--no-prefetcher`` the loader yields normalised float batches (contiguous NCHW).
+- The defaults ``train.py`` passes that mean "off" (``grayscale_prob=None``, the unused
+  ``--train-img-sizes`` schedule's arguments, ...) are accepted; ``tests/integrations/
+  test_timm.py`` pins them per timm version.
+- timm's own ``create_loader`` over a dataset of :func:`create_dataset` works (timm's per-sample
+  transform) and warns once that ``create_loader`` should come from ``shardkit.timm`` too.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import functools
 import inspect
 import math
 import os
+import warnings
 from typing import Any
 
 import timm.data
@@ -46,7 +52,8 @@ FLAGS = {"vflip": "--vflip", "color_jitter": "--color-jitter", "auto_augment": "
          "train_crop_mode": "--train-crop-mode", "crop_pct": "--crop-pct",
          "crop_mode": "--crop-mode", "use_multi_epochs_loader": "--use-multi-epochs-loader",
          "worker_seeding": "--worker-seeding", "color_jitter_prob": "--color-jitter-prob",
-         "grayscale_prob": "--grayscale-prob", "gaussian_blur_prob": "--gaussian-blur-prob"}
+         "grayscale_prob": "--grayscale-prob", "gaussian_blur_prob": "--gaussian-blur-prob",
+         "input_size_choices": "--train-img-sizes"}
 # Arguments create_loader uses; every other one of timm's must keep timm's default.
 HANDLED = {"is_training", "no_aug", "scale", "ratio", "hflip", "interpolation", "mean", "std",
            "num_workers", "distributed", "crop_pct", "collate_fn", "pin_memory", "fp16",
@@ -56,6 +63,18 @@ HANDLED = {"is_training", "no_aug", "scale", "ratio", "hflip", "interpolation", 
 # Values that do nothing at decode whatever timm's default is.
 NEUTRAL = {"color_jitter": (0, 0.0, None), "train_crop_mode": (None, "rrc"),
            "crop_mode": (None, "center")}
+# Values that mean "off" to timm besides its default (its transforms test them for truth or
+# None): train.py (timm 1.0.20 on) passes None for the SimCLR-style probabilities, whose
+# create_loader defaults are 0.0.
+OFF = {"color_jitter_prob": (None, 0), "grayscale_prob": (None, 0),
+       "gaussian_blur_prob": (None, 0), "auto_augment": (None, ""), "vflip": (0,),
+       "num_aug_repeats": (0,), "num_aug_splits": (0,), "crop_border_pixels": (None, 0)}
+# timm's per-batch input size schedule (train.py --train-img-sizes, timm 1.0.29 on): its other
+# arguments (train.py passes batch_choice_seed=--seed) are unused while it is off.
+SCHEDULE = "input_size_choices"
+SCHEDULED = {"batch_size_choices", "batch_choice_weights", "batch_choice_seed",
+             "batch_choice_schedule", "batch_schedule_epochs", "batch_schedule_spread",
+             "batch_schedule_random_mix", "num_batches"}
 
 
 def is_shardkit(name: str | None) -> bool:
@@ -89,12 +108,35 @@ def create_dataset(name: str, root: str | None = None, split: str = "validation"
         return timm.data.create_dataset(name, root=root, split=split, **options)
     if root is None:
         raise OptionError("root (train.py: --data-dir) must name the folder of the stores")
+    # What train.py passes (timm 1.0.20 on); anything but "off" would be ignored, so refuse it.
     for key, ok in (("class_map", ("", None)), ("load_bytes", (False,)), ("repeats", (0, 0.0)),
-                    ("input_img_mode", ("RGB",))):
+                    ("input_img_mode", ("RGB",)), ("num_samples", (None,)),
+                    ("input_key", (None,)), ("target_key", (None,))):
         if key in options and options[key] not in ok:
             raise OptionError(f"create_dataset: {key}={options[key]!r} is not supported for "
                               "shardkit stores (a store holds its classes and RGB images)")
-    return ShardDataset(find_store(root, split))
+    return TimmShardDataset(find_store(root, split))
+
+
+WARNED = []  # once per process
+
+
+class TimmShardDataset(ShardDataset):
+    """The ``ShardDataset`` :func:`create_dataset` makes. timm's own ``create_loader`` assigns it
+    a per-sample transform (whole image decoded, cropped in PIL): that works, slowly, and is said
+    once, since it means ``create_loader`` was not imported from ``shardkit.timm`` too."""
+
+    @ShardDataset.transform.setter
+    def transform(self, value: Any) -> None:
+        if value is not None and self.crop is None and not WARNED:
+            WARNED.append(True)
+            warnings.warn(
+                "a shardkit store is getting timm's per-sample transform (timm.data.create_loader "
+                "was used): each image is decoded whole and cropped per sample, without "
+                "shardkit's decode-time recipe. Import create_loader from shardkit.timm too: "
+                "from shardkit.timm import create_dataset, create_loader", UserWarning,
+                stacklevel=2)
+        ShardDataset.transform.fset(self, value)
 
 
 def _timm_defaults() -> dict[str, Any]:
@@ -119,10 +161,14 @@ def _square(input_size: Any) -> int:
 
 
 def _check_defaults(options: dict[str, Any], defaults: dict[str, Any]) -> None:
+    scheduled = options.get(SCHEDULE) is not None
     for name, value in options.items():
         if name not in defaults:
             raise TypeError(f"create_loader() got an unexpected keyword argument {name!r}")
-        if name not in HANDLED and value != defaults[name]:
+        if name in HANDLED or value in OFF.get(name, ()) or (
+                name in SCHEDULED and not scheduled):
+            continue
+        if value != defaults[name]:
             raise _refuse(name, value, "cannot be applied by the shardkit decode path "
                           f"(timm's default is {defaults[name]!r})")
     for name, neutral in NEUTRAL.items():

@@ -2,14 +2,19 @@
 
     python -m helpers.programs.timm_train ROOT
 
-ROOT holds ``train.lmdb`` (packed at 40) and ``val.lmdb`` (packed at 36 = 32 / 0.875). Prints one
-JSON object with what each check found; the test asserts on it.
+    python -m helpers.programs.timm_train ROOT TRAIN_PY_JSON
+
+ROOT holds ``train.lmdb`` (packed at 40) and ``val.lmdb`` (packed at 36 = 32 / 0.875).
+TRAIN_PY_JSON holds, per timm version, the keyword arguments its train.py passes to
+create_dataset / create_loader (the test's data). Prints one JSON object with what each check
+found; the test asserts on it.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -62,9 +67,53 @@ def refusal(call) -> str:
     return "accepted"
 
 
+def torch_args(kwargs: dict) -> dict:
+    """The JSON's torch names as train.py's torch objects."""
+    out = dict(kwargs)
+    if "img_dtype" in out:
+        out["img_dtype"] = getattr(torch, out["img_dtype"])
+    if "device" in out:
+        out["device"] = torch.device(out["device"])
+    return out
+
+
+def train_py(root: str, calls: dict) -> dict:
+    """shardkit.timm called with exactly train.py's keyword arguments of each timm version."""
+    found = {}
+    for version, call in calls.items():
+        train = create_dataset("shardkit", root=root, **call["dataset"]["train"])
+        val = create_dataset("shardkit", root=root, **call["dataset"]["eval"])
+        got = {"stores": [train.root, val.root]}
+        for name, ds in (("train", train), ("eval", val)):
+            loader = create_loader(ds, **torch_args(call[name]))
+            inner = loader.loader.dataset
+            got[name] = [type(loader).__name__, inner.crop, inner.crop_mode, inner.flip]
+        found[version] = got
+    return found
+
+
+def fallback_warnings(root: str) -> list[str]:
+    """timm's own create_loader (twice) over shardkit.timm.create_dataset's dataset."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            ds = create_dataset("shardkit", root=root, split="validation")
+            timm.data.create_loader(ds, (3, SIZE, SIZE), BATCH, device=torch.device("cpu"))
+    return [str(w.message) for w in caught if "shardkit" in str(w.message)]
+
+
 def main() -> None:
     root = sys.argv[1]
     out: dict = {}
+    with open(sys.argv[2]) as f:
+        calls = json.load(f)
+    out["train_py"] = train_py(root, calls)
+    latest = calls[list(calls)[-1]]
+    out["train_py_refused"] = {name: refusal(lambda: create_loader(
+        create_dataset("shardkit", root=root, **latest["dataset"]["train"]),
+        **torch_args({**latest["train"], name: value})))
+        for name, value in (("grayscale_prob", 0.2), ("input_size_choices", [32, 40]))}
+    out["fallback_warnings"] = fallback_warnings(root)
     train = create_dataset("shardkit", root=root, split="train", is_training=True,
                            class_map="", download=False, batch_size=BATCH, seed=42, repeats=0)
     val = create_dataset("shardkit", root=root, split="validation", is_training=False,
