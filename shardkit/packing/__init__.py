@@ -15,8 +15,26 @@
 * :mod:`.console`      Ctrl-C deferral and the progress bar
 """
 
-from .api import PackResult, merge, pack
-from .settings import PackSettings, Skipped
-from .writer import StoreWriter
+from __future__ import annotations
 
-__all__ = ["PackResult", "PackSettings", "Skipped", "StoreWriter", "merge", "pack"]
+import importlib
+from typing import Any
+
+# Imported on first use: an encoding worker started as a fresh interpreter imports only
+# ``.workers`` (and what it needs), not the planner and writer behind ``pack``.
+_PUBLIC = {"PackResult": ".api", "merge": ".api", "pack": ".api", "PackSettings": ".settings",
+           "Skipped": ".settings", "StoreWriter": ".writer"}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

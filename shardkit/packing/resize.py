@@ -15,15 +15,25 @@ import numpy as np
 
 _torch: Any = None
 _kernel: Any = None
+_threads: int | None = None  # set by single_thread(): applied when torch is imported
+import_hook: Any = None  # a callable(import_fn) an encoding worker sets: runs torch's import
+
+
+def _import_torch() -> Any:
+    import torch
+
+    return torch
 
 
 def prepare() -> None:
-    """Import the kernel now (a packer does this once before forking its workers)."""
+    """Import the kernel now (a packer does this once before forking its workers; an encoding
+    worker on its first resize, so a worker that resizes nothing never imports torch)."""
     global _torch, _kernel
     if _torch is not None:
         return
-    import torch
-
+    torch = import_hook(_import_torch) if import_hook is not None else _import_torch()
+    if _threads is not None:
+        torch.set_num_threads(_threads)
     _torch = torch
     try:  # writes straight into a channels-last (H, W, 3) buffer: no layout copy afterwards
         _kernel = torch.ops.aten._upsample_bicubic2d_aa.out
@@ -32,9 +42,12 @@ def prepare() -> None:
 
 
 def single_thread() -> None:
-    """One kernel thread per process (a packer runs one process per core)."""
-    prepare()
-    _torch.set_num_threads(1)
+    """One kernel thread per process (a packer runs one process per core); applied now if torch
+    is imported, else when it is."""
+    global _threads
+    _threads = 1
+    if _torch is not None:
+        _torch.set_num_threads(1)
 
 
 def target_size(width: int, height: int, size: int) -> tuple[int, int]:

@@ -103,8 +103,9 @@ class WorkerStream:
         self._left = len(paths)
         try:
             self._start(workers, start_method())
-            # Up when every worker is ready: the packer's start-up time ends here.
-            while any(w.held and not w.ready for w in self._workers):
+            # Up when the first worker is ready (the others join as they come): the packer's
+            # start-up time ends here.
+            while self._workers and not any(w.ready for w in self._workers):
                 self._receive(block=True)
         except BaseException:
             self._kill()

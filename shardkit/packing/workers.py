@@ -115,6 +115,7 @@ def limit_memory(max_pixels: int) -> None:
     """Bound this worker's address space, so a decoder that runs away (a decompression bomb that
     passes every pixel check) raises MemoryError, reported as the file's skip reason, instead of
     growing until the OOM killer ends it. No bound where no pixel limit is set."""
+    global _user_soft_limit
     max_pixels = _pixel_bound(max_pixels)
     if not max_pixels:
         return
@@ -127,10 +128,31 @@ def limit_memory(max_pixels: int) -> None:
         return
     limit = used + max_pixels * DECODE_BYTES_PER_PIXEL + DECODE_OVERHEAD
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    for given in (soft, hard):  # never raise a bound the user set
+    if _user_soft_limit is None:
+        _user_soft_limit = soft
+    for given in (_user_soft_limit, hard):  # never raise a bound the user set
         if given != resource.RLIM_INFINITY:
             limit = min(limit, given)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+_user_soft_limit: int | None = None  # RLIMIT_AS's soft bound before limit_memory first set one
+
+
+def _import_unbounded(import_torch: Any) -> Any:
+    """torch imported on a worker's first resize: it maps hundreds of MB of address space (more
+    for CUDA builds), which is not decode memory, so the bound is lifted back to the user's for
+    the import and set again above what the import added."""
+    import resource
+
+    if _user_soft_limit is None or _worker_settings is None:
+        return import_torch()
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    resource.setrlimit(resource.RLIMIT_AS, (_user_soft_limit, hard))
+    try:
+        return import_torch()
+    finally:
+        limit_memory(_worker_settings.max_pixels)
 
 
 def worker_init(packer_pid: int, settings: PackSettings) -> None:
@@ -138,9 +160,13 @@ def worker_init(packer_pid: int, settings: PackSettings) -> None:
     _worker_settings = settings
     # The packer handles Ctrl-C and stops its workers; workers must not print tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # torch (the resize kernel, ~1.5 s to import, 0.5 GB of address space) is imported on the
+    # first resize, not here: a worker is ready in a fraction of a second, and one that resizes
+    # nothing (sources already at --size, or none sent to it) never imports it.
     resize.single_thread()
+    resize.import_hook = _import_unbounded
     _exit_with(packer_pid)
-    limit_memory(settings.max_pixels)  # last: torch and the watch thread are in the baseline
+    limit_memory(settings.max_pixels)  # last: the watch thread is in the baseline
 
 
 def _exit_with(pid: int) -> None:

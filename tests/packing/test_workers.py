@@ -299,3 +299,30 @@ def test_a_script_without_main_guard_packs_twice_and_runs_once(src, tmp_path, th
     assert "pack: 100%" in proc.stderr  # with the progress bar (its thread started the trouble)
     expected = records(ref)
     assert records(str(tmp_path / "a.lmdb")) == expected == records(str(tmp_path / "b.lmdb"))
+
+
+def test_a_worker_imports_torch_only_on_its_first_resize_and_stays_bounded(tmp_path):
+    """A fresh encoding worker is ready without torch (a second to import, 0.5 GB of address
+    space); an image already at the size is encoded without it; the first resize imports it,
+    and the address-space bound is set again above what the import added."""
+    small, large = tmp_path / "small.jpg", tmp_path / "large.jpg"
+    write_bytes(str(small), jpeg_bytes(noise(np.random.default_rng(1), 60, 40)))
+    write_bytes(str(large), jpeg_bytes(noise(np.random.default_rng(2), 400, 300)))
+    code = textwrap.dedent(f"""
+        import os, resource, sys
+        from shardkit.packing import workers
+        from shardkit.packing.settings import PackSettings
+        workers.worker_init(os.getpid(), PackSettings(size=64, max_pixels=10_000_000))
+        bound = resource.getrlimit(resource.RLIMIT_AS)[0]
+        out = workers.encode_file({str(small)!r}, workers._worker_settings)
+        print("small", out.width, out.height, out.reason, "torch" in sys.modules)
+        out = workers.encode_file({str(large)!r}, workers._worker_settings)
+        after = resource.getrlimit(resource.RLIMIT_AS)[0]
+        print("large", out.width, out.height, out.reason, "torch" in sys.modules,
+              after != resource.RLIM_INFINITY, after > bound)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=HANG, env=program_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["small 40 60 None False",
+                                          "large 64 85 None True True True"]
