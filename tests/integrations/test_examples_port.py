@@ -111,7 +111,28 @@ def test_the_doc_shows_the_patch_that_is_shipped():
     blocks = re.findall(r"```diff\n(.*?)```", text, re.S)
     hunks = PATCH.read_text().split("\n@@", 1)[1]
     assert any(block.strip().endswith(hunks.strip()) for block in blocks)
-    assert "77f55b9" in text and "cc32d50733beaaa003154d647319e79f465c4889" in PATCH.read_text()
+
+
+def test_the_pin_is_the_blob_the_patch_was_made_against():
+    """The commit and blob the docs pin are those the patch's header and ``index`` line name
+    (``git rev-parse 77f55b9:imagenet/main.py``), and each hunk's line counts and new start
+    follow from its lines, as git writes them (read against that blob, the patch applies with
+    no offset)."""
+    commit, blob = "77f55b9", "42e5e9fa64f023f019689ab871332d5e3ffa2ab8"
+    patch = PATCH.read_text()
+    assert f"commit {commit}; blob {blob}" in patch.splitlines()[0]
+    assert re.search(r"^index ([0-9a-f]{40})\.\.", patch, re.M).group(1) == blob
+    assert f"commit `{commit}`, whose `imagenet/main.py` is the blob\n`{blob}`" in DOC.read_text()
+    hunks = re.split(r"^(@@ .*)$", patch, flags=re.M)[1:]
+    shift = 0
+    for header, body in zip(hunks[::2], hunks[1::2]):
+        old_start, old_len, new_start, new_len = map(int, re.match(
+            r"@@ -(\d+),(\d+) \+(\d+),(\d+) @@", header).groups())
+        lines = body.strip("\n").split("\n")
+        assert old_len == sum(not line.startswith("+") for line in lines), header
+        assert new_len == sum(not line.startswith("-") for line in lines), header
+        assert new_start == old_start + shift, header
+        shift += new_len - old_len
 
 
 @pytest.mark.parametrize("workers", [0, 1], ids=["-j0", "-j1"])
