@@ -15,10 +15,20 @@ kept. Neither: the image is refused with the reason. Then boxes scale to the sto
 Keypoints are not packed: torchvision's COCO wrapper does not return them either, and their
 per-keypoint visibility flags need a kind of their own (a follow-up); use a ``json`` field.
 
+Boxes past the border: exported files often overshoot by a rounding error (``x + w`` a few
+thousandths past ``width``), which torchvision serves as is. A box that leaves the annotated image
+by at most ``BOX_TOLERANCE`` (1 pixel) is clamped to it, and the metadata's ``annotations``
+records how many were (``clamped_boxes``, with ``box_tolerance``); one further out skips its image
+with the reason.
+
+One ``file_name`` under two image ids: both are packed, one record each with its own
+annotations (as ``CocoDetection`` serves both).
+
 Hostile files: a JSON file over ``max_bytes`` is refused before it is read; malformed entries
 give one-line errors naming the entry; an annotation naming an unknown image is listed as
-skipped; a bad annotation (unknown category, NaN or negative box, box outside the image, broken
-segmentation, masks over ``MAX_MASK_PIXELS``) skips its image with the reason.
+skipped; a bad annotation (unknown category, NaN or negative box, box more than
+``BOX_TOLERANCE`` outside the image, broken segmentation, masks over ``MAX_MASK_PIXELS``) skips
+its image with the reason.
 """
 
 from __future__ import annotations
@@ -40,6 +50,8 @@ from .discovery import Discovery
 MAX_COCO_BYTES = 2 << 30  # the 2017 train instances file is 448 MB; LVIS v1 train 1.1 GB
 MAX_MASK_PIXELS = 1 << 30  # boxes x height x width of one image's masks, before packing
 MAX_BOXES = 1 << 20
+#: Pixels a box may overshoot the annotated image and be clamped to it (beyond: image skipped).
+BOX_TOLERANCE = 1.0
 
 
 @dataclass
@@ -114,39 +126,60 @@ class CocoSource:
     # -- what the packer asks (see ``Plan.annotations``) ----------------------------------------
 
     def discovery(self) -> Discovery:
-        """The sources: every image's file, label -1 (a COCO store has no class-folder label)."""
-        self._index = {os.path.join(self.root, img.file_name): i
-                       for i, img in enumerate(self.images)}
-        if len(self._index) != len(self.images):
-            names = [img.file_name for img in self.images]
-            twice = next(n for n in names if names.count(n) > 1)
-            raise PackError(f"{self.path}: file_name {twice!r} belongs to two image ids")
-        return Discovery(self.root, [], {}, [(p, -1) for p in self._index], list(self.skipped))
+        """The sources: every image's file, label -1 (a COCO store has no class-folder label).
+
+        A file under two image ids is two sources with the same path: :meth:`fields_at` tells
+        them apart by their position here."""
+        paths = [os.path.join(self.root, img.file_name) for img in self.images]
+        self._index: dict[str, int] = {}
+        for i, p in enumerate(paths):
+            self._index.setdefault(p, i)
+        return Discovery(self.root, [], {}, [(p, -1) for p in paths], list(self.skipped))
 
     def plan_key(self) -> str:
         return f"coco:{self.sha256}:masks={self.masks}"
 
     def meta(self) -> dict[str, Any]:
         return {"annotations": {"kind": "coco", "file": os.path.basename(self.path),
-                                "sha256": self.sha256, "categories": self.categories}}
+                                "sha256": self.sha256, "categories": self.categories,
+                                "box_tolerance": BOX_TOLERANCE,
+                                "clamped_boxes": self.clamped_boxes()}}
+
+    def clamped_boxes(self) -> int:
+        """Boxes clamped to their image (within ``BOX_TOLERANCE``) in the images whose boxes are
+        otherwise good (an image skipped for a box further out counts none)."""
+        if not hasattr(self, "_clamped_count"):
+            count = 0
+            for img in self.images:
+                try:
+                    count += _clamped(_boxes(img), img.width, img.height)[1]
+                except FieldError:
+                    pass
+            self._clamped_count = count
+        return self._clamped_count
 
     def fields(self, path: str, height: int, width: int) -> dict[str, Any]:
         """The fields of the image at ``path`` on its stored ``height`` x ``width`` pixels
-        (FieldError: the reason it is skipped)."""
+        (FieldError: the reason it is skipped); a file under two ids: the first id's."""
+        if not hasattr(self, "_index"):
+            self.discovery()
+        return self.fields_at(self._index[path], path, height, width)
+
+    def fields_at(self, index: int, path: str, height: int, width: int) -> dict[str, Any]:
+        """The fields of source ``index`` (its position in :meth:`discovery`'s samples), whose
+        file is at ``path``."""
         import torch
 
         from ..read import geometry
 
-        if not hasattr(self, "_index"):
-            self.discovery()
-        img = self.images[self._index[path]]
+        img = self.images[index]
         if os.path.isabs(img.file_name) or ".." in img.file_name.replace("\\", "/").split("/"):
             raise FieldError(f"file_name {img.file_name!r} lies outside the image folder")
         bad = next((a["_bad"] for a in img.anns if "_bad" in a), None)
         if bad:
             raise FieldError(bad)
         orientation, canvas = _canvas(path, img)
-        boxes = _boxes(img)
+        boxes = _clamped(_boxes(img), img.width, img.height)[0]
         check_boxes(boxes, img.height, img.width, "boxes")
         masks = _masks(img) if self.masks else None
         if orientation != 1:
@@ -257,6 +290,21 @@ def _boxes(img: CocoImage) -> np.ndarray:
     return np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)
 
 
+def _clamped(boxes: np.ndarray, width: int, height: int) -> tuple[np.ndarray, int]:
+    """XYXY boxes clamped to the ``width`` x ``height`` image where they leave it by at most
+    ``BOX_TOLERANCE``, and how many were; FieldError for a box further out."""
+    limits = np.array([width, height, width, height], dtype=np.float32)
+    over = (boxes < 0) | (boxes > limits)
+    if not over.any():
+        return boxes, 0
+    far = (boxes < -BOX_TOLERANCE) | (boxes > limits + BOX_TOLERANCE)
+    if far.any():
+        n = int(np.flatnonzero(far.any(axis=1))[0])
+        raise FieldError(f"box {n} {boxes[n].tolist()} lies outside the {width}x{height} image "
+                         f"by more than {BOX_TOLERANCE:g} pixel")
+    return np.clip(boxes, 0, limits), int(over.any(axis=1).sum())
+
+
 def _flag(a: dict) -> int:
     value = a.get("iscrowd", 0)
     if value not in (0, 1):
@@ -342,7 +390,7 @@ def orient_boxes(boxes: np.ndarray, orientation: int, width: int, height: int) -
     return np.stack(new, axis=1).astype(np.float32)
 
 
-__all__ = ["CocoSource", "MAX_COCO_BYTES", "coco_source", "orient", "orient_boxes"]
+__all__ = ["BOX_TOLERANCE", "CocoSource", "MAX_COCO_BYTES", "coco_source", "orient", "orient_boxes"]
 
 
 def coco_source(src: str, file_list: Any, coco: Any, masks: bool | None) -> CocoSource:

@@ -33,7 +33,10 @@ def add_source(writer: StoreWriter, plan: Plan, i: int, result: Encoded, crc: in
     fields = {}
     try:
         if plan.annotations is not None:  # the record's typed fields, on its stored pixels
-            fields = plan.annotations.fields(path, result.height, result.width)
+            at = getattr(plan.annotations, "fields_at", None)  # sources that may share a file
+            fields = (plan.annotations.fields(path, result.height, result.width) if at is None
+                      else at(i if plan.slots is None else int(plan.slots[i]), path,
+                              result.height, result.width))
         writer.add_encoded(result.data, plan.labels[i], result.height, result.width, path, crc,
                            **fields)
     except FieldError as exc:  # checked before anything is appended

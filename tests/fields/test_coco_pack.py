@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import run_cli
+from helpers import run_cli, sources_of
 from helpers.coco import CATEGORIES, make_coco
 
 import shardkit
@@ -197,3 +197,60 @@ def test_many_boxes_one_image(tmp_path, coco):
     assert result.count == 1
     target = shardkit.ShardDataset(out, fields=["boxes", "labels"])[0][1]
     assert target["boxes"].shape == (100_000, 4) and target["labels"].unique().tolist() == [5]
+
+
+def _images_and_ids(coco, n):
+    with open(coco[1]) as f:
+        data = json.load(f)
+    return [img for img in sorted(data["images"], key=lambda i: i["id"])
+            if img["file_name"].startswith("img_")][:n]
+
+
+def test_box_past_the_border_within_a_pixel_is_clamped_and_counted(tmp_path, coco):
+    """Exported files overshoot by rounding (x + w = W + 0.004): torchvision keeps the image, so
+    does the pack, with the box clamped and counted in the metadata; 1.5 px out skips the image."""
+    a, b = _images_and_ids(coco, 2)
+    ann = {"category_id": 1, "iscrowd": 0, "area": 1.0}
+    W, H = a["width"], a["height"]
+    anns = [dict(ann, id=1, image_id=a["id"], bbox=[W - 10.0, 5.0, 10.004, 20.0]),
+            dict(ann, id=2, image_id=a["id"], bbox=[-0.5, H - 30.0, 20.0, 30.5]),
+            dict(ann, id=3, image_id=a["id"], bbox=[3.0, 4.0, 5.0, 6.0]),
+            dict(ann, id=4, image_id=b["id"], bbox=[b["width"] - 10.0, 5.0, 11.5, 20.0])]
+    path = _coco_file(tmp_path, coco[0], {"images": [a, b], "annotations": anns,
+                                          "categories": CATEGORIES})
+    out = str(tmp_path / "c.lmdb")
+    result = shardkit.pack(coco[0], out, coco=path, workers=1, progress=False, size=0)
+    assert result.count == 1 and len(result.skipped) == 1
+    assert "lies outside" in result.skipped[0]["reason"]
+    assert b["file_name"] in result.skipped[0]["path"]
+    target = shardkit.ShardDataset(out, fields=["boxes", "image_id"])[0][1]
+    assert target["image_id"] == a["id"]
+    assert target["boxes"].tolist() == [[W - 10.0, 5.0, W, 25.0], [0.0, H - 30.0, 19.5, H],
+                                        [3.0, 4.0, 8.0, 10.0]]
+    annotations = Store(out).meta["annotations"]
+    assert annotations["clamped_boxes"] == 2 and annotations["box_tolerance"] == 1.0
+
+
+def test_one_file_under_two_image_ids_packs_both(tmp_path, coco):
+    """CocoDetection serves both ids of a shared file_name: so does the pack, each record with
+    its own annotations (sharded and mixed, so records move away from the file's order)."""
+    a, b, c = _images_and_ids(coco, 3)
+    twin = dict(a, id=max(i["id"] for i in (a, b, c)) + 1)  # a's file under a new id
+    ann = {"category_id": 1, "iscrowd": 0, "area": 1.0}
+    anns = [dict(ann, id=1, image_id=a["id"], bbox=[1.0, 2.0, 3.0, 4.0]),
+            dict(ann, id=2, image_id=twin["id"], bbox=[10.0, 20.0, 5.0, 5.0], category_id=5),
+            dict(ann, id=3, image_id=twin["id"], bbox=[0.0, 0.0, 7.0, 8.0]),
+            dict(ann, id=4, image_id=c["id"], bbox=[4.0, 4.0, 4.0, 4.0])]
+    path = _coco_file(tmp_path, coco[0], {"images": [twin, a, b, c], "annotations": anns,
+                                          "categories": CATEGORIES})
+    out = str(tmp_path / "t")
+    result = shardkit.pack(coco[0], out, coco=path, workers=1, progress=False, size=0,
+                           num_shards=2)
+    assert result.count == 4 and result.skipped == []
+    ds = shardkit.ShardDataset(out, fields=["boxes", "labels", "image_id"])
+    got = {t["image_id"]: (t["boxes"].tolist(), t["labels"].tolist()) for _, t in ds}
+    assert got == {a["id"]: ([[1.0, 2.0, 4.0, 6.0]], [1]),
+                   twin["id"]: ([[10.0, 20.0, 15.0, 25.0], [0.0, 0.0, 7.0, 8.0]], [5, 1]),
+                   b["id"]: ([], []),
+                   c["id"]: ([[4.0, 4.0, 8.0, 8.0]], [1])}
+    assert sorted(sources_of(out)).count(a["file_name"]) == 2
