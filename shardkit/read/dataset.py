@@ -27,6 +27,7 @@ from . import targets as targetmod
 from .batching import Batch, collate
 from .decode import Decoder
 from .indices import check_index, check_indices
+from .sampler import StoreOrderSampler
 from .store import OpenShard, Store
 from .threads import Fanout
 from .view import open_layout
@@ -407,6 +408,11 @@ class ShardDataset(Dataset):
         ``prefetch_factor``, ``multiprocessing_context``, ``generator``, ...); a ``collate_fn`` or
         ``persistent_workers`` of yours replaces the default.
 
+        Without ``shuffle=True``, ``sampler`` or ``batch_sampler`` it reads every record once in
+        the store's order, shard after shard (:class:`shardkit.read.sampler.StoreOrderSampler`;
+        ``loader.sampler.indices()`` lists it), not in index order: a class-mixed store spreads
+        ImageFolder's order over every shard. For index order pass ``sampler=range(len(ds))``.
+
         It is a :class:`shardkit.integrations.loader.ShardLoader`: ``state_dict()`` /
         ``load_state_dict()`` resume mid-epoch (Lightning does it from its checkpoints), and
         ``normalize=(mean, std)`` (with ``device``, ``dtype``, ``memory_format``) yields
@@ -417,6 +423,10 @@ class ShardDataset(Dataset):
         kwargs.setdefault("collate_fn", collate if self._targets is None
                           else functools.partial(collate, ragged=self._targets.ragged))
         kwargs.setdefault("persistent_workers", bool(kwargs.get("num_workers")))
+        if not kwargs.get("shuffle") and kwargs.get("sampler") is None \
+                and kwargs.get("batch_sampler") is None:
+            kwargs.pop("shuffle", None)
+            kwargs["sampler"] = StoreOrderSampler(self)  # shard by shard, not index order
         user_init = kwargs.get("worker_init_fn")
         if user_init is None or user_init is worker_init_fn:
             kwargs["worker_init_fn"] = worker_init_fn

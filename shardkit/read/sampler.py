@@ -26,7 +26,7 @@ import hashlib
 from typing import Any, Iterator, Sized
 
 import numpy as np
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, SequentialSampler
 
 from ..errors import OptionError
 from .order import EpochOrder, Groups, per_rank
@@ -68,6 +68,37 @@ def shard_groups(dataset: Sized) -> Groups:
 def shard_starts(dataset: Sized) -> np.ndarray:
     """Start position of every shard's samples plus the length: ``[0, s1, ..., N]``."""
     return shard_groups(dataset).starts
+
+
+class StoreOrderSampler(SequentialSampler):
+    """Every index of ``dataset`` once, in the order its records lie in the store: shard by
+    shard, each shard's records in file order (what ``ds.loader()`` reads without ``shuffle``).
+
+    A store packed in the class-mixed layout holds ImageFolder's order spread over every shard,
+    so reading it in index order touches every shard in every batch (a remote store's cache
+    downloads shards again and again); this order reads one shard after another. For a
+    source-order store, a single file, a subset or any other dataset it is index order where
+    the records lie in index order. It is a ``SequentialSampler`` (reproducible; Lightning
+    replaces it under DDP as it does a sequential one).
+    """
+
+    def __init__(self, dataset: Sized) -> None:
+        super().__init__(dataset)
+        self.dataset = dataset
+
+    def indices(self) -> np.ndarray:
+        """The dataset indices in reading order (``len(dataset)`` of them, each once)."""
+        groups = shard_groups(self.dataset)
+        return np.asarray(groups.index(np.arange(groups.total, dtype=np.int64)), dtype=np.int64)
+
+    def __iter__(self) -> Iterator[int]:
+        groups = shard_groups(self.dataset)
+        step = 1 << 16  # no list of every index at once (a million records: 40 MB)
+        for a in range(0, groups.total, step):
+            yield from groups.index(np.arange(a, min(a + step, groups.total))).tolist()
+
+    def __len__(self) -> int:
+        return len(self.dataset)
 
 
 def fingerprint(dataset: Sized, groups: Groups) -> str:
