@@ -28,6 +28,9 @@ class Fixed(Field):
     def column_names(self) -> tuple[str, ...]:
         return (self.col(),)
 
+    def null_value(self) -> np.ndarray:
+        return np.zeros(self.shape, DTYPES[self.dtype])
+
     def columns(self, values: list[Any]) -> dict[str, np.ndarray]:
         out = np.empty((len(values), *self.shape), dtype=DTYPES[self.dtype])
         for i, v in enumerate(values):
@@ -96,6 +99,7 @@ class Ragged(Field):
 
     kind = "ragged"
     inner: tuple[int, ...] = ()
+    absent_is_empty = True
 
     def __init__(self, name: str, dtype: str = "float32", inner: tuple[int, ...] | list[int] = (),
                  max_rows: int = MAX_ROWS) -> None:
@@ -124,6 +128,9 @@ class Ragged(Field):
             raise FieldError(f"field {self.name!r}: {len(arr)} rows, more than the "
                              f"{self.max_rows} allowed (max_rows)")
         return arr
+
+    def absent(self, ctx: dict[str, Any]) -> np.ndarray:
+        return np.zeros((0, *self.inner), DTYPES[self.dtype])
 
     def column_names(self) -> tuple[str, ...]:
         return self.col("values"), self.col("offsets")

@@ -75,6 +75,12 @@ class Field:
     #: Stored as side records beside the image record (:class:`.records.SideBlob`), not in
     #: the index.
     side: ClassVar[bool] = False
+    #: Kinds whose absent value is "no rows" (ragged arrays, boxes, masks): an absent optional
+    #: value is stored empty. Other kinds store it as null (a ``present`` column, read as None).
+    absent_is_empty: ClassVar[bool] = False
+    #: May a record lack this field (``"optional": true`` in the schema; ``Schema.infer`` sets
+    #: it for a field some records lack)? Absent reads back empty or None, as above.
+    optional: bool = False
 
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not NAME.fullmatch(name) or name in RESERVED:
@@ -88,7 +94,25 @@ class Field:
         return {}
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, **self.params()}
+        return {"name": self.name, "kind": self.kind, **self.params(),
+                **({"optional": True} if self.optional else {})}
+
+    @property
+    def nullable(self) -> bool:
+        """Whether an absent value is stored as null (a ``present`` column), not as empty."""
+        return self.optional and not self.absent_is_empty
+
+    def absent(self, ctx: dict[str, Any]) -> Any:
+        """The value an absent optional field is checked and stored as (None: null)."""
+        return None
+
+    def null_value(self) -> Any:
+        """What a null record holds in this field's columns (never read: ``present`` is 0)."""
+        raise NotImplementedError
+
+    def stored_columns(self) -> tuple[str, ...]:
+        """Every index column of this field: its kind's, and ``present`` when nullable."""
+        return self.column_names() + ((self.col("present"),) if self.nullable else ())
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Field) and self.as_json() == other.as_json()

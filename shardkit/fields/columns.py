@@ -34,6 +34,8 @@ class ColumnBuilder:
         self.schema = schema
         self.values: dict[str, Any] = {
             f.name: (array("q"), array("I")) if f.side else [] for f in schema}
+        #: per nullable field, whether each record holds a value (its ``present`` column)
+        self.present: dict[str, bytearray] = {f.name: bytearray() for f in schema if f.nullable}
 
     def check(self, record: dict[str, Any], height: int, width: int) -> dict[str, Any]:
         """Validate without keeping (the writer checks before it appends the image)."""
@@ -45,6 +47,10 @@ class ColumnBuilder:
         side: dict[str, bytes] = {}
         for f in self.schema:
             value = checked[f.name]
+            if f.nullable:
+                self.present[f.name].append(value is not None)
+                if value is None:
+                    value = f.null_value()
             if f.side:
                 side[f.stream()] = value
                 nbytes, crc = SideBlob.index(value)
@@ -58,6 +64,8 @@ class ColumnBuilder:
         out: dict[str, np.ndarray] = {}
         for f in self.schema:
             out.update(f.columns(self.values[f.name]))
+            if f.nullable:
+                out[f.col("present")] = np.frombuffer(bytes(self.present[f.name]), np.bool_)
         return out
 
 
@@ -87,7 +95,7 @@ def check_meta(obj: dict[str, Any], where: str) -> Schema | None:
     arrays = obj.get("arrays")
     if arrays is None:  # a manifest: shards carry the columns
         return schema
-    wanted = {c for f in schema for c in f.column_names()}
+    wanted = {c for f in schema for c in f.stored_columns()}
     present = {name for name in arrays if name.startswith("f.")}
     if wanted != present:
         missing = sorted(wanted - present) or sorted(present - wanted)
@@ -123,11 +131,20 @@ class ShardFields:
                 f.check_columns(self.cols, count, where)
             except FieldError as exc:
                 raise StoreError(str(exc)) from None
+            present = self.cols.get(f.col("present")) if f.nullable else None
+            if f.nullable and (present is None or present.shape != (count,)
+                               or present.dtype != np.bool_):
+                raise StoreError(f"{where}: field {f.name!r} has no present column of "
+                                 f"{count} bools (damaged store)")
         self.where = where
         self.reader = reader  # a shardkit.formats.ShardReader (side records)
 
     def value(self, name: str, local: int) -> Any:
+        """Record ``local``'s value of field ``name``; an absent optional value is None (an
+        empty array for ragged kinds, boxes and masks)."""
         f = self.schema[name]
+        if f.nullable and not self.cols[f.col("present")][local]:
+            return None
         if isinstance(f, Blob):
             ctx = {"height": int(self.heights[local]), "width": int(self.widths[local])}
             try:
@@ -160,6 +177,8 @@ class ShardFields:
         values = {f.name: self.value(f.name, local) for f in self.schema}
         for f in self.schema:
             value, what = values[f.name], f"{self.where}: record {local}, field {f.name!r}"
+            if value is None:  # an absent optional value
+                continue
             try:
                 if f.kind == "boxes":
                     check_boxes(value, height, width, f.name)

@@ -33,6 +33,9 @@ class Blob(Field):
     def decode(self, raw: bytes, ctx: dict[str, Any]) -> Any:
         return raw
 
+    def null_value(self) -> bytes:
+        return b""
+
     def check(self, value: Any, ctx: dict[str, Any]) -> bytes:
         size = _size_hint(value)
         if size is not None and size > self.max_bytes:  # refused before any copy is made
@@ -195,6 +198,7 @@ class Masks(SideBlob):
 
     kind = "masks"
     geometric = True
+    absent_is_empty = True
 
     def __init__(self, name: str, of: str = "boxes", max_bytes: int = MAX_BYTES) -> None:
         super().__init__(name, max_bytes)
@@ -202,6 +206,9 @@ class Masks(SideBlob):
 
     def params(self) -> dict[str, Any]:
         return {"of": self.of, **super().params()}
+
+    def absent(self, ctx: dict[str, Any]) -> np.ndarray:
+        return np.zeros((0, ctx["height"], ctx["width"]), np.uint8)
 
     def encode(self, value: Any, ctx: dict[str, Any]) -> bytes:
         arr = np.asarray(value)

@@ -84,11 +84,16 @@ class Schema:
             if cls_ is None:
                 raise FieldError(f"{where}: field {entry['name']!r} has unknown kind {kind!r}; "
                                  f"expected one of {', '.join(KINDS)}")
-            params = {k: v for k, v in entry.items() if k not in ("name", "kind")}
+            params = {k: v for k, v in entry.items() if k not in ("name", "kind", "optional")}
+            optional = entry.get("optional", False)
+            if not isinstance(optional, bool):
+                raise FieldError(f"{where}: field {entry['name']!r}: optional must be true or "
+                                 f"false, got {optional!r}")
             try:
                 fields.append(cls_(entry["name"], **params))
             except TypeError as exc:
                 raise FieldError(f"{where}: field {entry['name']!r}: {exc}") from None
+            fields[-1].optional = optional
         schema = cls(fields)
         schema.check_references(where)
         return schema
@@ -126,28 +131,45 @@ class Schema:
         if unknown:
             raise FieldError(f"field {unknown[0]!r} is not in the schema "
                              f"({', '.join(self.names) or 'no fields'})")
-        missing = [f.name for f in self.fields if f.name not in record]
+        missing = [f.name for f in self.fields if f.name not in record and not f.optional]
         if missing:
             raise FieldError(f"field {missing[0]!r} is missing from the record")
         ctx: dict[str, Any] = {"height": int(height), "width": int(width), "values": {}}
         for f in self._order:
-            ctx["values"][f.name] = f.check(record[f.name], ctx)
+            # An optional field absent (or None): empty for ragged kinds, else None (null).
+            value = record.get(f.name)
+            if value is None and f.optional:
+                value = f.absent(ctx)
+                if value is None:
+                    ctx["values"][f.name] = None
+                    continue
+            ctx["values"][f.name] = f.check(value, ctx)
         return {f.name: ctx["values"][f.name] for f in self.fields}
 
     @classmethod
     def infer(cls, records: Iterable[dict[str, Any]]) -> Schema:
         """Kinds from example values: bool, int, float, str (text), dict/list of non-numbers
-        (JSON), bytes, numeric arrays (fixed shape if every example agrees, else ragged)."""
+        (JSON), bytes, numeric arrays (fixed shape if every example agrees, else ragged).
+        A field that some records lack (or hold as None) is ``optional``."""
         seen: dict[str, list[Any]] = {}
+        count = 0
         for record in records:
+            count += 1
             for key, value in record.items():
-                seen.setdefault(key, []).append(value)
-        return cls(_infer_one(name, values) for name, values in seen.items())
+                values = seen.setdefault(key, [])
+                if value is not None:
+                    values.append(value)
+        fields = []
+        for name, values in seen.items():
+            f = _infer_one(name, values) if values else Json(name)
+            f.optional = len(values) < count
+            fields.append(f)
+        return cls(fields)
 
     def describe(self) -> str:
         """One line per field, as ``info`` and an inferred pack print it."""
         return "\n".join(f"  {f.name}: {f.kind}" + "".join(f" {k}={v}" for k, v in f.params().items())
-                         for f in self.fields)
+                         + (" optional" if f.optional else "") for f in self.fields)
 
 
 def _infer_one(name: str, values: list[Any]) -> Field:

@@ -12,7 +12,9 @@ captions from same-stem ``.txt`` files: :class:`MetadataSource`, a ``Plan.annota
 The schema is given (``schema``) or inferred from every row and printed by the CLI. Boxes must
 be declared ``normalized`` (0..1 of the image: they follow the packer's resize); masks and pixel
 boxes are refused here (the COCO packer, :mod:`.coco`, moves pixel geometry with the image). CSV cells
-are typed as they read: integers, then numbers, then JSON arrays/objects, else text. A column of
+are typed as they read: integers, then numbers, then JSON arrays/objects, else text; an empty
+cell (or a JSON null, or a key a JSON line lacks) is absent, and a column absent from some rows
+is an optional field (absent: None, or empty for ragged kinds), never a reason to skip an image. A column of
 lists of strings is inferred as multi-label, its classes the sorted names.
 """
 
@@ -163,7 +165,8 @@ def _read_table(path: str, key: str | None, skip: tuple[int, ...]) -> dict[str, 
         for n, r in enumerate(table[1:], 2):
             if len(r) != len(header):
                 raise PackError(f"{path} row {n}: {len(r)} cells, the header has {len(header)}")
-            rows.append({header[i]: (r[i] if header[i] == key else _cell(r[i])) for i in keep})
+            rows.append({header[i]: (r[i] if header[i] == key else _cell(r[i])) for i in keep
+                         if header[i] == key or r[i].strip()})  # an empty cell: absent
     out: dict[str, dict[str, Any]] = {}
     for n, row in enumerate(rows, 1):
         name = row.pop(key, None)
@@ -199,20 +202,20 @@ def _infer(rows: dict[str, dict[str, Any]]) -> Schema:
     if not rows:
         return Schema()
     columns = {k for row in rows.values() for k in row}
-    lacking = next(((rel, c) for rel, row in rows.items() for c in columns if c not in row), None)
-    if lacking is not None:
-        raise PackError(f"row for {lacking[0]!r} has no {lacking[1]!r} (every row needs every "
-                        "column, or give a schema)")
     first = list(next(iter(rows.values())))
     fields = []
     for name in first + sorted(columns - set(first)):
-        values = [row[name] for row in rows.values()]
+        # A column some rows lack (or hold as null / an empty CSV cell) is optional: those
+        # images are packed with the field absent, never skipped.
+        values = [row[name] for row in rows.values() if row.get(name) is not None]
         if values and all(isinstance(v, list) and all(isinstance(x, str) for x in v)
                           for v in values):
             classes = sorted({x for v in values for x in v})
-            fields.append(MultiLabel(name, max(len(classes), 1), classes or None))
+            field = MultiLabel(name, max(len(classes), 1), classes or None)
         else:
-            fields.append(Schema.infer([{name: v} for v in values]).fields[0])
+            field = Schema.infer([{name: v} for v in values] or [{name: None}]).fields[0]
+        field.optional = len(values) < len(rows)
+        fields.append(field)
     return Schema(fields)
 
 

@@ -130,7 +130,7 @@ def _side_bytes(annotations: Any, path: str, result: Any) -> dict[str, int]:
                                   result.height, result.width)
     except FieldError:  # skipped when packed: takes no room
         return {}
-    return {f.stream(): len(checked[f.name]) for f in schema if f.side}
+    return {f.stream(): len(checked[f.name] or b"") for f in schema if f.side}
 
 
 def make_plan(src: str, settings: PackSettings, *, allow_empty: bool = False,

@@ -8,7 +8,8 @@ JSON parsed. Geometric fields follow the sample's crop and flip (:mod:`.geometry
 
 Collation (``collate_targets``): fixed-shape fields stack; ragged ones are, per field, a list of
 tensors (default), ``"padded"`` (``name`` padded with zeros, ``name_lengths``, ``name_mask``) or
-``"packed"`` (``name`` concatenated, ``name_batch``: each row's sample number).
+``"packed"`` (``name`` concatenated, ``name_batch``: each row's sample number). A field with a
+None (an optional field some samples lack) is a list.
 """
 
 from __future__ import annotations
@@ -221,7 +222,9 @@ def collate_targets(targets: Sequence[dict[str, Any]], ragged: Any = "list",
         f = (fields or {}).get(name)
         mode = ragged if isinstance(ragged, str) else ragged.get(name, "list")
         first = values[0]
-        if isinstance(first, bool) or isinstance(first, (int, float)):
+        if any(v is None for v in values):  # an optional field some samples lack: a list
+            out[name] = values
+        elif isinstance(first, bool) or isinstance(first, (int, float)):
             out[name] = torch.tensor(values)
         elif isinstance(first, torch.Tensor) and (f is None or not _is_ragged(f)) and all(
                 v.shape == first.shape for v in values):

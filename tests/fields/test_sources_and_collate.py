@@ -227,3 +227,36 @@ def test_bad_read_options(detection):
         shardkit.ShardDataset(detection, fields=["caption"], sanitize=True)
     with pytest.raises(OptionError, match="multi_hot"):
         shardkit.ShardDataset(detection, fields=["boxes"], multi_hot=["boxes"])
+
+
+def test_metadata_columns_some_rows_lack_are_optional(folder, tmp_path):
+    """A JSON Lines key some rows lack (or hold null) and an empty CSV cell are absent values:
+    every image is packed, the field None (or empty, ragged) where absent, batches as lists."""
+    src, _, rows = folder
+    notes = {1: "one", 4: None, 6: "six"}  # None: a JSON null; others: the key left out
+    points = {0: [[0.5, 0.5]], 6: [[1, 2], [3, 4]]}
+    meta = tmp_path / "meta.jsonl"
+    meta.write_text("".join(json.dumps({"file_name": r["file_name"], "score": n,
+                                        **({"note": notes[n]} if n in notes else {}),
+                                        **({"points": points[n]} if n in points else {})}) + "\n"
+                            for n, r in enumerate(rows)))
+    out = str(tmp_path / "o.lmdb")
+    done = run_cli("pack", src, out, "--metadata", str(meta), "--workers", "1", "-q")
+    assert done.returncode == 0, done.stderr
+    assert "note: text optional" in done.stderr
+    assert shardkit.verify(out).ok
+    ds = shardkit.ShardDataset(out, fields=["score", "note", "points"])
+    assert len(ds) == len(rows)
+    _, target = shardkit.collate(ds.__getitems__(list(range(len(rows)))))
+    assert target["score"].tolist() == list(range(len(rows)))
+    assert target["note"] == [notes.get(n) for n in range(len(rows))]
+    assert [p.tolist() for p in target["points"]] == [points.get(n, []) for n in range(len(rows))]
+    table = tmp_path / "meta.csv"
+    table.write_text("file_name,weight\n" + "".join(
+        f"{r['file_name']},{'' if n % 3 else n}\n" for n, r in enumerate(rows)))
+    out2 = str(tmp_path / "c.lmdb")
+    result = shardkit.pack(src, out2, metadata_file=str(table), workers=1, progress=False)
+    assert (result.count, result.skipped) == (len(rows), [])
+    got = shardkit.ShardDataset(out2, fields=["weight"])
+    assert [got[n][1]["weight"] for n in range(len(rows))] == [
+        None if n % 3 else n for n in range(len(rows))]

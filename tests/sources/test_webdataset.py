@@ -334,3 +334,54 @@ def test_class_names_from_classes_json_or_sorted_text_labels(tmp_path):
         f"label {n!r} is not an integer (the source mixes integers and names and declares no "
         "class names)"
         for n in ("cat", "dog", "eel")]
+
+
+def test_a_member_some_samples_lack_is_an_optional_field(tmp_path):
+    """3 of 12 samples carry a .json, 2 a boxes.npy, 4 a caption.txt: every sample is packed,
+    each field where given, None (json, text) or empty (ragged boxes) where absent."""
+    src = tmp_path / "src"
+    src.mkdir()
+    meta = {2: {"id": 2}, 5: {"id": 5, "tags": ["x"]}, 9: [1, 2]}
+    boxes = {3: np.ones((2, 4), np.float32), 7: np.zeros((1, 4), np.float32)}
+    captions = {0: "zero", 4: "four", 8: "eight", 11: "eleven"}
+    with wds.TarWriter(str(src / "t.tar")) as sink:
+        for i in range(12):
+            sample = {"__key__": f"s{i:02d}", "jpg": _jpeg(i), "cls": i % 2}
+            sample.update({"json": meta[i]} if i in meta else {})
+            sample.update({"boxes.npy": boxes[i]} if i in boxes else {})
+            sample.update({"caption.txt": captions[i]} if i in captions else {})
+            sink.write(sample)
+    out = str(tmp_path / "t.lmdb")
+    result = shardkit.pack(str(src), out, size=0, workers=1, progress=False)
+    assert (result.count, result.skipped) == (12, [])
+    theirs = list(wds.WebDataset(str(src / "t.tar"), shardshuffle=False).decode())
+    assert store_fields(out, "json") == [s.get("json") for s in theirs] == [
+        meta.get(i) for i in range(12)]
+    assert store_fields(out, "caption") == [captions.get(i) for i in range(12)]
+    for i, got in enumerate(store_fields(out, "boxes")):
+        assert got.dtype == np.float32 and np.array_equal(got, boxes.get(i, np.zeros((0, 4))))
+    declared = {f["name"]: f for f in shardkit.ShardDataset(out).store.meta["fields"]}
+    assert all(declared[n].get("optional") is True for n in ("json", "caption", "boxes"))
+    assert shardkit.verify(out).ok
+    ds = shardkit.ShardDataset(out, fields=["label", "json", "caption", "boxes"])
+    _, target = shardkit.collate(ds.__getitems__(list(range(6))))
+    assert target["json"] == [None, None, {"id": 2}, None, None, {"id": 5, "tags": ["x"]}]
+    assert target["caption"] == ["zero", None, None, None, "four", None]
+    assert [len(b) for b in target["boxes"]] == [0, 0, 0, 2, 0, 0]
+    assert target["label"].tolist() == [0, 1, 0, 1, 0, 1]
+
+
+def test_member_suffixes_are_lower_cased_as_webdataset_does(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    with wds.TarWriter(str(src / "u.tar")) as sink:
+        sink.write({"__key__": "a", "JPG": _jpeg(1), "CLS": b"1", "Caption.TXT": b"upper"})
+        sink.write({"__key__": "b", "Jpeg": _jpeg(2), "Cls": b"0", "caption.txt": b"lower"})
+    theirs = list(wds.WebDataset(str(src / "u.tar"), shardshuffle=False))
+    assert [sorted(k for k in s if not k.startswith("__")) for s in theirs] == [
+        ["caption.txt", "cls", "jpg"], ["caption.txt", "cls", "jpeg"]]
+    out = str(tmp_path / "u.lmdb")
+    result = shardkit.pack(str(src), out, size=0, workers=1, progress=False)
+    assert (result.count, result.skipped) == (2, [])
+    assert [r[1] for r in store_records(out)] == [int(s["cls"]) for s in theirs] == [1, 0]
+    assert store_fields(out, "caption") == ["upper", "lower"]

@@ -259,6 +259,6 @@ class ContainerFormat:
         if rows:
             from .fields import ContainerFields
 
-            index.fields = ContainerFields(rows, scanned.root)
+            index.fields = ContainerFields(rows, scanned.root, len(samples))
         return (scanned.root, labels.classes, dict(labels.index), samples, skipped, index)
 

@@ -2,8 +2,8 @@
 WebDataset ``txt``/``json``/``npy`` members, parquet columns beside the image and the label,
 MDS ``int``/``float``/``str``/``json``/``ndarray`` columns. The values are read by the scan
 (they are small: a caption, a JSON object, an array of boxes), the schema is inferred from
-every sample's values, and :class:`ContainerFields` hands each record its values as the
-plan's ``annotations`` do (``fields(path, height, width)``).
+every sample's values (a field some samples lack is optional), and :class:`ContainerFields`
+hands each record its values as the plan's ``annotations`` do (``fields(path, height, width)``).
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ class FieldRejected(Exception):
 class ContainerFields:
     """Per-sample field values of a container source (keyed by the sample's path)."""
 
-    def __init__(self, rows: dict[str, dict[str, Any]], where: str) -> None:
+    def __init__(self, rows: dict[str, dict[str, Any]], where: str, count: int = 0) -> None:
         self.rows = rows
         try:
-            self.schema = Schema.infer(rows.values())
+            # A field some of the ``count`` samples lack is optional (absent: null or empty),
+            # never a filter: samples without it are packed all the same.
+            self.schema = Schema.infer([*rows.values(), *([{}] if count > len(rows) else [])])
         except FieldError as exc:
             raise PackError(f"{where}: fields: {exc}") from None
         digest = hashlib.sha256(json.dumps(self.schema.as_json(), sort_keys=True).encode())
