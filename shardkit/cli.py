@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse images declaring more pixels (0: only Pillow's own limit, which "
                    f"this cannot raise) [{PILLOW_PIXEL_LIMIT}]")
     p.add_argument("--allow-empty", action="store_true",
-                   help="keep class folders with no images as classes (indices never shift)")
+                   help="keep class folders with no images as classes (indices never shift), "
+                   "and write a store even when no image could be packed (else an error)")
     p.add_argument("--source-format", choices=SOURCE_FORMATS, default=None,
                    help="what SRC is: %(choices)s (default: detected from its content)")
     p.add_argument("--image-key", metavar="KEYS",

@@ -136,7 +136,9 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         overwrite: replace an existing OUT (readers of the old one keep reading it).
         max_pixels: sources with more pixels are skipped, and each encoding worker's memory is
             bounded accordingly; 0 disables the limit. Default: Pillow's decompression-bomb limit.
-        allow_empty: keep classes without images instead of refusing the source folder.
+        allow_empty: keep classes without images instead of refusing the source folder, and
+            write a store even when no image could be packed (otherwise a PackError, with no
+            output written).
         file_list: a CSV/TSV file of ``path,label`` lines to pack instead of class folders.
         source_format: what SRC is, a name from
             ``shardkit.packing.sources.SOURCE_FORMATS``: ``folder``, ``webdataset`` (a tar, a
@@ -236,7 +238,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     plan.annotations = annotations
     partial = staging_path(out) if remote else partial_path(out)
     if not plan.sharded:
-        entry = _pack_single(plan, out, partial, workers, strict, overwrite, progress, on_start)
+        entry = _pack_single(plan, out, partial, workers, strict, overwrite, progress, on_start,
+                             allow_empty)
         return result(entry["count"], entry["skipped"], len(plan.paths))
     plan_id = plan.plan_id()
     ours = [k for k in range(plan.num_shards) if k % num_nodes == node_rank]
@@ -279,6 +282,10 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
             # Each node packs its share; `shardkit merge OUT` finishes once every node is done.
             return result(sum(entry["count"] for entry in read_entries(partial, mine)), [],
                           sum(plan.bounds[k + 1] - plan.bounds[k] for k in mine))
+        entries = read_entries(partial, range(plan.num_shards))
+        if not allow_empty and not sum(entry["count"] for entry in entries):
+            remove(partial)  # our own work folder: nothing of it is worth a resume
+            check_packed(0, [s for entry in entries for s in entry["skipped"]], False)
         manifest, count = finalize_sharded(partial, plan,
                                            uploader.finish if uploader is not None else None)
     except KeyboardInterrupt:
@@ -326,15 +333,26 @@ def merge(out: str | os.PathLike, overwrite: bool = False) -> PackResult:
                       len(manifest["shards"]), count + len(manifest["skipped"]))
 
 
+def check_packed(count: int, skipped: list[dict[str, str]], allow_empty: bool) -> None:
+    """Refuse a pack that packed no image (every source skipped), unless ``allow_empty``."""
+    if count or allow_empty:
+        return
+    first = f" (first: {skipped[0]['path']}: {skipped[0]['reason']})" if skipped else ""
+    raise PackError(f"no images packed: {len(skipped)} source{'s' if len(skipped) != 1 else ''} "
+                    f"skipped{first}; no output written (`allow_empty=True` writes an empty "
+                    "store)")
+
+
 def _pack_single(plan: Plan, out: str, partial: str, workers: int, strict: bool,
-                 overwrite: bool, progress: bool, on_start: Callable[[], None]
-                 ) -> dict[str, Any]:
+                 overwrite: bool, progress: bool, on_start: Callable[[], None],
+                 allow_empty: bool = False) -> dict[str, Any]:
     """Pack the single-file store OUT; returns its entry (count, skipped)."""
     entries: dict[int, dict[str, Any]] = {}
     try:
         remove_store_files([partial], plan.settings.format)  # a killed run's, with side files
         run_local(plan, [0], {0: partial}, workers=workers, strict=strict, progress=progress,
                   on_shard_done=entries.__setitem__, on_start=on_start)
+        check_packed(entries[0]["count"], entries[0]["skipped"], allow_empty)
         install(partial, out, overwrite)
     except BaseException as exc:
         try:

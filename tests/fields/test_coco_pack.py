@@ -149,7 +149,7 @@ def test_hostile_annotations_skip_their_image(tmp_path, coco):
     path = _coco_file(tmp_path, images, {"images": imgs, "annotations": bad,
                                          "categories": CATEGORIES})
     result = shardkit.pack(images, str(tmp_path / "h.lmdb"), coco=path, workers=1,
-                           progress=False)
+                           progress=False, allow_empty=True)
     reasons = [s["reason"] for s in result.skipped]
     assert result.count == 0 and len(reasons) == 7
     for needle in ("unknown image id 999999", "not finite or has a negative size",
@@ -190,7 +190,7 @@ def test_many_boxes_one_image(tmp_path, coco):
     path = _coco_file(tmp_path, images, {"images": [img], "annotations": anns,
                                          "categories": CATEGORIES})
     result = shardkit.pack(images, str(tmp_path / "m.lmdb"), coco=path, workers=1,
-                           progress=False)
+                           progress=False, allow_empty=True)
     assert result.count == 0 and "exceed" in result.skipped[0]["reason"]
     out = str(tmp_path / "b.lmdb")
     result = shardkit.pack(images, out, coco=path, workers=1, progress=False, coco_masks=False)

@@ -103,17 +103,64 @@ def test_wrong_schema_is_refused_with_one_line(tmp_path, capsys):
     assert "no label column" in err and "--label-key" in err
 
 
-def test_rows_without_image_bytes_are_skipped_never_read_by_path(folder, tmp_path):
+def test_rows_without_image_bytes_read_their_path_or_are_skipped(folder, tmp_path):
     root, samples = folder
     jpg = read_bytes(os.path.join(root, samples[0][0]))
     image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     path = str(tmp_path / "p.parquet")
     pq.write_table(pa.table({"image": pa.array([{"bytes": jpg, "path": None},
                                                 {"bytes": None, "path": "/etc/passwd"},
+                                                {"bytes": None, "path": "missing.jpg"},
                                                 None], type=image),
-                             "label": [0, 1, 1]}), path)
+                             "label": [0, 1, 1, 1]}), path)
     result = shardkit.pack(path, str(tmp_path / "p.lmdb"), size=0, workers=1, progress=False)
     assert result.count == 1
     assert [(os.path.basename(s["path"]), s["reason"]) for s in result.skipped] == [
-        ("p.parquet#0:1", "no image bytes (only the path '/etc/passwd', which is not read)"),
-        ("p.parquet#0:2", "no image bytes (null)")]
+        ("p.parquet#0:1", "not a recognised image format"),
+        ("p.parquet#0:2", "cannot read image file 'missing.jpg': No such file or directory"),
+        ("p.parquet#0:3", "no image bytes and no path (null)")]
+
+
+def test_path_only_images_from_to_parquet_pack_as_their_folder(folder, folder_store, tmp_path,
+                                                                monkeypatch):
+    """``Dataset.to_parquet`` of image files writes only their paths ({bytes: null, path}): read
+    relative to the parquet file's folder, or absolute, they pack as the folder does."""
+    root, samples = folder
+    monkeypatch.chdir(tmp_path)  # where datasets resolves the relative ones
+    names = [os.path.join(root, rel) for rel, _ in samples]
+    names = [p if k % 2 else os.path.relpath(p, tmp_path) for k, p in enumerate(names)]
+    ds = Dataset.from_dict({"image": names, "label": [lab for _, lab in samples]},
+                           features=Features(image=Image(), label=ClassLabel(names=CLASSES)))
+    path = str(tmp_path / "paths.parquet")
+    ds.to_parquet(path)
+    stored = pq.read_table(path).column("image").to_pylist()
+    assert [r["bytes"] for r in stored] == [None] * len(samples)  # datasets wrote paths only
+    assert any(not os.path.isabs(r["path"]) for r in stored)
+    out = str(tmp_path / "paths.lmdb")
+    result = shardkit.pack(path, out, size=64, workers=1, progress=False)
+    assert (result.count, result.skipped) == (len(samples), [])
+    assert [r[:4] for r in store_records(out)] == [r[:4] for r in store_records(folder_store(64))]
+
+
+def test_a_column_some_rows_lack_is_an_optional_field(folder, tmp_path):
+    """Nulls in a ``datasets`` parquet (a caption, a score, a list per row) are absent values:
+    every row is packed, each field where given, None or empty where null."""
+    root, samples = folder
+    samples = samples[:6]
+    caption = ["a", None, "c", None, None, "f"]
+    score = [None, 2, None, None, 5, None]
+    points = [[[1.0, 2.0]], None, None, [[3.0, 4.0], [5.0, 6.0]], None, None]
+    Dataset.from_dict(
+        {"image": [{"bytes": read_bytes(os.path.join(root, rel)), "path": None}
+                   for rel, _ in samples],
+         "label": [lab for _, lab in samples], "caption": caption, "score": score,
+         "points": points},
+        features=Features(image=Image(), label=ClassLabel(names=CLASSES),
+                          caption=Value("string"), score=Value("int64"),
+                          points=[[Value("float32")]])).to_parquet(str(tmp_path / "o.parquet"))
+    out = str(tmp_path / "o.lmdb")
+    result = shardkit.pack(str(tmp_path / "o.parquet"), out, size=0, workers=1, progress=False)
+    assert (result.count, result.skipped) == (6, [])
+    assert store_fields(out, "caption") == caption and store_fields(out, "score") == score
+    assert [p.tolist() for p in store_fields(out, "points")] == [p or [] for p in points]
+    assert shardkit.verify(out).ok

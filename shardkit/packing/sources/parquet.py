@@ -3,7 +3,9 @@ the Hub lays them out: ``data/train-00000-of-00004.parquet``), or a ``save_to_di
 Arrow stream files. Read with pyarrow (the ``parquet`` extra), no dependency on ``datasets``.
 
 The image column is a Hugging Face ``Image`` struct ``{bytes, path}`` (or a plain binary
-column); the label column an integer ``ClassLabel`` (names from the schema metadata key
+column); a row with no bytes reads the file its ``path`` names (``Dataset.to_parquet`` of image
+files writes only paths), relative to the parquet file's folder or absolute, as a file list's.
+The label column is an integer ``ClassLabel`` (names from the schema metadata key
 ``huggingface``) or plain integers or strings. Defaults: the columns the metadata marks as
 ``Image`` and ``ClassLabel``, else the first of ``image;img;jpg;png`` and ``label;labels;cls``.
 Other columns become typed fields (text, numbers, lists, structs as JSON); binary columns are
@@ -19,6 +21,7 @@ import os
 from typing import Any
 
 from ...errors import PackError
+from ...urls import is_url
 from .base import ContainerFormat, MemberError, Scanned, Shard, SourceOptions, member_name
 
 IMAGE_COLUMNS = ("image", "img", "jpg", "png")
@@ -195,13 +198,29 @@ class ParquetFormat(ContainerFormat):
             where = paths[b].as_py() if paths is not None and data is None else None
         except (OSError, pa.ArrowException, IndexError) as exc:
             raise MemberError(f"cannot read row: {exc}") from None
+        if data is None and where:  # a path-only Image (Dataset.to_parquet of image files)
+            data = _read_image_file(os.path.join(os.path.dirname(path), where), where, limit)
         if data is None:
-            raise MemberError("no image bytes" + (f" (only the path {where!r}, which is not "
-                                                  "read)" if where else " (null)"))
+            raise MemberError("no image bytes and no path (null)")
         if limit is not None and len(data) > limit:
             raise MemberError(f"image of {len(data)} bytes is larger than any image within "
                               "--max-pixels can be")
         return data
+
+
+def _read_image_file(full: str, where: str, limit: int | None) -> bytes:
+    """The bytes of the image file a path-only row names (MemberError with the reason)."""
+    if is_url(where):
+        raise MemberError(f"image path {where!r} is a URL; only local files are read")
+    try:
+        with open(full, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if limit is not None and size > limit:
+                raise MemberError(f"image file {where!r} of {size} bytes is larger than any "
+                                  "image within --max-pixels can be")
+            return f.read()
+    except OSError as exc:
+        raise MemberError(f"cannot read image file {where!r}: {exc.strerror or exc}") from None
 
 
 class _Batches:
