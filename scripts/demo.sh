@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # Quick start, end to end: what shardkit does to an image folder, and how fast it reads it back.
 #
-#   ./scripts/demo.sh            # COUNT=2000 sample photos (the default)
-#   COUNT=500 ./scripts/demo.sh  # a shorter run
+#   ./scripts/demo.sh            # quick: 300 sample photos, a short benchmark (a few minutes)
+#   ./scripts/demo.sh --full     # the full benchmark: 2,000 photos, every system and setting
+#   COUNT=500 ./scripts/demo.sh  # another sample size (either mode)
 #
-# How long: each step prints its time, and the total is printed at the end. Measured with
-# COUNT=300 on a 2-core machine shared with other jobs (load average about 8), .venv present:
-# sample 24 s, pack 24 s, inspect + verify 20 s, benchmark 227 s: about 5 minutes. With the
-# default COUNT=2000, making the sample and packing take about 7x as long (they grow with
-# COUNT), the benchmark somewhat longer; a first run adds setup (installing torch: minutes).
+# How long (this project's 2-core machine, .venv present; a first run adds setup, installing
+# torch: a minute or two): see "Quick start" in README.md for the latest measured times. Each
+# step prints its time, and the total is printed at the end.
 #
 # Steps and what each shows:
 #   1. setup      .venv with torch and shardkit (scripts/setup.sh; a no-op when installed)
@@ -16,11 +15,21 @@
 #   3. pack       the folder packed once to LMDB and once to HDF5 (shorter side 256, JPEG q90)
 #   4. inspect    `shardkit info` (count, classes, sizes) and `shardkit verify` (every record)
 #   5. benchmark  DataLoader images/s: the ImageFolder baseline against ShardDataset, a table
-#                 explained column by column after it (full report: DATA/bench/throughput.txt)
+#                 explained column by column after it (full report: DATA/bench/throughput.txt).
+#                 Quick mode: ImageFolder, LMDB jpeg (workers 0 and all CPUs, threads), the
+#                 training recipe at decode; one timed epoch each, no pack-speed figures.
+#                 --full: every system (LMDB/HDF5 x jpeg/raw, the recipe three ways), workers
+#                 0..CPUs, pack-speed figures (and under pillow-simd where .venv-simd exists).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-COUNT=${COUNT:-2000}
-DATA=${DATA:-sample-data}
+FULL=0
+case "${1:-}" in
+  --full) FULL=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--full]" >&2; exit 2 ;;
+esac
+if [ $FULL = 1 ]; then COUNT=${COUNT:-2000}; else COUNT=${COUNT:-300}; fi
+DATA=${DATA:-sample-data/$COUNT}
 START=$SECONDS
 STEP_START=$SECONDS
 step() {  # step N "title": prints the previous step's time, then the new step's title
@@ -54,8 +63,17 @@ step 5 "benchmark: DataLoader throughput, ImageFolder against ShardDataset"
 # a container's CPU set count): more workers than CPUs only measures contention, and DataLoader
 # warns about them ("suggested max number of worker").
 CPUS=$(python -c "import os; print(len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count())")
-WORKERS=$(python -c "print(','.join(str(n) for n in range($CPUS + 1)))")
-THREADS=$(python -c "print(','.join(str(n) for n in range(1, $CPUS + 1)))")
+if [ $FULL = 1 ]; then
+  WORKERS=$(python -c "print(','.join(str(n) for n in range($CPUS + 1)))")
+  THREADS=$(python -c "print(','.join(str(n) for n in range(1, $CPUS + 1)))")
+  MODE=()
+else
+  WORKERS="0,$CPUS"
+  THREADS="$CPUS"
+  MODE=(--systems imagefolder,lmdb-jpeg,lmdb-jpeg/threads,recipe-decode --epochs 1
+        --min-seconds 0.5 --no-pack-figures)
+  echo "   quick mode (./scripts/demo.sh --full for every system and setting)"
+fi
 if python -c "import torchvision" 2>/dev/null; then
   echo "   baseline: torchvision's ImageFolder (Resize 256, CenterCrop 224), as installed"
 else
@@ -64,11 +82,11 @@ else
   echo "   '.venv/bin/pip install torchvision' makes it torchvision's own"
 fi
 SIMD=()
-if [ -x .venv-simd/bin/python ]; then  # made by scripts/pillow_simd_venv.sh: pack figures there too
+if [ $FULL = 1 ] && [ -x .venv-simd/bin/python ]; then  # scripts/pillow_simd_venv.sh: pack figures there too
   SIMD=(--simd-python .venv-simd/bin/python)
 fi
 shardkit bench "$DATA/images" --out-dir "$DATA/bench" --workers-list "$WORKERS" \
-  --threads-list "$THREADS" --recommend "${SIMD[@]}"
+  --threads-list "$THREADS" --recommend "${MODE[@]}" "${SIMD[@]}"
 cat <<'EOF'
 
 How to read the table above (one row per system and setting):
