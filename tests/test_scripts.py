@@ -47,3 +47,19 @@ def test_missing_side_envs_end_the_run_with_one_line_each(tmp_path):
     # Every test of these files needs one of the two: the lines account for all the skips.
     assert lines[-1].startswith(f"{sum(report.values())} skipped in"), run.stdout
     assert len([ln for ln in lines if "tests skipped without" in ln]) == 2
+
+
+def test_demo_quick_mode_asks_bench_for_what_it_knows():
+    """The demo's quick benchmark (its default) names systems and options ``shardkit bench``
+    accepts; a renamed system would fail only at the end of a user's first run."""
+    from shardkit.bench import build_parser
+
+    with open(os.path.join(ROOT, "scripts", "demo.sh")) as f:
+        text = f.read()
+    quick = re.search(r"MODE=\((--systems .*?)\)", text, re.S)
+    assert quick, "demo.sh has no quick MODE"
+    argv = ["imgs", "--workers-list", "0,2", "--threads-list", "2", *quick.group(1).split()]
+    args = build_parser().parse_args(argv)
+    assert args.systems == ["imagefolder", "lmdb-jpeg", "lmdb-jpeg/threads", "recipe-decode"]
+    assert args.epochs == 1 and args.no_pack_figures
+    assert re.search(r"COUNT=\$\{COUNT:-300\}", text) and re.search(r"COUNT=\$\{COUNT:-2000\}", text)
