@@ -11,6 +11,10 @@ arithmetic (``transforms/v2/functional/_geometry.py`` and ``_meta.py``), so they
 - horizontal flip: ``x1, x2 = W - x2, W - x1``; masks reversed along the width;
 - ``sanitize``: ``v2.SanitizeBoundingBoxes(min_size=1, min_area=1)``'s rule.
 
+``RandomCrop`` on an image exactly the crop size does not crop at all (no offset to draw, so
+``needs_crop`` is false): its boxes are not clamped either (``Move.clamp`` False), and
+``sanitize`` then judges them as they are.
+
 ``CenterCrop`` places boxes with its anchor ``int(round((H - crop) / 2))`` and masks as its
 pixels (padded by ``(crop - H) // 2`` when smaller): both as torchvision does, which differ by one
 pixel only for an image smaller than the crop by an odd amount.
@@ -28,7 +32,8 @@ import torch.nn.functional as nnf
 class Move(NamedTuple):
     """One sample's geometry: crop box (top, left, height, width) in the stored image, the output
     size it is resized to, the flip; ``box_origin`` is where boxes take the crop's corner from
-    (CenterCrop's anchor; else the crop's own)."""
+    (CenterCrop's anchor; else the crop's own); ``clamp`` False: no crop happens (RandomCrop of an
+    image the crop's size), boxes are not clamped to it."""
 
     top: int
     left: int
@@ -37,6 +42,7 @@ class Move(NamedTuple):
     out: int
     flip: bool
     box_origin: tuple[int, int]
+    clamp: bool = True
 
 
 def center_anchor(height: int, width: int, crop: int) -> tuple[int, int]:
@@ -103,9 +109,10 @@ def move_boxes(boxes: np.ndarray, move: Move) -> np.ndarray:
     """
     top, left = move.box_origin
     out = boxes - np.array([left, top, left, top], dtype=np.float32)
-    xs, ys = out[:, 0::2], out[:, 1::2]  # views: clamped in place
-    np.minimum(np.maximum(xs, 0, out=xs), move.width, out=xs)
-    np.minimum(np.maximum(ys, 0, out=ys), move.height, out=ys)
+    if move.clamp:
+        xs, ys = out[:, 0::2], out[:, 1::2]  # views: clamped in place
+        np.minimum(np.maximum(xs, 0, out=xs), move.width, out=xs)
+        np.minimum(np.maximum(ys, 0, out=ys), move.height, out=ys)
     if (move.out, move.out) != (move.height, move.width):
         # torch.tensor(ratios) is in the default dtype: the product is rounded through it.
         wide = np.float64 if torch.get_default_dtype() == torch.float64 else np.float32
@@ -153,8 +160,10 @@ def move_boxes_cat(boxes: list[np.ndarray], moves: list[Move]) -> np.ndarray:
     params = np.array([(m.box_origin[1], m.box_origin[0], m.width, m.height) for m in moves],
                       dtype=np.float32)[rows]
     out = allb - params[:, [0, 1, 0, 1]]
+    clamp = np.array([m.clamp for m in moves], dtype=bool)[rows]
     for cols, limit in ((slice(0, None, 2), params[:, 2:3]), (slice(1, None, 2), params[:, 3:4])):
-        out[:, cols] = np.minimum(np.maximum(out[:, cols], 0), limit)
+        clamped = np.minimum(np.maximum(out[:, cols], 0), limit)
+        out[:, cols] = clamped if clamp.all() else np.where(clamp[:, None], clamped, out[:, cols])
     wide = np.float64 if torch.get_default_dtype() == torch.float64 else np.float32
     ratios = np.array([(m.out / m.width, m.out / m.height) if (m.out, m.out) != (m.height, m.width)
                        else (1.0, 1.0) for m in moves], dtype=wide)[rows]

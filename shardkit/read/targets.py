@@ -272,7 +272,10 @@ def move_for(plan: Any, mode: str, crop: int | None, height: int, width: int
                              geometry.center_anchor(height, width, crop))
     origin = (geometry.center_anchor(height, width, crop) if mode == "center"
               else (plan.top, plan.left))
-    return geometry.Move(plan.top, plan.left, plan.height, plan.width, crop, plan.flip, origin)
+    # RandomCrop of an image exactly the crop size does not crop: its boxes are not clamped.
+    whole = mode == "random" and (height, width) == (crop, crop)
+    return geometry.Move(plan.top, plan.left, plan.height, plan.width, crop, plan.flip, origin,
+                         not whole)
 
 
 def collate_samples(batch: Sequence[Any], ragged: Any = "list") -> list[Any]:

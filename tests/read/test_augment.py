@@ -416,3 +416,131 @@ def test_normalize_is_the_float_div_255_then_normalize_recipe():
     assert torch.allclose(got.double(), exact, atol=1e-6)
     with pytest.raises(ValueError, match="images must be uint8"):
         augment.normalize(got, mean, std)
+
+
+# -- boxes and masks: torchvision v2's arithmetic, checked against numbers computed by hand ------
+# (test_torchvision_parity.py and tests/fields/test_coco_torchvision.py compare with torchvision
+# itself; these run without it, so a broken crop, resize, flip or sanitize fails a plain pytest)
+
+def _box_store(path: str, records: list[tuple[int, int, list[list[float]]]]) -> str:
+    """Raw-encoded records (height, width, XYXY boxes), labels 1..n per record."""
+    from shardkit import fields as F
+
+    with shardkit.StoreWriter(path, ["a"], schema=[F.Boxes("boxes"), F.PerBox("labels")],
+                              encoding="raw") as w:
+        for h, wd, boxes in records:
+            w.add(np.zeros((h, wd, 3), np.uint8), 0, boxes=np.array(boxes, np.float32),
+                  labels=np.arange(1, len(boxes) + 1))
+    return path
+
+
+def _items_and_batch(ds):
+    """Each record's target read one by one (``build``) and as one batch (``build_batch``)."""
+    items = [ds[i][1] for i in range(len(ds))]
+    return items, [t for _, t in ds.__getitems__(list(range(len(ds))))]
+
+
+def test_crop_resize_flip_of_boxes_and_masks_by_hand():
+    """Crop box (top 10, left 20, 50x100) resized to 25x25 and flipped: x scales by 1/4, y by
+    1/2, then x1, x2 = 25 - x2, 25 - x1 (a flip written W - x1, W - x2 fails)."""
+    from shardkit.read import geometry
+
+    boxes = np.array([[30, 20, 70, 40],     # inside: shifted to (10, 10, 50, 30)
+                      [0, 0, 200, 30],      # clamped to (0, 0, 100, 20)
+                      [110, 50, 125, 70]],  # clamped to (90, 40, 100, 50)
+                     np.float32)
+    plain = [[2.5, 5, 12.5, 15], [0, 0, 25, 10], [22.5, 20, 25, 25]]
+    flipped = [[12.5, 5, 22.5, 15], [0, 0, 25, 10], [0, 20, 2.5, 25]]
+    for flip, want in ((False, plain), (True, flipped)):
+        move = geometry.Move(10, 20, 50, 100, 25, flip, (10, 20))
+        assert geometry.move_boxes(boxes, move).tolist() == want
+        other = geometry.Move(0, 0, 80, 80, 80, False, (0, 0))  # a second sample, unchanged
+        a, b = geometry.move_boxes_many([boxes, boxes[:1]], [move, other])
+        assert a.tolist() == want and b.tolist() == [[30, 20, 70, 40]]
+        steps = geometry.crop_boxes(torch.from_numpy(boxes), 10, 20, 50, 100)
+        steps = geometry.resize_boxes(steps, (50, 100), (25, 25))
+        if flip:
+            steps = geometry.flip_boxes(steps, 25)
+        assert steps.tolist() == want
+    # A 60x120 mask, ones in rows 10..19 and columns 20..39: cropped to rows 0..9, columns
+    # 0..19 of 50x100; nearest to 25x25 takes source row 2i and column 4j: rows 0..4, columns
+    # 0..4; flipped: columns 20..24.
+    mask = torch.zeros((1, 60, 120), dtype=torch.uint8)
+    mask[0, 10:20, 20:40] = 1
+    for flip, cols in ((False, slice(0, 5)), (True, slice(20, 25))):
+        want = torch.zeros((1, 25, 25), dtype=torch.uint8)
+        want[0, 0:5, cols] = 1
+        got = geometry.move_masks(mask, geometry.Move(10, 20, 50, 100, 25, flip, (10, 20)))
+        assert torch.equal(got, want)
+
+
+def test_center_crop_and_flip_of_stored_boxes_by_hand(tmp_path):
+    """A 300x200 record, CenterCrop(100) (anchor left 100, top 50) and flip=1: every sample
+    flipped, read one by one and as a batch."""
+    store = _box_store(str(tmp_path / "b.lmdb"), [(200, 300, [
+        [110, 60, 150, 90],      # inside: (10, 10, 50, 40), flipped (50, 10, 90, 40)
+        [90, 40, 260, 160],      # clamped to the whole crop
+        [150, 100, 151, 101]])])  # (50, 50, 51, 51), flipped (49, 50, 50, 51)
+    ds = ShardDataset(store, fields=["boxes", "labels"], crop=100, crop_mode="center", flip=1.0)
+    want = [[50, 10, 90, 40], [0, 0, 100, 100], [49, 50, 50, 51]]
+    for targets in _items_and_batch(ds):
+        assert targets[0]["boxes"].tolist() == want
+        assert targets[0]["labels"].tolist() == [1, 2, 3]
+
+
+def test_sanitize_keeps_boxes_on_the_bounds():
+    """``SanitizeBoundingBoxes(min_size=1, min_area=1)``: each bound is inclusive (a box on the
+    border, 1 px wide, of area 1 is kept); made strict, the kept ones here would be dropped."""
+    from shardkit.read import geometry
+
+    boxes = torch.tensor([[0, 0, 100, 50],           # keep: the whole 100x50 canvas
+                          [99, 49, 100, 50],         # keep: 1x1 in the far corner
+                          [10, 10, 11, 12],          # keep: exactly 1 wide
+                          [0, 0, 100.01, 50],        # drop: x2 past the width
+                          [0, 0, 10, 50.01],         # drop: y2 past the height
+                          [-0.01, 0, 10, 10],        # drop: x1 negative
+                          [0, 0, 0.99, 10],          # drop: under 1 wide
+                          [0, 0, 10, 0.99],          # drop: under 1 high
+                          [5, 5, 5, 5]])             # drop: empty
+    keep = geometry.sanitize_keep(boxes, (50, 100))
+    assert keep.tolist() == [True, True, True] + [False] * 6
+
+
+def test_sanitize_through_the_dataset_keeps_boxes_on_the_bounds(tmp_path):
+    """CenterCrop(100) of a 300x200 record: boxes cut to the crop's borders, 1 px wide, and to
+    nothing; sanitize keeps exactly the first three with their labels."""
+    store = _box_store(str(tmp_path / "s.lmdb"), [(200, 300, [
+        [100, 50, 200, 150],     # the whole crop
+        [150, 100, 151, 101],    # 1x1
+        [50, 20, 101, 51],       # clamped to (0, 0, 1, 1)
+        [50, 20, 100.5, 60],     # clamped to (0, 0, 0.5, 10): under 1 wide
+        [10, 10, 60, 40]])])     # outside the crop: (0, 0, 0, 0)
+    ds = ShardDataset(store, fields=["boxes", "labels"], crop=100, crop_mode="center",
+                      sanitize=True)
+    for targets in _items_and_batch(ds):
+        assert targets[0]["boxes"].tolist() == [[0, 0, 100, 100], [50, 50, 51, 51], [0, 0, 1, 1]]
+        assert targets[0]["labels"].tolist() == [1, 2, 3]
+
+
+def test_random_crop_of_an_image_the_crop_size_leaves_boxes_alone(tmp_path):
+    """v2 ``RandomCrop`` does not crop an image exactly its size, so a box a rounding error past
+    the border (as stored boxes scaled with the image can be) is not clamped, and sanitize drops
+    it with its label; a larger image is cropped and clamped."""
+    over = float(np.float32(64.0005))
+    store = _box_store(str(tmp_path / "r.lmdb"), [
+        (64, 64, [[0, 10, 64.0005, 30], [5, 5, 20, 20]]),
+        (64, 70, [[0, 10, 70.0005, 30]])])
+    ds = ShardDataset(store, fields=["boxes", "labels"], crop=64, crop_mode="random")
+    for seed in range(3):
+        torch.manual_seed(seed)
+        left = ds[1][1]["boxes"][0, 0].item()  # 0 minus the drawn offset, clamped to 0
+        torch.manual_seed(seed)
+        for targets in _items_and_batch(ds):
+            assert targets[0]["boxes"].tolist() == [[0, 10, over, 30], [5, 5, 20, 20]]
+            assert targets[1]["boxes"][0].tolist()[1:] == [10, 64, 30] and left == 0
+    sane = ShardDataset(store, fields=["boxes", "labels"], crop=64, crop_mode="random",
+                        sanitize=True)
+    for targets in _items_and_batch(sane):
+        assert targets[0]["boxes"].tolist() == [[5, 5, 20, 20]]
+        assert targets[0]["labels"].tolist() == [2]
+        assert targets[1]["labels"].tolist() == [1]
