@@ -137,3 +137,32 @@ def remove(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         unlink(path)
+
+
+def check_parent(path: str, error: type[Exception]) -> str:
+    """The folder ``path`` goes in. When it is missing, the folders :func:`make_parent` will create
+    must go under an existing, writable folder: else ``error`` names that nearest ancestor."""
+    folder = os.path.dirname(os.path.abspath(path))
+    ancestor = folder
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise error(f"cannot write {path}: {ancestor} is not a folder; no output written")
+    if ancestor == folder:
+        return folder
+    if not os.access(ancestor, os.W_OK | os.X_OK):  # EROFS for root too
+        raise error(f"cannot write {path}: folder {folder} does not exist and cannot be created "
+                    f"in {ancestor} (not writable); no output written")
+    return folder
+
+
+def make_parent(path: str, error: type[Exception]) -> str:
+    """The folder ``path`` goes in, created with any missing folders above it (``mkdir -p``),
+    never under an existing ancestor this process cannot write (``error`` names it)."""
+    folder = check_parent(path, error)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise error(f"cannot write {path}: cannot create folder {folder}: "
+                    f"{e.strerror or e}; no output written") from None
+    return folder

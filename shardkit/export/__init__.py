@@ -38,7 +38,7 @@ def export(store: str | os.PathLike, pattern: str | os.PathLike, *, to: str = "w
     Args:
         store: a shardkit store (file or folder).
         pattern: the output files, with one printf integer field for the file number
-            (``'out/train-%06d.tar'``); its folder must exist.
+            (``'out/train-%06d.tar'``); missing folders are created (``mkdir -p``).
         to: ``'webdataset'`` (tars that ``webdataset.WebDataset`` reads as ``(jpg, cls)``;
             JPEG records are written byte for byte, raw records as lossless PNG) or
             ``'parquet'`` (the Hugging Face ``Image`` struct and a ``ClassLabel``, which

@@ -12,7 +12,7 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 
 from ..errors import OptionError, ShardkitError
-from ..fileutil import remove
+from ..fileutil import check_parent, make_parent, remove
 
 DEFAULT_SHARD_SIZE = 1 << 30
 
@@ -47,9 +47,7 @@ def check_pattern(pattern: str) -> None:
                           "(the file number)") from None
     if a == b:
         raise OptionError(f"`pattern` {pattern!r} must hold one integer field such as %06d")
-    folder = os.path.dirname(os.path.abspath(a))
-    if not os.path.isdir(folder):
-        raise OptionError(f"cannot write {a}: folder {folder} does not exist")
+    check_parent(a, OptionError)  # missing folders are created when the first file is opened
 
 
 def as_png(record: Record) -> bytes:
@@ -161,6 +159,7 @@ class Exporter:
         path = self.pattern % n
         if os.path.lexists(path) and not self.overwrite:
             raise ShardkitError(f"{path} already exists (use `overwrite=True` to replace it)")
+        make_parent(path, OptionError)  # `mkdir -p` its folder
         self.open_file(self._partial(path))
         return path
 

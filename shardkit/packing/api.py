@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from .. import metadata
 from ..errors import Interrupted, PackError, PackOptionError
-from ..fileutil import remove, replace_atomic
+from ..fileutil import check_parent, make_parent, remove, replace_atomic
 from ..formats import format_for_path
 from ..urls import is_url
 from .imaging import PILLOW_PIXEL_LIMIT
@@ -83,10 +83,8 @@ def check_options(src: str, out: str, file_list: str | None, sharded: bool, resu
                                   "shares; pack to a URL from one machine, or with "
                                   "`engine='dask'`")
         return
-    folder = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(folder):
-        raise PackError(f"cannot write {out}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):  # EROFS for root too; refused before any decoding
+    folder = check_parent(out, PackError)  # a missing one is created once the plan is made
+    if os.path.isdir(folder) and not os.access(folder, os.W_OK):  # EROFS for root too
         try:
             read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
         except (OSError, AttributeError):  # no statvfs (Windows)
@@ -236,6 +234,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     if plan.container is not None:  # a container's own fields (txt/json/npy members, columns)
         annotations = plan.container.fields
     plan.annotations = annotations
+    if not remote:
+        make_parent(out, PackError)  # `mkdir -p` OUT's folder
     partial = staging_path(out) if remote else partial_path(out)
     if not plan.sharded:
         entry = _pack_single(plan, out, partial, workers, strict, overwrite, progress, on_start,

@@ -50,8 +50,7 @@ def store(tmp_path_factory) -> str:
 
 
 def test_webdataset_export_reads_back_and_packs_back(store, tmp_path, capsys):
-    (tmp_path / "tars").mkdir()
-    pattern = str(tmp_path / "tars" / "train-%06d.tar")
+    pattern = str(tmp_path / "tars" / "train-%06d.tar")  # tars/ is created, as `mkdir -p` would
     assert cli_main(["export", store, pattern, "--shard-size", "20KB", "-q"]) == 0
     assert "exported 18 records" in capsys.readouterr().err
     tars = sorted(n for n in os.listdir(tmp_path / "tars") if n.endswith(".tar"))
@@ -125,7 +124,8 @@ def test_raw_records_export_as_lossless_png_and_fields_as_members(tmp_path):
 def test_bad_options_are_one_line(store, tmp_path, capsys):
     assert cli_main(["export", store, str(tmp_path / "x.tar"), "-q"]) == 1
     assert "must hold one integer field" in capsys.readouterr().err
-    assert cli_main(["export", store, str(tmp_path / "no" / "x-%d.tar"), "-q"]) == 1
-    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "f").write_bytes(b"x")
+    assert cli_main(["export", store, str(tmp_path / "f" / "no" / "x-%d.tar"), "-q"]) == 1
+    assert f"{tmp_path / 'f'} is not a folder" in capsys.readouterr().err
     with pytest.raises(ValueError, match="`to` must be one of webdataset, parquet"):
         shardkit.export.export(store, str(tmp_path / "x-%d"), to="zip")

@@ -36,13 +36,21 @@ def src(tmp_path_factory) -> str:
 # -- OUT in a missing folder ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["lmdb", "hdf5", "folder"])
-def test_out_in_a_missing_folder(src, tmp_path, kind):
-    out = tmp_path / "missing" / {"lmdb": "out.lmdb", "hdf5": "out.h5", "folder": "out"}[kind]
+def test_out_in_a_missing_folder_creates_it(src, tmp_path, kind):
+    """`shardkit pack SRC stores/train`: the missing folders are made, as `mkdir -p` would."""
+    out = tmp_path / "stores" / "a" / {"lmdb": "out.lmdb", "hdf5": "out.h5", "folder": "out"}[kind]
     extra = ["--num-shards", "2"] if kind == "folder" else []
     proc = run_cli("pack", src, str(out), "--size", "16", "--workers", "1", "-q", *extra)
-    assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
-    assert f"folder {tmp_path / 'missing'} does not exist" in proc.stderr
-    assert os.listdir(tmp_path) == []
+    assert proc.returncode == 0, proc.stderr
+    assert os.listdir(tmp_path / "stores" / "a") == [out.name]  # no partial left beside it
+    assert len(ShardDataset(str(out))) == 12
+
+
+def test_out_under_a_file_names_it(src, tmp_path):
+    (tmp_path / "f").write_bytes(b"x")
+    with pytest.raises(PackError, match=f"^cannot write .*: {tmp_path / 'f'} is not a folder"):
+        pack(src, str(tmp_path / "f" / "new" / "out.lmdb"), workers=1, progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["f"]
 
 
 # -- options refused up front ---------------------------------------------------------------------
@@ -315,6 +323,28 @@ def test_pack_into_a_folder_without_write_permission_is_one_line(src, tmp_path):
             assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
             assert proc.stderr.strip() == (f"shardkit pack: error: cannot write {out}: folder "
                                            f"{folder} is not writable; no output written")
+        assert os.listdir(folder) == []
+    finally:
+        os.chmod(folder, 0o755)
+
+
+def test_pack_never_creates_folders_under_an_unwritable_ancestor(src, tmp_path):
+    """A missing OUT folder under a mode-555 one: refused naming that ancestor, nothing made."""
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    os.chmod(folder, 0o555)
+    try:
+        probe = _run_unprivileged("-c", f"open({str(folder / 'probe')!r}, 'w')")
+        if probe.returncode == 97 or "PermissionError" not in probe.stderr:
+            pytest.skip("cannot run a process that a mode-555 folder refuses here "
+                        f"(rc {probe.returncode}: {probe.stderr[-200:]!r})")
+        out = folder / "stores" / "train"
+        proc = _run_unprivileged("-m", "shardkit.cli", "pack", src, str(out), "--size", "16",
+                                 "--workers", "1", "-q", "--num-shards", "2")
+        assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+        assert proc.stderr.strip() == (
+            f"shardkit pack: error: cannot write {out}: folder {out.parent} does not exist and "
+            f"cannot be created in {folder} (not writable); no output written")
         assert os.listdir(folder) == []
     finally:
         os.chmod(folder, 0o755)
