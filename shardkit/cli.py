@@ -227,13 +227,22 @@ def _cmd_info(args: argparse.Namespace) -> int:
         summary["skipped_files"] = Store(args.store, cache_dir=args.cache_dir).skipped
         print(json.dumps(summary, indent=2))
         return EXIT_OK
-    classes = summary["classes"]
-    shown = ", ".join(classes[:10]) + (f", ... ({len(classes)} in all)" if len(classes) > 10 else "")
+    def shown(names: list[str]) -> str:
+        more = f", ... ({len(names)} in all)" if len(names) > 10 else ""
+        return f"{len(names)}: " + ", ".join(names[:10]) + more
+
+    # Class folders' names; a COCO store's categories (id and name); neither: no line.
+    labels = ""
+    if summary["classes"]:
+        labels += f"classes:    {shown(summary['classes'])}\n"
+    if summary["categories"]:
+        ids = [f"{c['id']} {c['name']}" for c in summary["categories"]]
+        labels += f"categories: {shown(ids)}\n"
     print(f"store:      {summary['path']}\n"
           f"format:     {summary['format']} ({summary['kind']}, {summary['shards']} shard(s), "
           f"format version {summary['format_version']})\n"
           f"records:    {summary['count']}\n"
-          f"classes:    {summary['num_classes']}: {shown}\n"
+          f"{labels}"
           f"encoding:   {summary['encoding']} (size {summary['size']}, "
           f"quality {summary['quality']})\n"
           f"on disk:    {summary['bytes_on_disk']} bytes\n"

@@ -44,6 +44,9 @@ def info(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
         "count": store.count,
         "num_classes": len(store.classes),
         "classes": store.classes,
+        # A COCO store's category ids and names (its records' labels are in the fields)
+        "categories": [{"id": c["id"], "name": c["name"]} for c in
+                       (meta.get("annotations") or {}).get("categories", [])],
         "encoding": store.encoding,
         "size": settings["size"],
         "quality": settings["quality"],

@@ -58,6 +58,20 @@ def test_order_empty_images_and_metadata(coco):
     assert shardkit.verify(store).ok
 
 
+def test_info_shows_the_categories_of_a_coco_store(coco, capsys):
+    """No empty ``classes: 0:`` line: a COCO store's category ids and names instead."""
+    from shardkit.cli import main as cli_main
+
+    store = coco[2]
+    assert cli_main(["info", store]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "categories: 3: 1 cat, 5 dog, 90 toothbrush" in lines
+    assert not any(line.startswith("classes:") for line in lines)
+    assert shardkit.info(store)["categories"] == [{"id": 1, "name": "cat"},
+                                                  {"id": 5, "name": "dog"},
+                                                  {"id": 90, "name": "toothbrush"}]
+
+
 def test_exif_photo_boxes_and_masks_follow_the_pixels(coco):
     """The annotated red object: the stored box and mask lie where the oriented pixels show
     it, whether the annotation was made on the raw or the oriented image."""
