@@ -18,7 +18,9 @@ import shardkit
 @pytest.fixture(scope="module")
 def coco_store(tmp_path_factory) -> tuple[str, str, str]:
     base = tmp_path_factory.mktemp("coco-tv")
-    images, annotations = make_coco(str(base), 14, seed=3, exif=True)
+    # large: a 671x625 photo (stored 274x256 as v2.Resize(256) gives, not 275x256 from its
+    # DCT-scaled decode) under two image ids (both packed, each with its annotations)
+    images, annotations = make_coco(str(base), 14, seed=3, exif=True, large=True)
     store = str(base / "coco.lmdb")
     shardkit.pack(images, store, coco=annotations, workers=1, progress=False)
     return images, annotations, store
@@ -31,7 +33,7 @@ def test_stored_targets_equal_torchvision_after_resize(tv_python, coco_store):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])  # pycocotools prints its progress first
     assert result["differing"] == [] and result["missing"] == []
-    assert result["compared"] == 14 and result["empty"] >= 3
+    assert result["compared"] == 16 and result["empty"] >= 3
     assert result["boxes"] >= 30 and result["masks_pixels"] > 0
     # One record per CocoDetection image, in its order (the refused EXIF photo aside).
     refused = 100002  # annotated at neither the raw nor the oriented size
@@ -55,7 +57,8 @@ def test_crops_move_boxes_and_masks_exactly_as_v2(tv_python, coco_store):
 
 
 def _writer_store(path: str, sizes: list[tuple[int, int]], seed: int) -> str:
-    """Boxes (on the borders, tiny, random), instance masks and a semantic map, via StoreWriter."""
+    """Boxes (on the borders, a rounding error past one, tiny, random), instance masks and a
+    semantic map, via StoreWriter."""
     import numpy as np
 
     from shardkit import fields as F
@@ -69,6 +72,8 @@ def _writer_store(path: str, sizes: list[tuple[int, int]], seed: int) -> str:
             boxes = np.column_stack([x1, y1, rng.uniform(x1, wd), rng.uniform(y1, h)])
             if k:
                 boxes[0] = [0, 0, wd, h]  # the whole image
+            if k > 1:  # past the border by a rounding error: RandomCrop of an image exactly
+                boxes[1, 2] = wd + 0.0005  # the crop's size leaves it unclamped
             masks = (rng.random((k, h, wd)) > 0.6).astype(np.uint8)
             seg = rng.integers(0, 7, (h, wd)).astype(np.uint8)
             w.add(rng.integers(0, 255, (h, wd, 3), dtype=np.uint8), 0, boxes=boxes,
@@ -77,7 +82,8 @@ def _writer_store(path: str, sizes: list[tuple[int, int]], seed: int) -> str:
 
 
 @pytest.mark.parametrize("sizes, modes", [
-    ([(230 + 7 * i, 300 - 9 * i) for i in range(8)], ["random_resized", "center", "random"]),
+    ([(224, 224)] * 2 + [(230 + 7 * i, 300 - 9 * i) for i in range(8)],  # 4 boxes on each 224
+     ["random_resized", "center", "random"]),
     ([(150 + 11 * i, 223 - 13 * i) for i in range(6)], ["center", "random_resized"]),
 ], ids=["larger-than-crop", "smaller-than-crop"])
 def test_semantic_masks_and_small_images_as_v2(tv_python, tmp_path, sizes, modes):

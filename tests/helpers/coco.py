@@ -79,11 +79,13 @@ def _annotations(rng, image_id: int, w: int, h: int, start_id: int) -> list[dict
 
 
 def make_coco(root: str, count: int = 12, seed: int = 0, *, empty_every: int = 4,
-              exif: bool = False) -> tuple[str, str]:
+              exif: bool = False, large: bool = False) -> tuple[str, str]:
     """Images under ``root/images`` and ``root/instances.json``; returns (images dir, json).
 
     With ``exif``: three more JPEGs with EXIF orientation 6, annotated at the raw size
     (transposed by the packer), at the oriented size (kept), and at neither (refused).
+    With ``large``: a 671x625 JPEG (decoded DCT-scaled at size 256; stored 274x256) under two
+    image ids, each with its own annotations (as CocoDetection serves both).
     """
     rng = np.random.default_rng(seed)
     images_dir = os.path.join(root, "images")
@@ -118,6 +120,14 @@ def make_coco(root: str, count: int = 12, seed: int = 0, *, empty_every: int = 4
             anns.append({"id": 900000 + n, "image_id": image_id, "category_id": 1, "iscrowd": 0,
                          "bbox": box, "area": bw * bh,
                          "segmentation": [[x, y, x + bw, y, x + bw, y + bh, x, y + bh]]})
+    if large:
+        w, h = 671, 625
+        name = "large.jpg"
+        Image.fromarray(_image(rng, w, h)).save(os.path.join(images_dir, name), quality=92)
+        for n in range(2):
+            image_id = 200000 + n
+            images.append({"id": image_id, "file_name": name, "width": w, "height": h})
+            anns += _annotations(rng, image_id, w, h, 2000000 + 1000 * n)
     path = os.path.join(root, "instances.json")
     with open(path, "w") as f:
         json.dump({"images": images, "annotations": anns, "categories": CATEGORIES}, f)
