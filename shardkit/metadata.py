@@ -23,6 +23,10 @@ LAYOUT_VERSION = 3  # a folder store whose physical order is not the logical one
 SUPPORTED_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
 MAX_META_BYTES = 1 << 30
+#: The largest ``manifest.json`` read, checked against the file's or object's size before any of
+#: it is read. A shard's entry takes about 190 bytes and a skipped source about 120, so 1M shards
+#: and 1M skipped sources come to ~310 MB: 512 MiB leaves headroom over that.
+MAX_MANIFEST_BYTES = 512 << 20
 
 # Per-record index arrays every shard holds (name -> dtype); path_blob/path_offsets hold the
 # UTF-8 (surrogate-escaped) source paths back to back.

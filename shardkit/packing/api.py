@@ -22,8 +22,8 @@ from .local import run_local, upload_shard
 from .plan import Plan, make_plan
 from .sources import SourceOptions, check_source, detect, is_tar_url
 from .settings import ENGINES, Engine, PackSettings, check_integers
-from .staging import (PLAN_NAME, entry_path, finalize_sharded, prepare_partial, read_entries,
-                      staging_path)
+from .staging import (PLAN_NAME, StagingLock, entry_path, finalize_sharded, prepare_partial,
+                      read_entries, staging_path)
 from .workers import default_workers
 from .writer import remove_store_files
 
@@ -204,6 +204,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     if remote:  # its filesystem, endpoint and emptiness; the old manifest goes once packing starts
         from ..remote import check_target
 
+        StagingLock(out, staging_path(out, storage_options)).release()  # another pack there?
         check_target(out, storage_options, overwrite)
     workers = default_workers() if workers is None else workers
     started: list[float] = []  # when encoding began (the rest is start-up)
@@ -236,7 +237,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     plan.annotations = annotations
     if not remote:
         make_parent(out, PackError)  # `mkdir -p` OUT's folder
-    partial = staging_path(out) if remote else partial_path(out)
+    partial = staging_path(out, storage_options) if remote else partial_path(out)
     if not plan.sharded:
         entry = _pack_single(plan, out, partial, workers, strict, overwrite, progress, on_start,
                              allow_empty)
@@ -244,11 +245,6 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     plan_id = plan.plan_id()
     ours = [k for k in range(plan.num_shards) if k % num_nodes == node_rank]
     uploader = None
-    if remote:
-        from ..remote import Uploader
-
-        uploader = Uploader(out, storage_options, resume=resume, overwrite=overwrite)
-
     finished: set[int] = set()  # shards a rerun with `resume` keeps (this run's and earlier)
 
     def on_done(k: int, entry: dict[str, Any]) -> None:
@@ -264,7 +260,12 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         return (f"{len(finished)} finished shard{'s' if len(finished) != 1 else ''} {where} "
                 "(rerun with `resume=True` to continue)")
 
+    staging = StagingLock(out, partial) if remote else None  # held until the pack ends
     try:
+        if remote:
+            from ..remote import Uploader
+
+            uploader = Uploader(out, storage_options, resume=resume, overwrite=overwrite)
         done = prepare_partial(partial, plan, plan_id, resume or num_nodes > 1, ours, uploader)
         finished.update(done)
         mine = [k for k in ours if k not in done]
@@ -288,13 +289,16 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
             check_packed(0, [s for entry in entries for s in entry["skipped"]], False)
         manifest, count = finalize_sharded(partial, plan,
                                            uploader.finish if uploader is not None else None)
+        if remote:
+            remove(partial)
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; {kept()}") from None
     except OSError as exc:
         raise PackError(f"cannot write {out}: {exc.strerror or exc}; {kept()}") from None
-    if remote:
-        remove(partial)
-    else:
+    finally:
+        if staging is not None:
+            staging.release()
+    if not remote:
         install_finished(partial, out, overwrite)
     return result(count, manifest["skipped"], len(plan.paths))
 

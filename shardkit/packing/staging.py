@@ -26,13 +26,48 @@ from .writer import remove_store_files
 PLAN_NAME = "plan.json"
 
 
-def staging_path(url: str) -> str:
-    """The local partial folder of a pack to ``url``: under the cache folder, one per URL, so
-    ``resume`` finds it (``$SHARDKIT_CACHE_DIR/pack-staging/<hash of url>``)."""
-    from ..remote import default_cache_dir
+def staging_path(url: str, storage_options: dict[str, Any] | None = None) -> str:
+    """The local partial folder of a pack to ``url``: under the cache folder, one per URL and
+    endpoint, so ``resume`` finds it and the same bucket on two servers never shares one
+    (``$SHARDKIT_CACHE_DIR/pack-staging/<hash of endpoint and url>``)."""
+    from ..remote import default_cache_dir, endpoint
 
-    key = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    where = f"{endpoint(url, storage_options)}\0{url}"
+    key = hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:24]
     return os.path.join(os.path.abspath(default_cache_dir()), "pack-staging", key)
+
+
+class StagingLock:
+    """An exclusive ``flock`` on ``<staging folder>.lock``, held by the one pack that uses that
+    staging folder: a second pack to the same URL (and endpoint) on this machine is refused at
+    once, never sharing the folder. ``release()`` (or process exit) lets the next one in."""
+
+    def __init__(self, url: str, partial: str) -> None:
+        import fcntl
+
+        from ..errors import StoreError
+        from ..remote.locks import open_lock
+
+        path = f"{partial}.lock"
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        except OSError as exc:
+            raise PackError(f"cannot write {url}: staging folder {os.path.dirname(path)}: "
+                            f"{exc.strerror}") from None
+        try:
+            self._fd: int | None = open_lock(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PackError(f"another pack to {url} is running on this machine (its staging "
+                            f"folder {partial} is locked); wait for it to finish") from None
+        except StoreError as exc:
+            raise PackError(f"cannot write {url}: {exc}") from None
+
+    def release(self) -> None:
+        from ..remote.locks import close
+
+        if self._fd is not None:
+            close(self._fd)
+            self._fd = None
 
 
 def entry_path(partial: str, k: int) -> str:

@@ -50,9 +50,9 @@ are removed once the manifest is up, and with ``overwrite`` the replaced store's
 """
 
 from ..urls import is_url
-from .access import ObjectNotFound, RemoteFolder, default_cache_dir
+from .access import ObjectNotFound, RemoteFolder, default_cache_dir, endpoint
 from .cache import ShardCache
 from .upload import Uploader, check_target, upload_folder_store
 
 __all__ = ["is_url", "RemoteFolder", "ShardCache", "Uploader", "upload_folder_store",
-           "check_target", "default_cache_dir", "ObjectNotFound"]
+           "check_target", "default_cache_dir", "endpoint", "ObjectNotFound"]

@@ -163,6 +163,38 @@ class _Remote:
         return self.__dict__ | {"_fs": None, "_fs_pid": None}
 
 
+def read_manifest(remote: _Remote) -> bytes:
+    """The bytes of ``manifest.json`` under ``remote``: its size is asked first (HEAD) and one
+    over ``metadata.MAX_MANIFEST_BYTES`` is refused unread; the read itself is a ranged GET of
+    at most that many bytes plus one (an object replaced by a larger one meanwhile)."""
+    name, limit = metadata.MANIFEST_NAME, metadata.MAX_MANIFEST_BYTES
+    path = remote.path(name)
+    size = remote.retry(name, lambda: remote.fs.size(path))
+    if size is not None and size > limit:
+        raise StoreError(f"{remote.where(name)}: manifest is implausibly large ({size} bytes; "
+                         f"at most {limit} are read)")
+    if size == 0:
+        return b""
+    raw = remote.retry(name, lambda: remote.fs.cat_file(path, start=0, end=limit + 1))
+    if len(raw) > limit:
+        raise StoreError(f"{remote.where(name)}: manifest is implausibly large (over {limit} "
+                         "bytes)")
+    return raw
+
+
+def endpoint(url: str, storage_options: dict[str, Any] | None = None) -> str:
+    """The endpoint an ``s3://`` URL is reached at (``storage_options``' ``endpoint_url`` or
+    ``client_kwargs.endpoint_url``, else ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``), "" for
+    the default one and for other schemes: the same bucket on two servers is two stores."""
+    if not _is_s3(url):
+        return ""
+    options = storage_options or {}
+    client = options.get("client_kwargs") or {}
+    found = (options.get("endpoint_url") or client.get("endpoint_url")
+             or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+    return str(found or "")
+
+
 class RemoteFolder(_Remote):
     """A folder store under ``url``: its manifest, read and checked at construction."""
 
@@ -170,7 +202,7 @@ class RemoteFolder(_Remote):
         super().__init__(url, storage_options)
         name = metadata.MANIFEST_NAME
         try:
-            raw = self.retry(name, lambda: self.fs.cat_file(self.path(name)))
+            raw = read_manifest(self)
         except ObjectNotFound as exc:
             if exc.code == "NoSuchBucket":
                 raise StoreError(f"{self.url}: {str(exc).split(': ', 1)[1]}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import uuid
@@ -9,11 +10,16 @@ from typing import Any
 
 from .. import metadata
 from ..errors import PackError, StoreError
-from .access import ObjectNotFound, _Remote
+from .access import ObjectNotFound, _Remote, read_manifest
 from .verify import put_verified
 
 RECORDS = ".shardkit-upload"
-# The files a pack writes into a folder store (shardkit.packing.plan), besides the manifest.
+# The names of the replaced store's files an overwrite deletes once the new manifest is up (kept
+# under RECORDS, so a rerun after a kill still knows them).
+REPLACED = f"{RECORDS}/replaced.json"
+# Names of the files a pack writes into a folder store (shardkit.packing.plan), besides the
+# manifest: what a prefix must not hold already (unless ``overwrite``), and the only names an
+# overwrite ever deletes.
 _STORE_FILE = re.compile(r"(shard-\d{5,}|labels|layout)(-[0-9a-f]{8,})?\.[A-Za-z0-9]+")
 
 
@@ -21,21 +27,32 @@ class Uploader:
     """Uploads a folder store to ``url``: shards as they finish, then labels, manifest last.
 
     ``overwrite`` deletes an existing remote manifest first (so a killed upload leaves none)
-    and, once the new manifest is up, the old store's files the new one does not have; without
-    it a prefix that holds a store is refused. ``resume`` keeps shards whose upload record and
-    remote size match. Every upload is checked against the file's SHA-256
-    (:mod:`shardkit.remote.verify`). Picklable, so workers can upload their own shards.
+    and, once the new manifest is up, the files that manifest named and the new store does not
+    have; nothing else under the prefix is ever deleted. Without it a prefix that holds a store
+    is refused. ``resume`` keeps shards whose upload record and remote size match. Every upload
+    is checked against the file's SHA-256 (:mod:`shardkit.remote.verify`). Picklable, so
+    workers can upload their own shards.
     """
 
     def __init__(self, url: str | os.PathLike, storage_options: dict[str, Any] | None = None, *,
                  resume: bool = False, overwrite: bool = False) -> None:
         self.remote = _Remote(url, storage_options)
         self.resume = resume
-        manifest = metadata.MANIFEST_NAME
-        if _holds_store(self.remote, overwrite):
-            self.remote.retry(manifest, lambda: self.remote.fs.rm_file(self.remote.path(manifest)))
+        old = _existing_store(self.remote, overwrite)
+        # An interrupted overwrite's list: its store's files are orphans now, still to delete.
+        replaced = _read_names(self.remote, REPLACED) if overwrite or resume else set()
         if not resume:
             self._remove_records()
+        if old is not None:
+            replaced |= old
+        if replaced:
+            self.remote.retry(REPLACED, lambda: self.remote.fs.pipe_file(
+                self.remote.path(REPLACED), json.dumps(sorted(replaced)).encode()))
+        if old is not None:
+            manifest = metadata.MANIFEST_NAME
+            self.remote.retry(manifest, lambda: self.remote.fs.rm_file(
+                self.remote.path(manifest)))
+        self.replaced = replaced
 
     def put_shard(self, local_path: str, name: str, sha256: str, size: int) -> bool:
         """Upload one finished shard file; False when ``resume`` found it uploaded already."""
@@ -74,19 +91,19 @@ class Uploader:
             put_verified(self.remote, local, side["file"], os.path.getsize(local), side["sha256"])
         put_verified(self.remote, manifest_path, metadata.MANIFEST_NAME,
                      os.path.getsize(manifest_path))
-        self._remove_records()
         keep = {e["file"] for e in meta["shards"]} | {side["file"] for side in sides}
-        self._remove_stale(keep)
+        self._remove_replaced(keep)
+        self._remove_records()
 
-    def _remove_stale(self, keep: set[str]) -> None:
-        """Delete the store files under the prefix that the new store does not name (left by
-        the store it replaced): the objects are exactly a local store's files."""
-        fs, root = self.remote.fs, self.remote.path("")
-        listing = self.remote.retry("", lambda: fs.ls(root, detail=False, refresh=True))
-        for path in listing:
-            name = path.rstrip("/").rsplit("/", 1)[-1]
-            if _STORE_FILE.fullmatch(name) and name not in keep:
-                self.remote.retry(name, lambda p=path: fs.rm_file(p))
+    def _remove_replaced(self, keep: set[str]) -> None:
+        """Delete the files the replaced store's manifest named that the new store does not."""
+        fs = self.remote.fs
+        for name in sorted(self.replaced - keep):
+            if _STORE_FILE.fullmatch(name):
+                try:
+                    self.remote.retry(name, lambda n=name: fs.rm_file(self.remote.path(n)))
+                except ObjectNotFound:
+                    pass
 
     def _remove_records(self) -> None:
         fs, path = self.remote.fs, self.remote.path(RECORDS)
@@ -96,32 +113,84 @@ class Uploader:
             pass
 
 
-def _holds_store(remote: _Remote, overwrite: bool) -> bool:
-    """Does ``remote`` hold a store (refused unless ``overwrite``)?"""
+def _existing_store(remote: _Remote, overwrite: bool) -> set[str] | None:
+    """The files named by the store ``remote`` holds (refused unless ``overwrite``; an empty set
+    for a manifest that cannot be read), or None when it holds none."""
     manifest = metadata.MANIFEST_NAME
-    if remote.retry(manifest, lambda: remote.fs.exists(remote.path(manifest))):
-        if not overwrite:
-            raise PackError(f"{remote.url} already holds a store ({manifest}); pass "
-                            "`overwrite=True` to replace it")
-        return True
-    return False
+    if not remote.retry(manifest, lambda: remote.fs.exists(remote.path(manifest))):
+        return None
+    if not overwrite:
+        raise PackError(f"{remote.url} already holds a store ({manifest}); pass "
+                        "`overwrite=True` to replace it")
+    try:
+        meta = metadata.parse_manifest(read_manifest(remote), remote.where(manifest))
+    except StoreError:  # damaged or unreadable: none of its files can be told apart
+        return set()
+    names = {e["file"] for e in meta["shards"]} | {meta["labels"]["file"]}
+    if "layout" in meta:
+        names.add(meta["layout"]["file"])
+    return names
+
+
+def _read_names(remote: _Remote, name: str) -> set[str]:
+    """The list of names in the JSON object ``name`` (empty when missing or not such a list)."""
+    try:
+        found = json.loads(remote.retry(name, lambda: remote.fs.cat_file(remote.path(name))))
+    except (ObjectNotFound, ValueError, RecursionError):
+        return set()
+    return {n for n in found if isinstance(n, str)} if isinstance(found, list) else set()
+
+
+def _listing(remote: _Remote, folder: str = "") -> list[str]:
+    """Names of the objects directly under the prefix (or its ``folder``)."""
+    fs, root = remote.fs, remote.path(folder)
+    try:
+        paths = remote.retry(folder, lambda: fs.ls(root, detail=False, refresh=True))
+    except ObjectNotFound as exc:
+        if exc.code == "NoSuchBucket":
+            raise
+        return []
+    return [p.rstrip("/").rsplit("/", 1)[-1] for p in paths]
+
+
+def _foreign_objects(remote: _Remote, overwrite: bool) -> list[str]:
+    """Objects under the prefix named like a store's files that shardkit did not write there:
+    not named by its manifest, an upload record of an interrupted pack, or an interrupted
+    overwrite's list."""
+    found = sorted(n for n in _listing(remote) if _STORE_FILE.fullmatch(n))
+    if not found:
+        return []
+    ours = _existing_store(remote, overwrite) or set()
+    ours |= {n.removesuffix(".json") for n in _listing(remote, RECORDS) if n.endswith(".json")}
+    ours |= _read_names(remote, REPLACED)
+    return [n for n in found if n not in ours]
 
 
 def check_target(url: str | os.PathLike, storage_options: dict[str, Any] | None = None,
                  overwrite: bool = False) -> None:
     """Refuse an upload target before any work: its filesystem unavailable, the endpoint
     unreachable, the bucket missing, the credentials refused (a small probe object is written
-    and deleted under ``RECORDS``), or a store there without ``overwrite``."""
+    and deleted under ``RECORDS``), a store there without ``overwrite``, or (without
+    ``overwrite``) other objects named like a store's files, which a store written there would
+    mix with (with ``overwrite`` they are kept, unless a new file has the same name)."""
     remote = _Remote(url, storage_options)
     probe = f"{RECORDS}/probe-{uuid.uuid4().hex[:12]}"
     try:
-        _holds_store(remote, overwrite)
+        _existing_store(remote, overwrite)
         remote.retry(probe, lambda: remote.fs.pipe_file(remote.path(probe), b"shardkit"))
         remote.retry(probe, lambda: remote.fs.rm_file(remote.path(probe)))
+        foreign = _foreign_objects(remote, overwrite)
     except PackError:
         raise
     except StoreError as exc:
         raise PackError(f"cannot write to {remote.url}: {exc}") from None
+    if foreign and not overwrite:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3
+                                          else "")
+        raise PackError(f"{remote.url} holds objects not written by shardkit that are named "
+                        f"like a store's files ({shown}); pack to another prefix, or pass "
+                        "`overwrite=True` to write there anyway (they are kept, except any a "
+                        "new file replaces by name)")
 
 
 def upload_folder_store(local_folder: str | os.PathLike, url: str | os.PathLike,
@@ -135,6 +204,7 @@ def upload_folder_store(local_folder: str | os.PathLike, url: str | os.PathLike,
             meta = metadata.parse_manifest(f.read(), manifest_path)
     except FileNotFoundError:
         raise StoreError(f"{folder} is not a folder store (no {metadata.MANIFEST_NAME})") from None
+    check_target(url, storage_options, overwrite)
     uploader = Uploader(url, storage_options, resume=resume, overwrite=overwrite)
     uploaded = sum(uploader.put_shard(os.path.join(folder, e["file"]), e["file"], e["sha256"],
                                       e["bytes"])
