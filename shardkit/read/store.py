@@ -71,6 +71,30 @@ def locate_many(starts: np.ndarray, indices: Any) -> tuple[np.ndarray, np.ndarra
     return shards, idx - starts[shards]
 
 
+def check_record_arrays(meta: dict[str, Any], local: Any, where: str) -> None:
+    """A folder store's per-record files (``labels.npy``, the record layout's ``layout.npy``)
+    hold as many records as the manifest's ``count``: read from their ``.npy`` headers (memory
+    maps, no data read), so a manifest whose count is wrong is refused at open, before anything
+    sizes memory by it. ``local(name, sha256)`` is the file's local path."""
+    count = meta["count"]
+    files = [(meta["labels"], (count,), "labels")]
+    if "layout" in meta:
+        files.append((meta["layout"], (2, count), "record layout"))
+    for info, shape, what in files:
+        path = local(info["file"], info["sha256"])
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except FileNotFoundError:
+            raise StoreError(f"{path}: {what} file is missing") from None
+        except Exception as exc:  # noqa: BLE001 - numpy reports a bad header as many types
+            raise StoreError(f"{path}: cannot load {what}: {exc}") from None
+        found = tuple(arr.shape)
+        del arr
+        if found != shape:
+            raise StoreError(f"{where}: manifest says {count} records, but {info['file']} holds "
+                             f"{what} of shape {list(found)} (damaged or forged store)")
+
+
 class Store:
     """Metadata of a store plus lazy, per-process access to its shards.
 
@@ -136,28 +160,40 @@ class Store:
 
     def _init_sharded(self) -> None:
         self._manifest_path = manifest_path = os.path.join(self.path, metadata.MANIFEST_NAME)
+        limit = metadata.MAX_MANIFEST_BYTES
         try:
-            file_size(manifest_path)
+            size = file_size(manifest_path)
         except StoreError:
             if not os.path.lexists(manifest_path):
                 raise StoreError(f"{self.path} is a folder without {metadata.MANIFEST_NAME}: "
                                  "not a shardkit store, or a pack that did not finish") from None
             raise
+        if size > limit:  # refused unread
+            raise StoreError(f"{manifest_path}: manifest is implausibly large ({size} bytes; at "
+                             f"most {limit} are read)")
         try:
-            raw, pin = swap.read_manifest_pinned(manifest_path, metadata.MAX_META_BYTES)
+            raw, pin = swap.read_manifest_pinned(manifest_path, limit)
         except FileNotFoundError:
             raise StoreError(f"{self.path} is a folder without {metadata.MANIFEST_NAME}: not a "
                              "shardkit store, or a pack that did not finish") from None
         except OSError as exc:
             raise StoreError(f"cannot read {manifest_path}: {exc.strerror}") from None
-        pin.close()  # the first use locks the manifest again, and checks it is still these bytes
-        self._identity = hashlib.sha256(raw).hexdigest()
-        self.meta = metadata.parse_manifest(raw, manifest_path)
-        self.shards = [ShardEntry(os.path.join(self.path, e["file"]), e["format"], e["start"],
-                                  e["count"], e["bytes"], e["sha256"])
-                       for e in self.meta["shards"]]
-        self._labels_file = os.path.join(self.path, self.meta["labels"]["file"])
-        self._real = os.path.realpath(self.path)
+        try:  # the first use locks the manifest again, and checks it is still these bytes
+            if len(raw) > limit:  # grown since it was measured
+                raise StoreError(f"{manifest_path}: manifest is implausibly large (over {limit} "
+                                 "bytes)")
+            self._identity = hashlib.sha256(raw).hexdigest()
+            self.meta = metadata.parse_manifest(raw, manifest_path)
+            self.shards = [ShardEntry(os.path.join(self.path, e["file"]), e["format"],
+                                      e["start"], e["count"], e["bytes"], e["sha256"])
+                           for e in self.meta["shards"]]
+            self._labels_file = os.path.join(self.path, self.meta["labels"]["file"])
+            self._real = os.path.realpath(self.path)
+            # While the manifest is locked: its files cannot be collected meanwhile.
+            check_record_arrays(self.meta, lambda name, sha256: os.path.join(self.path, name),
+                                manifest_path)
+        finally:
+            pin.close()
 
     def _init_remote(self, cache_dir: str | os.PathLike | None, cache_limit: int | None,
                      storage_options: dict[str, Any] | None) -> None:
@@ -176,6 +212,7 @@ class Store:
                                   e["sha256"])
                        for k, e in enumerate(self.meta["shards"])]
         self._labels_file = cache.labels()  # so len, targets and classes need no shard
+        check_record_arrays(self.meta, cache.file, cache.remote.where(metadata.MANIFEST_NAME))
 
     def _here(self, path: str) -> str:
         """``path`` (a file of this folder store) in the folder that now holds the manifest this
@@ -280,7 +317,8 @@ class Store:
                 pin = swap.open_identity(self.path)
                 same = pin.identity == self._identity
             else:
-                raw, pin = swap.read_manifest_pinned(self._manifest_path, metadata.MAX_META_BYTES)
+                raw, pin = swap.read_manifest_pinned(self._manifest_path,
+                                                     metadata.MAX_MANIFEST_BYTES)
                 same = hashlib.sha256(raw).hexdigest() == self._identity
         except FileNotFoundError:
             same = False

@@ -98,3 +98,17 @@ def vouch_for_labels(folder: str) -> None:
     manifest["labels"]["sha256"] = sha256_file(os.path.join(folder, "labels.npy"))
     with open(manifest_path, "w") as f:
         json.dump(seal(manifest), f)
+
+
+def forge_count(folder: str, count: int) -> None:
+    """Make a folder store's manifest claim ``count`` records, consistently (its last shard's
+    count grown to match) and resealed: only a check against the files themselves can catch it."""
+    from shardkit.metadata import seal
+
+    manifest_path = os.path.join(folder, "manifest.json")
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    manifest["shards"][-1]["count"] += count - manifest["count"]
+    manifest["count"] = count
+    with open(manifest_path, "w") as f:
+        json.dump(seal(manifest), f)

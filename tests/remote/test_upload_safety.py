@@ -5,6 +5,7 @@ folder (one pack at a time, keyed by endpoint as well as URL). Against real moto
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -15,9 +16,12 @@ import pytest
 import shardkit
 from helpers import one_line_error, run_cli
 from helpers.s3server import S3Server, bucket_objects
+from helpers.damage import forge_count
 from helpers.s3server import folder_files as files
-from shardkit.errors import PackError
+from shardkit import ShardDataset, metadata
+from shardkit.errors import PackError, StoreError
 from shardkit.packing.staging import staging_path
+from shardkit.remote import upload_folder_store
 
 SOURCE = {"classes": 2, "per_class": 4, "seed": 5}  # src and local: tests/remote/conftest.py
 SHARDS = 2
@@ -125,3 +129,29 @@ def test_a_second_pack_to_the_same_url_is_refused_and_another_endpoint_is_not(
     assert proc.returncode == 0, err
     assert bucket_objects(url) == files(local)
     assert not os.path.exists(staging_path(url))
+
+
+# -- the remote manifest: its size asked first, its count checked at open ----------------------
+
+def test_an_oversized_remote_manifest_is_refused_unread(server, tmp_path, monkeypatch):
+    monkeypatch.setattr(metadata, "MAX_MANIFEST_BYTES", 4096)  # a small bound, same code
+    url = f"s3://{server.new_bucket()}/train"
+    plant(url, {metadata.MANIFEST_NAME: b" " * 4097})
+    path = f"/{url.removeprefix('s3://')}/{metadata.MANIFEST_NAME}"
+    with pytest.raises(StoreError, match=f"^{url}/manifest.json: manifest is implausibly large "
+                                         "\\(4097 bytes; at most 4096 are read\\)$"):
+        ShardDataset(url, cache_dir=tmp_path / "cache")
+    assert server.count("HEAD", path) == 1 and server.count("GET", path) == 0
+
+
+def test_a_forged_remote_record_count_is_refused_at_open(server, local, tmp_path):
+    forged = str(tmp_path / "forged")
+    shutil.copytree(local, forged)
+    forge_count(forged, 2 ** 40)
+    url = f"s3://{server.new_bucket()}/train"
+    upload_folder_store(forged, url)
+    with pytest.raises(StoreError, match=f"^{url}/manifest.json: manifest says {2 ** 40} "
+                                         "records, but labels.npy holds labels of shape \\[8\\]"):
+        ShardDataset(url, cache_dir=tmp_path / "cache")
+    proc = run_cli("info", url, "--cache-dir", str(tmp_path / "cache"))
+    assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
