@@ -9,13 +9,19 @@ import time
 from typing import Any, Callable, TypeVar
 
 from .. import metadata
-from ..errors import ShardkitError, StoreError
+from ..errors import OptionError, ShardkitError, StoreError
 from ..urls import is_url
-from .failures import Failure, classify, describe
+from .failures import Failure, TransferDeadline, classify, describe
 
 RETRY_DELAYS = (1.0, 2.0)  # seconds slept between the attempts of one remote call
 # A stalled endpoint fails one attempt after total_max_attempts * read_timeout (read_timeout bounds
-# a read that gets no byte, not a whole transfer): with RETRY_DELAYS about 3 minutes in all.
+# a read that gets no byte, not a whole transfer): with RETRY_DELAYS about 3 minutes in all. A
+# transfer that keeps getting bytes, too slowly, is bounded by its deadline (transfer_deadline).
+#: Each download of an object must finish within TRANSFER_TIMEOUT seconds plus its size at
+#: TRANSFER_MIN_RATE bytes/s, else it is cut and retried; the environment variables of these
+#: names override them (DataLoader workers and the CLI inherit them).
+TRANSFER_TIMEOUT = 60.0
+TRANSFER_MIN_RATE = 1_000_000.0
 #: Connections a process may hold open to S3 (botocore's default is 10): at least the
 #: read-ahead's downloads in flight (``cache.READ_AHEAD_MAX``) plus the process's own fetches, or
 #: the downloads past 10 would queue for a connection, a round trip each.
@@ -26,6 +32,26 @@ _S3_CONFIG = {"connect_timeout": 10, "read_timeout": 30, "max_pool_connections":
 T = TypeVar("T")
 # Error "codes" that are only an HTTP status: the server's own code is found by _diagnose.
 _BARE_CODES = {"400", "403", "404", "BadRequest", "Forbidden", "NotFound"}
+
+
+def _positive_env(name: str, default: float) -> float:
+    raw = os.environ.get(f"SHARDKIT_{name}")
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise OptionError(f"SHARDKIT_{name} must be a positive number, got {raw!r}")
+    return value
+
+
+def transfer_deadline(size: int) -> float:
+    """Seconds a download of ``size`` bytes may take in all: ``SHARDKIT_TRANSFER_TIMEOUT`` (60)
+    plus the size at ``SHARDKIT_TRANSFER_MIN_RATE`` bytes/s (1,000,000)."""
+    return (_positive_env("TRANSFER_TIMEOUT", TRANSFER_TIMEOUT)
+            + max(size, 0) / _positive_env("TRANSFER_MIN_RATE", TRANSFER_MIN_RATE))
 
 
 class ObjectNotFound(StoreError):
@@ -213,7 +239,34 @@ class RemoteFolder(_Remote):
         self.manifest_bytes = len(raw)
 
     def get(self, name: str, local_path: str,
-            local: Callable[[BaseException], str | None] | None = None) -> None:
-        """Download object ``name`` to ``local_path`` (retried; ``local`` as in :meth:`retry`)."""
-        self.retry(name, lambda: self.fs.get_file(self.path(name), local_path), local)
+            local: Callable[[BaseException], str | None] | None = None,
+            size: int | None = None) -> None:
+        """Download object ``name`` (``size`` bytes; None: asked of the server) to
+        ``local_path`` (retried; ``local`` as in :meth:`retry`). On an asynchronous filesystem
+        (``s3://``, ``gs://``) each attempt is cut at :func:`transfer_deadline` (a trickle of
+        bytes never trips a read timeout)."""
+        fs, path = self.fs, self.path(name)
+        if not getattr(fs, "async_impl", False):  # no way to cut a synchronous call short
+            self.retry(name, lambda: fs.get_file(path, local_path), local)
+            return
+        if size is None:
+            size = int(self.retry(name, lambda: fs.size(path)) or 0)
+        deadline = transfer_deadline(size)
+
+        def attempt() -> None:
+            start = time.monotonic()
+            try:
+                fs.get_file(path, local_path, timeout=deadline)
+            except Exception as exc:  # noqa: BLE001 - fsspec's FSTimeoutError: the deadline
+                # (a read timeout inside the call is an FSTimeoutError too, but sooner)
+                if type(exc).__name__ != "FSTimeoutError" or \
+                        time.monotonic() - start < deadline:
+                    raise
+                raise TransferDeadline(
+                    f"the download did not finish within its deadline of {deadline:g} s "
+                    f"({size} bytes: SHARDKIT_TRANSFER_TIMEOUT plus the size at "
+                    "SHARDKIT_TRANSFER_MIN_RATE bytes/s); check the network and the endpoint, or "
+                    "raise SHARDKIT_TRANSFER_TIMEOUT / lower SHARDKIT_TRANSFER_MIN_RATE") from None
+
+        self.retry(name, attempt, local)
 

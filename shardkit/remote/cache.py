@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import threading
 import time
 import uuid
@@ -20,7 +21,7 @@ from . import access, limit
 from .access import LocalFault, RemoteFolder, default_cache_dir
 from .failures import LOCAL_ERRNOS
 from .locks import close as close_lock
-from .locks import locked, open_lock, try_lock
+from .locks import locked, open_lock, read_side, remove_side, touch_side, try_lock, write_side
 from .slots import NO_PLACE, Place, Slots
 
 #: Downloads a process keeps in flight ahead of its reads (:meth:`ShardCache.read_ahead`): as many
@@ -29,6 +30,16 @@ from .slots import NO_PLACE, Place, Slots
 #: and the bytes bound keeps what is fetched ahead of the reads bounded).
 READ_AHEAD_MIN, READ_AHEAD_MAX = 4, 32
 READ_AHEAD_BYTES = 1 << 30
+
+
+#: A shard's seal is written this long after its last change (ctime) at the earliest: longer than
+#: the kernel's coarse timestamp tick (a jiffy: 1-10 ms), so a later write changes its ctime.
+SEAL_MARGIN_NS = 20_000_000
+
+
+def _seal(st: os.stat_result, sha256: str) -> dict[str, Any]:
+    return {"sha256": sha256, "bytes": st.st_size, "dev": st.st_dev, "ino": st.st_ino,
+            "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
 
 
 def default_read_ahead(shard_bytes: list[int]) -> int:
@@ -68,11 +79,25 @@ class ShardCache:
         self._claim()
 
     def _make_folder(self) -> None:
-        try:
-            os.makedirs(self.folder, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create the cache folder {self.folder}: {exc.strerror} "
-                             "(check cache_dir)") from None
+        """Make (or find) the cache root and this store's folder in it, private to this user:
+        a folder another user may write to, or owns, is refused (they could plant a symbolic
+        link at a side file's name, or replace a checked shard)."""
+        for folder in (self.root, self.folder):
+            try:
+                os.makedirs(folder, mode=0o755, exist_ok=True)
+                st = os.stat(folder)
+            except OSError as exc:
+                raise StoreError(f"cannot create the cache folder {folder}: {exc.strerror} "
+                                 "(check cache_dir)") from None
+            if st.st_uid != os.geteuid():
+                raise StoreError(f"cache folder {folder} is owned by another user (uid "
+                                 f"{st.st_uid}): refused, a cache must be this user's own "
+                                 "(check cache_dir)")
+            if st.st_mode & 0o022:
+                raise StoreError(f"cache folder {folder} is writable by other users (mode "
+                                 f"{stat.S_IMODE(st.st_mode):04o}): refused, they could plant "
+                                 f"files in it; make it private (chmod go-w) or choose another "
+                                 "cache_dir")
 
     # -- per-process state --------------------------------------------------------------------
 
@@ -118,10 +143,13 @@ class ShardCache:
         path = self.path(k)
         fd = self._use_lock(entry["file"])
         try:
-            if not has_size(path, entry["bytes"]):
-                self._download(entry["file"], entry["bytes"], entry["sha256"], on_full=on_full)
+            if not has_size(path, entry["bytes"]) or not self._sealed(entry["file"],
+                                                                      entry["sha256"]):
+                self._download(entry["file"], entry["bytes"], entry["sha256"], on_full=on_full,
+                               cached=lambda: self._checked(entry["file"], entry["bytes"],
+                                                            entry["sha256"]))
             limit.touch(path)  # last use, for LRU eviction
-            unlink(self.side_file(entry["file"], "ahead"))  # read now: evicted as any other
+            remove_side(self.side_file(entry["file"], "ahead"))  # read now: evicted as any other
         except BaseException:
             close_lock(fd)
             raise
@@ -218,8 +246,53 @@ class ShardCache:
 
     def side_file(self, name: str, kind: str) -> str:
         """The side file of cached file ``name``: kind "dl" (locked while downloading), "use"
-        (locked shared while in use) or "failed" (the last download's failure)."""
+        (locked shared while in use), "failed" (the last download's failure), "ahead"
+        (downloaded ahead, not read yet) or "seal" (the shard file as it was checked)."""
         return os.path.join(self.folder, f".{name}.{kind}")
+
+    # -- the seal of a checked shard ----------------------------------------------------------
+
+    def _sealed(self, name: str, sha256: str) -> bool:
+        """Whether cached shard ``name`` is the very file that was checked against ``sha256``
+        (its seal: size, device, inode, mtime and ctime then): a file written, replaced or given
+        back its old mtime since has another ctime or inode. One stat and one small read."""
+        try:
+            st = os.stat(os.path.join(self.folder, name))
+        except OSError:
+            return False
+        raw = read_side(self.side_file(name, "seal"))
+        try:
+            return raw is not None and json.loads(raw) == _seal(st, sha256)
+        except ValueError:
+            return False
+
+    def _checked(self, name: str, size: int, sha256: str) -> bool:
+        """Whether cached shard ``name`` is sound (under its download lock): sealed, or else
+        hashed now (a cache from before seals, or a file changed on disk) and sealed when it
+        matches; False when it must be downloaded again."""
+        path = os.path.join(self.folder, name)
+        if not has_size(path, size):
+            return False
+        if self._sealed(name, sha256):
+            return True
+        if sha256_file(path) != sha256:
+            return False
+        self._seal(name, sha256)
+        return True
+
+    def _seal(self, name: str, sha256: str) -> None:
+        """Record cached shard ``name`` as checked. The kernel's file times are coarse (a
+        write within the same tick as the check would keep its ctime): the record is written
+        only once that tick is over, so any later change shows."""
+        path = os.path.join(self.folder, name)
+        st = os.stat(path)
+        early = SEAL_MARGIN_NS - (time.time_ns() - st.st_ctime_ns)
+        if early > 0:
+            time.sleep(early / 1e9)
+        try:
+            write_side(self.side_file(name, "seal"), json.dumps(_seal(st, sha256)).encode())
+        except OSError:
+            pass  # unsealed: hashed again at its next open
 
     def _download(self, name: str, size: int | None, sha256: str, *, wait: bool = True,
                   on_full: Callable[[], bool] | None = None,
@@ -241,7 +314,7 @@ class ShardCache:
         started = time.time_ns()
         dl = self.side_file(name, "dl")
         if wait:
-            fd = open_lock(dl, fcntl.LOCK_EX)
+            fd = self._wait_download(name, size, dl)
         else:
             fd = try_lock(dl, fcntl.LOCK_EX, create=True)
             if fd is None:
@@ -275,6 +348,21 @@ class ShardCache:
         finally:
             close_lock(fd)
 
+    def _wait_download(self, name: str, size: int | None, dl: str) -> int:
+        """Hold ``dl`` exclusively, waiting for another download of ``name`` no longer than its
+        whole retry chain may take (every attempt at its deadline, the pauses between them, and
+        as long again for checking and storing): a downloader that is stuck (a stopped process)
+        is reported, not waited for forever."""
+        delays = access.RETRY_DELAYS
+        bound = ((len(delays) + 1) * 2 * access.transfer_deadline(size or 0) + sum(delays))
+        fd = open_lock(dl, fcntl.LOCK_EX, wait=bound)
+        if fd is None:
+            raise StoreError(f"{self.remote.where(name)}: another process has been downloading "
+                             f"it into {self.folder} for {bound:g} s, longer than its downloads "
+                             "may take (SHARDKIT_TRANSFER_TIMEOUT, SHARDKIT_TRANSFER_MIN_RATE); "
+                             f"check for a stopped process holding {dl}")
+        return fd
+
     def _transfer(self, name: str, size: int | None, sha256: str, part: str, path: str,
                   ahead: bool, place: Place = NO_PLACE) -> None:
         """Get ``name`` into ``part`` holding ``place`` (a read-ahead's), then give it up and
@@ -283,7 +371,8 @@ class ShardCache:
         for attempt in range(len(delays) + 1):
             place.take()  # a retry's
             try:
-                self.remote.get(name, part, local=lambda exc: self._local_fault(exc, part))
+                self.remote.get(name, part, local=lambda exc: self._local_fault(exc, part),
+                                size=size)
             finally:
                 place.give()
             try:
@@ -292,12 +381,14 @@ class ShardCache:
                     with open(part, "rb") as f:
                         os.fsync(f.fileno())
                     if size is not None:  # a shard: counted and evicted from now on
-                        open(self.side_file(name, "use"), "ab").close()
+                        touch_side(self.side_file(name, "use"))
                     if ahead:
-                        open(self.side_file(name, "ahead"), "ab").close()
+                        touch_side(self.side_file(name, "ahead"))
                     os.replace(part, path)
                     limit.touch(path)
-                    unlink(self.side_file(name, "failed"))
+                    if size is not None:
+                        self._seal(name, sha256)
+                    remove_side(self.side_file(name, "failed"))
                     return
             except OSError as exc:
                 raise LocalFault(self._local_fault(exc, part) or
@@ -328,17 +419,17 @@ class ShardCache:
 
     def _failure(self, name: str, since_ns: int) -> str | None:
         """The failure another download of ``name`` recorded after ``since_ns``, if any."""
+        raw = read_side(self.side_file(name, "failed"))
         try:
-            with open(self.side_file(name, "failed"), "rb") as f:
-                record = json.loads(f.read())
-            return record["message"] if record["time_ns"] >= since_ns else None
-        except (OSError, ValueError, KeyError, TypeError):
+            record = json.loads(raw) if raw is not None else None
+            return record["message"] if record and record["time_ns"] >= since_ns else None
+        except (ValueError, KeyError, TypeError):
             return None
 
     def _record_failure(self, name: str, message: str) -> None:
         try:
-            with open(self.side_file(name, "failed"), "w", encoding="utf-8") as f:
-                json.dump({"time_ns": time.time_ns(), "message": message}, f)
+            write_side(self.side_file(name, "failed"),
+                       json.dumps({"time_ns": time.time_ns(), "message": message}).encode())
         except OSError:
             pass  # waiters then try on their own
 
@@ -355,12 +446,12 @@ class ShardCache:
         part = os.path.join(self.folder, limit.part_name(name, size, uuid.uuid4().hex[:12]))
         while True:
             if self.cache_limit is None:
-                return part, open_lock(part, fcntl.LOCK_EX)
+                return part, open_lock(part, fcntl.LOCK_EX, new=True)
             with locked(os.path.join(self.root, limit.LOCK_NAME), fcntl.LOCK_EX):
                 fits = limit.make_room(self.root, self.cache_limit, size, ahead=not force)
                 if fits or (force and on_full is None):
                     # created under the evict lock: counted by every later eviction
-                    return part, open_lock(part, fcntl.LOCK_EX)
+                    return part, open_lock(part, fcntl.LOCK_EX, new=True)
                 if not force:
                     return None
             if not on_full():  # outside the evict lock: a release trims under it

@@ -39,6 +39,10 @@ _TRANSIT_CODES = {"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "In
 LOCAL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 
 
+class TransferDeadline(Exception):
+    """A download cut at its deadline (``access.transfer_deadline``): its text says so; retried."""
+
+
 @dataclass(frozen=True)
 class Failure:
     """One failed remote call, classified."""
@@ -80,6 +84,8 @@ def describe(exc: BaseException) -> str:
 
 def classify(exc: BaseException, read_timeout: float | None = None) -> Failure:
     """How a failed remote call is reported and whether it is retried."""
+    if isinstance(exc, TransferDeadline):
+        return Failure(True, str(exc))
     chain = _chain(exc)
     names = set().union(*(_names(e) for e in chain))
     server = _server_error(chain)

@@ -3,7 +3,8 @@
 Counted, over every store's folder under the cache root: each cached shard, and each download
 in flight at its final size (``.NAME.SIZE-ID.part``, whose downloader holds an exclusive ``flock``
 on it). A ``.part`` nobody holds was left by a killed download: it is deleted, not counted.
-Eviction deletes the least recently *used* shards first (a fetch sets the file's mtime), never one
+Eviction deletes the least recently *used* shards first (a fetch sets the mtime of the shard's
+``.NAME.use``: the shard file itself is never changed once checked, see ``ShardCache``), never one
 that some process holds (its ``.NAME.use`` lock); a shard downloaded ahead and not read yet
 (``.NAME.ahead``) goes only after every other, the latest downloaded first (read-ahead runs in
 reading order: the latest is read last), and never to make room for another read-ahead (which
@@ -47,7 +48,7 @@ def usage(root: str) -> Usage:
         if not folder.is_dir(follow_symlinks=False):
             continue
         entries = scandir(folder.path)
-        names = {e.name for e in entries}
+        names = {e.name: e for e in entries}
         for entry in entries:
             try:
                 st = entry.stat(follow_symlinks=False)
@@ -63,7 +64,11 @@ def usage(root: str) -> Usage:
             elif f".{entry.name}.use" in names:
                 total += st.st_size
                 ahead = f".{entry.name}.ahead" in names
-                shards.append((ahead, st.st_mtime_ns, st.st_size, entry.path))
+                try:
+                    used = names[f".{entry.name}.use"].stat(follow_symlinks=False).st_mtime_ns
+                except OSError:
+                    used = st.st_mtime_ns
+                shards.append((ahead, used, st.st_size, entry.path))
     shards.sort(key=lambda e: (e[0], -e[1] if e[0] else e[1]))
     return Usage(total, shards)
 
@@ -90,10 +95,12 @@ def trim(root: str, limit: int) -> None:
 
 
 def touch(path: str) -> None:
-    """Mark ``path`` as just used, for least-recently-used eviction (an explicit nanosecond
-    time: the kernel's own file times are coarse, and equal times would tie in the order)."""
+    """Mark cached shard ``path`` as just used, for least-recently-used eviction: the mtime of
+    its ``.NAME.use`` (the shard's own times seal it as checked), an explicit nanosecond time
+    (the kernel's own file times are coarse, and equal times would tie in the order)."""
+    head, name = os.path.split(path)
     now = time.time_ns()
     try:
-        os.utime(path, ns=(now, now))
+        os.utime(os.path.join(head, f".{name}.use"), ns=(now, now), follow_symlinks=False)
     except OSError:
-        pass  # another user's file in a shared cache: its order stays as it was
+        pass  # not there (a labels file: never evicted)

@@ -9,11 +9,14 @@ closed only through these helpers), and a forked child closes its copies at once
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import threading
+import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, overload
 
 from ..errors import StoreError
 from ..fileutil import unlink
@@ -25,8 +28,8 @@ _FDS_LOCK = threading.RLock()  # across each open/close (a fork never splits one
 
 
 def _open(path: str, flags: int) -> int:
-    with _FDS_LOCK:
-        fd = os.open(path, flags | os.O_CLOEXEC, 0o666)
+    with _FDS_LOCK:  # never through a symbolic link planted at a side file's name
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
         _FDS.add(fd)
     return fd
 
@@ -61,20 +64,44 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                     after_in_child=_after_fork_in_child)
 
 
-def open_lock(path: str, how: int) -> int:
-    """A descriptor of ``path`` (created if needed) holding ``flock(how)``; ``StoreError`` naming
-    the path when the cache folder cannot hold it (removed, read-only, full)."""
+@overload
+def open_lock(path: str, how: int, wait: None = None, new: bool = False) -> int: ...
+@overload
+def open_lock(path: str, how: int, wait: float, new: bool = False) -> int | None: ...
+
+
+def open_lock(path: str, how: int, wait: float | None = None, new: bool = False) -> int | None:
+    """A descriptor of ``path`` (created if needed; ``new``: created now, never an existing
+    file) holding ``flock(how)``; ``StoreError`` naming the path when the cache folder cannot
+    hold it (removed, read-only, full) or it is a symbolic link. ``wait``: give up (None) after
+    that many seconds without the lock."""
     try:
-        fd = _open(path, os.O_RDWR | os.O_CREAT)
+        fd = _open(path, os.O_RDWR | os.O_CREAT | (os.O_EXCL if new else 0))
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreError(f"cache file {path} is a symbolic link, which shardkit did not "
+                             "write: refused (remove it)") from None
         raise StoreError(f"cache file {path}: {exc.strerror} (check cache_dir: it must be a "
                          "writable folder with free space)") from None
     try:
-        fcntl.flock(fd, how)
+        if wait is None:
+            fcntl.flock(fd, how)
+            return fd
+        end, pause = time.monotonic() + wait, 0.005
+        while True:
+            try:
+                fcntl.flock(fd, how | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                left = end - time.monotonic()
+                if left <= 0:
+                    close(fd)
+                    return None
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 0.1)
     except BaseException:
         close(fd)
         raise
-    return fd
 
 
 def try_lock(path: str, how: int, create: bool = False) -> int | None:
@@ -120,3 +147,49 @@ def scandir(path: str) -> list[os.DirEntry]:
             return list(it)
     except OSError:
         return []
+
+
+# -- side files that are not locks: never through a planted symbolic link --------------------
+
+def touch_side(path: str) -> None:
+    """Create the empty side file ``path`` if it is missing (never through a symbolic link; an
+    existing file is left as it is, never written)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+
+
+def write_side(path: str, data: bytes) -> None:
+    """Replace the side file ``path`` by ``data``: written to a new file (``O_EXCL``, never
+    through a symbolic link or into another file) renamed over it."""
+    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        unlink(tmp)
+        raise
+
+
+def read_side(path: str, limit: int = 1 << 16) -> bytes | None:
+    """The bytes of side file ``path``, None when it is missing, not a regular file, a symbolic
+    link or larger than ``limit``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = f.read(limit + 1)
+    return data if len(data) <= limit else None
+
+
+def remove_side(path: str) -> None:
+    """Delete side file ``path`` if it is a regular file (a symbolic link or anything else
+    planted at its name was not written by shardkit: left alone)."""
+    try:
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            unlink(path)
+    except OSError:
+        pass

@@ -24,7 +24,10 @@ Faults, each matched by method and path (query string ignored) and used ``times`
 - ``"stall"``: after ``at`` bytes of the response body nothing more is sent until ``release()``
   (or ``stop()``), then the connection is closed;
 - ``"flip"``: the byte at offset ``at`` of the body (the request's for PUT/POST, else the
-  response's) has its lowest bit flipped.
+  response's) has its lowest bit flipped;
+- ``"trickle"``: after ``at`` bytes of the response body, one byte every ``trickle_interval``
+  seconds (never long enough for a read timeout) until ``release()`` (or ``stop()``), then the
+  rest at once; ``trickling`` is set when it starts.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-KINDS = ("reset", "truncate", "stall", "flip")
+KINDS = ("reset", "truncate", "stall", "flip", "trickle")
 _CHUNK = 16384
 # Bytes a shaped link sends at once after sitting idle: one chunk makes up for a sender thread
 # woken a few ms late, not for a client's gap (at 2 MB/s, 8 ms; a +20 ms round trip still shows).
@@ -83,6 +86,8 @@ class FaultProxy:
         self.busy: list[list[float]] = []  # [start, end] when the shaped link sent (merged)
         self.faults: list[Fault] = []
         self.stalled = threading.Event()  # set when a stall fault starts holding a body
+        self.trickling = threading.Event()  # set when a trickle fault starts
+        self.trickle_interval = 0.1
         self._released = threading.Event()
         self._lock = threading.RLock()  # shared with _logged: one lock for every record
         self._logged = threading.Condition(self._lock)
@@ -236,7 +241,20 @@ class FaultProxy:
             if fault is not None and fault.kind == "flip" and sent <= fault.at < sent + len(data):
                 i = fault.at - sent
                 data = data[:i] + bytes([data[i] ^ 1]) + data[i + 1:]
-            if fault is not None and fault.kind != "flip" and sent + len(data) > fault.at:
+            if fault is not None and fault.kind == "trickle" and sent + len(data) > fault.at:
+                head = max(0, fault.at - sent)
+                self._pace(dst, data[:head])
+                self.trickling.set()
+                for i in range(head, len(data)):
+                    if self._released.is_set():
+                        self._pace(dst, data[i:])
+                        break
+                    dst.sendall(data[i:i + 1])
+                    self._released.wait(self.trickle_interval)
+                sent += len(data)
+                return
+            if fault is not None and fault.kind not in ("flip", "trickle") and \
+                    sent + len(data) > fault.at:
                 self._pace(dst, data[:fault.at - sent])
                 self._break(dst, fault.kind)
             self._pace(dst, data)

@@ -9,15 +9,18 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
+import re
 import shutil
 import signal
 
+import boto3
 import numpy as np
 import pytest
 
 import shardkit
 from helpers.s3server import S3Server
 from shardkit import ShardDataset, metadata
+from shardkit.errors import StoreError
 from shardkit.fileutil import sha256_file
 from shardkit.remote import RemoteFolder, ShardCache, upload_folder_store
 
@@ -157,6 +160,89 @@ def test_a_truncated_cached_shard_is_downloaded_again(server, url, local, tmp_pa
     assert sha256_file(again.fetch(1)) == manifest(local)["shards"][1]["sha256"]
     assert gets(server, url, local)[1] == before + 1
     again.close()
+
+
+def test_a_cached_shard_changed_in_place_is_downloaded_again(server, url, local, tmp_path):
+    """One byte of a record in a cached shard flipped in place, its size and mtime kept: a new
+    dataset in this process (every open of a shard checks it) serves the right bytes, read with
+    ``verify=True`` too, and the shard is downloaded again, once."""
+    cache_dir = tmp_path / "cache"
+    want = ShardDataset(local, output="bytes")
+    ds = ShardDataset(url, output="bytes", cache_dir=cache_dir)
+    ds.store.shard(1)
+    path = ds.store.cache.path(1)
+    ds.close()
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        data = f.read()
+        jpeg = next(r[0] for r in (want[i] for i in range(len(want))) if r[0] in data)
+        at = data.index(jpeg) + len(jpeg) // 2  # inside a record's JPEG data
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0x10]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.path.getsize(path) == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
+    before = gets(server, url, local)[1]
+    again = ShardDataset(url, output="bytes", cache_dir=cache_dir, verify=True)
+    assert [again[i] for i in range(len(again))] == [want[i] for i in range(len(want))]
+    assert gets(server, url, local)[1] == before + 1
+    assert sha256_file(path) == manifest(local)["shards"][1]["sha256"]
+    again.close()
+
+
+def test_side_files_never_follow_a_planted_symlink(server, url, local, tmp_path):
+    """A symbolic link planted at each side file's name, to a file that is not there (an open
+    that follows it creates it) or to one that holds bytes: after use, no victim is created or
+    changed; a lock file that is a link is refused with a message naming it."""
+    cache = ShardCache(RemoteFolder(url), tmp_path / "cache")
+    names = [e["file"] for e in manifest(local)["shards"]]
+    victims = tmp_path / "victims"
+    victims.mkdir()
+
+    def plant(k: int, kind: str, content: bytes | None = None) -> str:
+        victim = str(victims / f"{k}.{kind}")
+        if content is not None:
+            with open(victim, "wb") as f:
+                f.write(content)
+        os.symlink(victim, cache.side_file(names[k], kind))
+        return victim
+
+    created = [plant(0, "use"), plant(1, "dl"), plant(2, "ahead"), plant(3, "seal")]
+    planted = b'{"time_ns": 4611686018427387904, "message": "planted failure"}'
+    kept = {plant(4, "failed", planted): planted, plant(5, "failed", b"victim"): b"victim"}
+    for k, kind in ((0, "use"), (1, "dl")):
+        side = re.escape(cache.side_file(names[k], kind))
+        with pytest.raises(StoreError, match=f"^cache file {side} is a symbolic link"):
+            cache.fetch(k)
+    cache.read_ahead([2])
+    cache.wait_read_ahead()
+    boto3.client("s3", endpoint_url=server.endpoint).delete_object(
+        Bucket=url.removeprefix("s3://").split("/")[0], Key=f"train/{names[5]}")
+    for k in (2, 3, 4):
+        assert sha256_file(cache.fetch(k)) == manifest(local)["shards"][k]["sha256"]
+    with pytest.raises(StoreError, match="object not found"):
+        cache.fetch(5)
+    assert not [v for v in created if os.path.lexists(v)]
+    for victim, content in kept.items():
+        with open(victim, "rb") as f:
+            assert f.read() == content
+    cache.close()
+
+
+def test_a_cache_folder_other_users_may_write_or_own_is_refused(url, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(StoreError, match=f"^cache folder {shared} is writable by other users "
+                                         r"\(mode 0777\): refused"):
+        ShardCache(RemoteFolder(url), shared)
+    assert os.listdir(shared) == []
+    if os.geteuid() == 0:  # only root can give a folder away
+        other = tmp_path / "other"
+        other.mkdir(mode=0o755)
+        os.chown(other, 4242, 4242)
+        with pytest.raises(StoreError, match=f"^cache folder {other} is owned by another user "
+                                             r"\(uid 4242\)"):
+            ShardCache(RemoteFolder(url), other)
 
 
 def test_a_damaged_cached_labels_file_is_downloaded_again(url, local, tmp_path):

@@ -4,11 +4,14 @@ SHA-256, errors that say what happened, local cache faults, --overwrite and miss
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 
 import boto3
 import numpy as np
@@ -96,6 +99,80 @@ def test_a_stalled_shard_has_one_deadline_however_many_wait(proxy, url, local, t
     proxy.release()
 
 
+# Bytes that keep coming, too slowly (botocore's read timeout, 30 s without a byte, never fires):
+# each download is cut at its deadline, set to about 1 s here.
+TRICKLE = {"config_kwargs": {"connect_timeout": 2, "read_timeout": 30,
+                             "retries": {"total_max_attempts": 1}}}
+
+
+@pytest.fixture
+def short_deadline(monkeypatch):
+    monkeypatch.setenv("SHARDKIT_TRANSFER_TIMEOUT", "1")
+    monkeypatch.setenv("SHARDKIT_TRANSFER_MIN_RATE", "1e12")
+
+
+def guarded(call, timeout: float = 60):
+    """``call()`` in a thread: its result or exception; a guard against a hang (not a timing)."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"still waiting after {timeout} s: a hang"
+    return out
+
+
+def test_a_trickling_download_is_cut_at_its_deadline_and_retried(proxy, url, local, tmp_path,
+                                                                 short_deadline):
+    name = shard_files(local)[1]
+    proxy.add("GET", key(url, name), "trickle", at=100)
+    cache = ShardCache(RemoteFolder(url, TRICKLE), tmp_path / "cache")
+    out = guarded(lambda: cache.fetch(1))
+    assert "error" not in out, out
+    assert sha256_file(out["value"]) == sha256_file(os.path.join(local, name))
+    assert proxy.trickling.is_set() and proxy.count("GET", key(url, name)) == 2
+    cache.close()
+
+
+def test_a_shard_that_always_trickles_fails_its_waiters_too(proxy, url, local, tmp_path,
+                                                            short_deadline, monkeypatch):
+    """The read-ahead's download trickles every time: it gives up after its retries, and the
+    reader waiting for it gets that failure (3 GETs in all), naming the shard. Then another
+    process holds the shard's download lock and never finishes (a stopped process): a reader
+    waits as long as that download's retries could take, then says so."""
+    name = shard_files(local)[1]
+    proxy.add("GET", key(url, name), "trickle", at=100, times=None)
+    cache = ShardCache(RemoteFolder(url, TRICKLE), tmp_path / "cache")
+    cache.read_ahead([1])
+    assert proxy.trickling.wait(30)  # the read-ahead's download holds the shard's lock now
+    out = guarded(lambda: cache.fetch(1))
+    assert isinstance(out.get("error"), StoreError), out
+    assert re.match(f"{url}/{name}: the download did not finish within its deadline of 1 s .*"
+                    "gave up after 3 attempts", str(out["error"])), out["error"]
+    guarded(cache.wait_read_ahead)
+    assert proxy.count("GET", key(url, name)) == 3
+    proxy.release()
+
+    monkeypatch.setenv("SHARDKIT_TRANSFER_TIMEOUT", "0.2")
+    fd = os.open(cache.side_file(name, "dl"), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        out = guarded(lambda: cache.fetch(1))
+    finally:
+        os.close(fd)
+    assert isinstance(out.get("error"), StoreError), out
+    assert f"{url}/{name}: another process has been downloading it into {cache.folder}" in \
+        str(out["error"])
+    assert proxy.count("GET", key(url, name)) == 3
+    cache.close()
+
+
 def test_errors_name_the_bucket_and_what_to_check(server, proxy, url, tmp_path):
     missing = f"s3://shardkit-no-such-bucket-{os.getpid()}/train"
     with pytest.raises(StoreError, match=f"{missing}: the bucket does not exist .*NoSuchBucket"):
@@ -152,7 +229,7 @@ def test_local_cache_faults_name_the_cache_and_are_not_retried(proxy, url, local
     cache.mkdir()
     size = os.path.getsize(os.path.join(local, shard_files(local)[0]))
     if fault == "full":
-        mount = f"mount -t tmpfs -o size={size // 2} tmpfs {cache}"
+        mount = f"mount -t tmpfs -o size={size // 2},mode=0755 tmpfs {cache}"  # private
     else:  # the store's cache folder exists (made by an earlier run), read-only now
         ShardCache(RemoteFolder(url), str(cache))
         mount = f"mount --bind {cache} {cache} && mount -o remount,bind,ro {cache}"
