@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple
 
@@ -84,7 +85,9 @@ class Exporter:
 
     # -- hooks --------------------------------------------------------------------------------
 
-    def open_file(self, path: str) -> None:
+    def open_file(self, file: Any) -> None:
+        """Start an output file in ``file``, a binary file object opened for writing (closed
+        by the caller after :meth:`close_file`)."""
         raise NotImplementedError
 
     def add(self, record: Record) -> int:
@@ -148,6 +151,8 @@ class Exporter:
             self.finish(result)
         except BaseException:
             if current is not None:
+                if getattr(self, "_file", None) is not None:
+                    self._file.close()
                 remove(self._partial(current))
             raise
         finally:
@@ -160,11 +165,13 @@ class Exporter:
         if os.path.lexists(path) and not self.overwrite:
             raise ShardkitError(f"{path} already exists (use `overwrite=True` to replace it)")
         make_parent(path, OptionError)  # `mkdir -p` its folder
-        self.open_file(self._partial(path))
+        self._file = _create_partial(self._partial(path))
+        self.open_file(self._file)
         return path
 
     def _close(self, path: str, result: ExportResult) -> None:
         self.close_file()
+        self._file.close()
         os.replace(self._partial(path), path)
         result.files.append(path)
         result.bytes += os.path.getsize(path)
@@ -173,3 +180,25 @@ class Exporter:
     def _partial(path: str) -> str:
         folder, name = os.path.split(path)
         return os.path.join(folder, f".{name}.partial")
+
+
+def _create_partial(partial: str) -> Any:
+    """A new file at ``partial``, opened for writing: created here (``O_EXCL``), never through a
+    symbolic link planted at its name. One left by a killed export (a regular file) is replaced;
+    anything else there is refused."""
+    try:
+        st = os.lstat(partial)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            raise ShardkitError(f"{partial} is in the way of the export's partial file and is "
+                                "not one (a symbolic link or other non-file): remove it")
+        os.unlink(partial)
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except FileExistsError:
+        raise ShardkitError(f"{partial} appeared while the export was creating it (another "
+                            "export writing the same files?)") from None
+    return os.fdopen(fd, "wb")

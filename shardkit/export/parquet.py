@@ -31,6 +31,8 @@ def _pyarrow() -> Any:
 
 
 def _column_value(kind: str, value: Any) -> Any:
+    if value is None:  # an optional field this record lacks: null
+        return None
     if kind == "json":
         return json.dumps(value, sort_keys=True)
     if kind == "bytes":
@@ -43,9 +45,9 @@ def _column_value(kind: str, value: Any) -> Any:
 class ParquetExporter(Exporter):
     summary = "Hugging Face parquet: image struct {bytes, path} + ClassLabel (+ fields)"
 
-    def open_file(self, path: str) -> None:
+    def open_file(self, file) -> None:
         pa, pq = _pyarrow()
-        self.pa, self.pq, self.path = pa, pq, path
+        self.pa, self.pq, self.file = pa, pq, file
         self.writer = None
         self.rows: dict[str, list[Any]] = {}
 
@@ -83,7 +85,7 @@ class ParquetExporter(Exporter):
             return
         if self.writer is None:
             self.arrow_schema = self._schema()
-            self.writer = self.pq.ParquetWriter(self.path, self.arrow_schema)
+            self.writer = self.pq.ParquetWriter(self.file, self.arrow_schema)
         table = self.pa.table({f.name: self.pa.array(self.rows[f.name], type=f.type)
                                for f in self.arrow_schema}, schema=self.arrow_schema)
         self.writer.write_table(table, row_group_size=ROW_GROUP)

@@ -39,8 +39,8 @@ def field_member(kind: str, value: Any) -> tuple[str, bytes]:
 class WebDatasetExporter(Exporter):
     summary = "WebDataset tars of KEY.jpg + KEY.cls (+ fields as txt/json/npy)"
 
-    def open_file(self, path: str) -> None:
-        self.tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
+    def open_file(self, file) -> None:
+        self.tar = tarfile.open(fileobj=file, mode="w", format=tarfile.USTAR_FORMAT)
 
     def _member(self, name: str, data: bytes) -> int:
         info = tarfile.TarInfo(name)
@@ -58,6 +58,8 @@ class WebDatasetExporter(Exporter):
             size = self._member(f"{key}.png", as_png(record))
         size += self._member(f"{key}.cls", str(record.label).encode())
         for name, value in record.fields.items():
+            if value is None:  # an optional field this record lacks: no member
+                continue
             suffix, data = field_member(self.schema[name].kind, value)
             size += self._member(f"{key}.{name}.{suffix}", data)
         return size

@@ -129,3 +129,17 @@ def test_bad_options_are_one_line(store, tmp_path, capsys):
     assert f"{tmp_path / 'f'} is not a folder" in capsys.readouterr().err
     with pytest.raises(ValueError, match="`to` must be one of webdataset, parquet"):
         shardkit.export.export(store, str(tmp_path / "x-%d"), to="zip")
+
+
+def test_a_symlink_planted_at_the_partial_name_is_never_written_through(store, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"not the export's")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(victim, out / ".train-000000.tar.partial")
+    with pytest.raises(shardkit.ShardkitError, match=r"\.train-000000\.tar\.partial is in the "
+                                                     "way of the export's partial file"):
+        shardkit.export.export(store, str(out / "train-%06d.tar"), progress=False)
+    assert victim.read_bytes() == b"not the export's"
+    assert os.path.islink(out / ".train-000000.tar.partial")
+    assert not os.path.lexists(out / "train-000000.tar")
