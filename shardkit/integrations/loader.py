@@ -257,6 +257,15 @@ class ShardLoader(DataLoader):
             raise OptionError(f"cannot resume: the state was saved with a "
                               f"{'ShardSampler' if state.get('kind') == 'sampler' else 'sampler'} "
                               f"of another kind than this loader's {type(self.sampler).__name__}")
+        batches = state.get("batches")
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
+            raise OptionError(f"cannot resume: the ShardLoader state's batches must be an "
+                              f"integer >= 0, got {batches!r}")
+        if kind == "skip" and not isinstance(state.get("complete"), bool):
+            raise OptionError("cannot resume: the ShardLoader state's complete must be true or "
+                              f"false, got {state.get('complete')!r}")
+        if kind == "sampler" and not isinstance(state.get("sampler"), dict):
+            raise OptionError("cannot resume: the ShardLoader state has no sampler state")
         progress = self._progress
         progress.pending = None
         progress.armed = False

@@ -8,13 +8,18 @@ Samples come in *groups* (a store's shards): ``starts = [0, s1, ..., N]`` cuts p
    samples shuffled too (a store of one shard, a single file, is one group: without this, each
    rank would read one contiguous slice of it — class-sorted in a store packed in source order);
 2. that sequence is cut into ``C`` contiguous *canonical runs* (``C = num_canonical``; the first
-   ``N mod C`` runs hold one sample more), and each run is shuffled on its own;
+   ``N mod C`` runs hold one sample more), and each run is shuffled on its own. The runs lie in
+   the sequence grouped for the world size ``V`` the partition was made for
+   (``canonical_world``, a divisor of ``C``): run ``c`` is segment ``(c mod V) * C/V + c div V``,
+   so at ``V`` ranks rank ``r``'s runs ``r, r + V, ...`` are consecutive segments, one
+   contiguous stretch of shards (``V = C``: run ``c`` is segment ``c``);
 3. the global sequence ``G`` interleaves the runs: ``G[j*C + c]`` is sample ``j`` of run ``c``.
 
 Rank ``r`` of ``W`` ranks reads ``G[o + r], G[o + r + W], ...`` (``o``: where a resumed epoch
 starts). When ``W`` divides ``C``, position ``p`` belongs to run ``p mod C``, so a rank reads only
 the ``C / W`` runs ``c = r (mod W)`` and the few shards under them. ``G`` depends on neither
-``W`` nor ``r``: at any world size dividing ``C`` the ranks together read ``G`` in order, one
+``W`` nor ``r`` (``C`` and ``V`` travel in a saved state): at any world size dividing ``C`` the
+ranks together read ``G`` in order, one
 step of ``W`` samples at a time. That is what makes resume elastic: after the ranks consumed
 ``k`` samples each, the epoch's consumed samples are exactly ``G[:k*W]`` and any world size
 dividing ``C`` continues at position ``k*W``.
@@ -72,10 +77,11 @@ class EpochOrder:
         canonical: ``C``, the number of canonical runs.
         shuffle: shuffle group order and each run; without it ``G`` interleaves the runs of the
             groups laid end to end in order (``C = 1``: the dataset in order).
+        world: ``V``, the world size the runs are grouped for (a divisor of ``C``; None: ``C``).
     """
 
     def __init__(self, groups: Groups, seed: int, epoch: int, canonical: int,
-                 shuffle: bool) -> None:
+                 shuffle: bool, world: int | None = None) -> None:
         self.groups, self.seed, self.epoch = groups, seed, epoch
         self.canonical, self.shuffle = canonical, shuffle
         n = groups.total
@@ -86,8 +92,13 @@ class EpochOrder:
         self._ordered_starts = groups.starts[:-1][order]
         self._cum = np.concatenate([[0], np.cumsum(sizes[order])]).astype(np.int64)
         base, extra = divmod(n, canonical)
-        c = np.arange(canonical + 1)
-        self.run_starts = c * base + np.minimum(c, extra)
+        world = canonical if world is None else world
+        runs = np.arange(canonical)
+        #: segment of the sequence each run is cut from
+        self.segment = (runs % world) * (canonical // world) + runs // world
+        lengths = np.empty(canonical, dtype=np.int64)
+        lengths[self.segment] = base + (runs < extra)  # run c: base + 1 for the first N mod C
+        self.segment_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self._runs: dict[int, np.ndarray] = {}
         self._within: dict[int, np.ndarray] = {}  # group -> its samples' shuffled offsets
 
@@ -119,7 +130,8 @@ class EpochOrder:
         """Canonical run ``c``: positions in ``groups``, in the run's (shuffled) order."""
         found = self._runs.get(c)
         if found is None:
-            found = self._sequence(int(self.run_starts[c]), int(self.run_starts[c + 1]))
+            s = int(self.segment[c])
+            found = self._sequence(int(self.segment_starts[s]), int(self.segment_starts[s + 1]))
             if self.shuffle:
                 found = found[rng(self.seed, self.epoch, 1, c).permutation(len(found))]
             self._runs[c] = found

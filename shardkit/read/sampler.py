@@ -7,14 +7,15 @@ shard. ``ShardSampler`` keeps its contract (each rank gets ``ceil(N / R)`` indic
 repeating samples, or ``floor(N / R)`` with ``drop_last``; the ranks' lists together cover the
 dataset; ``set_epoch`` reshuffles deterministically from ``seed``) but builds the epoch from whole
 shards cut into ``num_canonical`` runs (see :mod:`shardkit.read.order`): rank ``r`` of ``R``
-reads the runs ``r, r + R, ...``, so with the default ``num_canonical = R`` it reads one
-contiguous run of about ``S / R + 1`` of the ``S`` shards.
+reads the runs ``r, r + R, ...``; the runs are grouped for the world size the sampler was made
+for, so there a rank reads one contiguous stretch of about ``S / R + 1`` of the ``S`` shards.
 
 The rule (as Streaming's ``num_canonical_nodes``): the global sequence of samples, read one step
 of ``R`` samples at a time, is the same at every world size that divides ``num_canonical``, and a
-state saved at one such world size resumes exactly at any other. Pick ``num_canonical`` as a
-multiple of every world size a run may use (e.g. 24 for 1, 2, 3, 4, 6, 8, 12 or 24 GPUs); a
-state carries it, and a sampler built with the default adopts it.
+state saved at one such world size resumes exactly at any other. The default (shuffled) is
+``lcm(2 * R, 24)`` (:func:`default_canonical`): a state resumes at half and twice the world size
+and at 1, 2, 3, 4, 6, 8, 12 and 24 ranks; pass ``num_canonical`` as a multiple of every world
+size a run may use for others. A state carries it, and a sampler built with the default adopts it.
 
 Over a remote store, the sampler downloads its rank's next shard (in the rank's order of first
 use) in the background while the one before is read; the store's own k+1 guess is off.
@@ -23,6 +24,8 @@ use) in the background while the one before is read; the store's own k+1 guess i
 from __future__ import annotations
 
 import hashlib
+import math
+import numbers
 from typing import Any, Iterator, Sized
 
 import numpy as np
@@ -134,6 +137,28 @@ def _parts(dataset: Any) -> list[Any]:
     return [dataset]
 
 
+#: The default canonical partition of a shuffled sampler is a multiple of this (and of twice the
+#: world size): a state resumes at every world size dividing 24, and at half and twice its own.
+ELASTIC_SIZES = 24
+
+
+def default_canonical(num_replicas: int, shuffle: bool) -> int:
+    """``num_canonical`` when none is given: ``lcm(2 * num_replicas, 24)`` for a shuffled
+    sampler, so its state resumes at half and at twice the world size and at every divisor of 24
+    (1, 2, 3, 4, 6, 8, 12, 24: from 4 ranks, at 1, 2, 3, 6, 8, 12 or 24); ``num_replicas``
+    without shuffle, so each rank reads one contiguous range in order (an evaluation pass).
+
+    The runs are grouped for this world size (``canonical_world``), so here each rank still
+    reads one contiguous stretch of about ``S / W + 1`` shards, as with ``num_canonical = W``.
+    The cost comes only after a resume at another world size ``W'``, which adopts the saved
+    partition (and keeps it, so the run's order does not depend on when it was resized): a rank
+    then reads its ``C / W'`` runs, about ``S / W' + C / W'`` shards instead of ``S / W' + 1``.
+    """
+    if not shuffle:
+        return num_replicas
+    return math.lcm(2 * num_replicas, ELASTIC_SIZES)
+
+
 def _world(num_replicas: int | None, rank: int | None, owner: str) -> tuple[int, int]:
     if num_replicas is None or rank is None:
         import torch.distributed as dist
@@ -168,12 +193,19 @@ class OrderedSampler(DistributedSampler):
                seed: int, drop_last: bool, num_canonical: int | None) -> None:
         self.num_replicas, self.rank = _world(num_replicas, rank, type(self).__name__)
         self.shuffle = bool(shuffle)
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise OptionError(f"seed must be an integer, got {seed!r}")
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
         self.total = int(total)
         self._canonical_given = num_canonical is not None
-        self.num_canonical = self.num_replicas if num_canonical is None else num_canonical
+        self.num_canonical = default_canonical(self.num_replicas, self.shuffle) \
+            if num_canonical is None else num_canonical
         self._check_canonical(self.num_canonical, "num_canonical")
+        #: The world size the canonical runs are grouped for (see :mod:`shardkit.read.order`):
+        #: this one by default, so each rank reads one contiguous stretch of shards; with an
+        #: explicit ``num_canonical``, ``num_canonical`` itself (the order of earlier versions).
+        self.canonical_world = self.num_replicas if num_canonical is None else num_canonical
         self.num_samples = per_rank(self.total, 0, self.num_replicas, self.drop_last)
         self.total_size = self.num_samples * self.num_replicas
         self.epoch = 0
@@ -182,7 +214,7 @@ class OrderedSampler(DistributedSampler):
         self.consumed = 0
         self._origin = 0  # where this epoch starts in the global sequence (a resume sets it)
         self._skip = 0    # samples per rank this epoch starts past (a resume sets it)
-        self._order_cache: tuple[int, EpochOrder] | None = None
+        self._order_cache: tuple[tuple[int, int, int], EpochOrder] | None = None
 
     def _check_canonical(self, canonical: Any, what: str) -> None:
         if isinstance(canonical, bool) or not isinstance(canonical, int) or canonical < 1:
@@ -203,10 +235,11 @@ class OrderedSampler(DistributedSampler):
 
     def epoch_order(self) -> EpochOrder:
         """The current epoch's global sequence (see :mod:`shardkit.read.order`)."""
-        if self._order_cache is None or self._order_cache[0] != self.epoch:
+        key = (self.epoch, self.num_canonical, self.canonical_world)
+        if self._order_cache is None or self._order_cache[0] != key:
             order = EpochOrder(self._groups(self.epoch), self.seed, self.epoch,
-                               self.num_canonical, self.shuffle)
-            self._order_cache = (self.epoch, order)
+                               self.num_canonical, self.shuffle, self.canonical_world)
+            self._order_cache = (key, order)
         return self._order_cache[1]
 
     def indices(self) -> np.ndarray:
@@ -263,7 +296,8 @@ class OrderedSampler(DistributedSampler):
                 "position": self.position(consumed), "consumed": int(
                     self.consumed if consumed is None else consumed),
                 "num_replicas": self.num_replicas, "num_canonical": self.num_canonical,
-                "seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                "canonical_world": self.canonical_world, "seed": self.seed,
+                "shuffle": self.shuffle, "drop_last": self.drop_last,
                 **self._identity()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -278,31 +312,69 @@ class OrderedSampler(DistributedSampler):
             raise OptionError(f"unsupported {type(self).__name__} state version {got!r} "
                               f"(this shardkit writes {STATE_VERSION}; an older state's order "
                               "differs)")
-        canonical = state.get("num_canonical")
+        self._check_state(state)
+        canonical = state["num_canonical"]
+        grouped = state.get("canonical_world", canonical)  # absent: an older state, V = C
+        if canonical % grouped:
+            raise OptionError(f"cannot resume: the saved canonical_world={grouped} does not "
+                              f"divide num_canonical={canonical}")
         if not self._canonical_given:
             try:
                 self._check_canonical(canonical, "the saved num_canonical")
             except OptionError as exc:
                 raise OptionError(f"cannot resume: {exc}") from None
         mine = {"num_canonical": canonical if not self._canonical_given else self.num_canonical,
-                "seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                "canonical_world": grouped if not self._canonical_given
+                else self.canonical_world, "seed": self.seed, "shuffle": self.shuffle,
+                "drop_last": self.drop_last,
                 **self._identity()}
         for key, value in mine.items():
-            if state.get(key) != value:
+            if state.get(key, grouped if key == "canonical_world" else None) != value:
                 why = ("another dataset: its shards' contents or sizes, layout or subset differ"
                        if key == "fingerprint" else "the order would differ")
                 raise OptionError(f"cannot resume: saved {key}={state.get(key)!r}, this "
                                   f"sampler has {value!r} ({why})")
-        position = state.get("position")
-        if isinstance(position, bool) or not isinstance(position, int) \
-                or not 0 <= position <= self.total:
+        position = int(state["position"])
+        if not 0 <= position <= self.total:
             raise OptionError(f"cannot resume: saved position {position!r} is outside "
                               f"0..{self.total}")
-        self.num_canonical = canonical
+        if not self._canonical_given:
+            self.num_canonical, self.canonical_world = int(canonical), int(grouped)
         self.epoch = int(state["epoch"])
         w = self.num_replicas
         self._origin, self._skip = position % w, position // w
         self.consumed = self._skip
+
+
+    def _check_state(self, state: dict[str, Any]) -> None:
+        """Every key a state holds, of its type (a hand-edited or damaged state is refused by
+        name, before any of it is used)."""
+        kinds: dict[str, tuple[str, Any]] = {
+            "version": ("an integer", int), "epoch": ("an integer >= 0", 0),
+            "position": ("an integer >= 0", 0), "consumed": ("an integer >= 0", 0),
+            "num_replicas": ("an integer >= 1", 1), "num_canonical": ("an integer >= 1", 1),
+            "seed": ("an integer", int), "shuffle": ("true or false", bool),
+            "drop_last": ("true or false", bool)}
+        if "canonical_world" in state:  # states written before it existed lack it
+            kinds["canonical_world"] = ("an integer >= 1", 1)
+        expected = [*kinds, *self._identity()]
+        unknown = [key for key in state if key not in [*expected, "canonical_world"]]
+        missing = [key for key in expected if key not in state]
+        name = type(self).__name__
+        if unknown or missing:
+            parts = ([f"no {', '.join(missing)}"] if missing else []) + \
+                ([f"unknown {', '.join(map(str, unknown))}"] if unknown else [])
+            raise OptionError(f"cannot resume: not a {name} state ({'; '.join(parts)})")
+        for key, (what, kind) in kinds.items():
+            value = state[key]
+            if kind is bool:
+                ok = isinstance(value, bool)
+            else:
+                ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+                    and (kind is int or value >= kind)
+            if not ok:
+                raise OptionError(f"cannot resume: the {name} state's {key} must be {what}, "
+                                  f"got {value!r}")
 
 
 class ShardSampler(OrderedSampler):
@@ -318,9 +390,11 @@ class ShardSampler(OrderedSampler):
         seed: base seed; must be the same on every rank.
         drop_last: drop the tail so every rank gets ``floor(N / R)`` distinct samples, instead of
             padding to ``ceil(N / R)`` by repeating samples.
-        num_canonical: the canonical partition ``C`` (default ``num_replicas``); the world size
-            must divide it. The order, and exact resume, are the same at every world size that
-            divides ``C``; each rank reads ``C / R`` runs (about ``S / R + C / R`` shards).
+        num_canonical: the canonical partition ``C``; the world size must divide it. The order,
+            and exact resume, are the same at every world size that divides ``C``; each rank
+            reads ``C / R`` runs (about ``S / R + C / R`` shards). Default: ``lcm(2R, 24)``
+            with shuffle (resumes at ``R / 2``, ``2R`` and every divisor of 24), ``R`` without
+            (each rank one contiguous range); see :func:`default_canonical`.
 
     Call ``set_epoch(epoch)`` before each epoch, as with ``DistributedSampler``. To checkpoint,
     save ``state_dict(consumed=samples_this_epoch)`` (or maintain ``sampler.consumed``); after

@@ -73,6 +73,12 @@ def _fraction(value: Any, name: str) -> float:
     return float(value)
 
 
+def _seed(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise OptionError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
 def subset(ds: ShardDataset, indices: Sequence[int] | None = None, *,
            classes: Sequence[str | int] | None = None, remap: bool = False,
            fraction: float | None = None, seed: int = 0) -> ShardDataset:
@@ -107,7 +113,8 @@ def subset(ds: ShardDataset, indices: Sequence[int] | None = None, *,
                 label_map[ids] = np.arange(len(ids))
                 names = [ds.classes[i] for i in ids.tolist()]
         if fraction is not None:
-            picked = _stratified(targets[chosen], _fraction(fraction, "fraction"), int(seed), 0)
+            picked = _stratified(targets[chosen], _fraction(fraction, "fraction"),
+                                 _seed(seed, "seed"), 0)
             chosen = chosen[picked]
     return ds.with_store(_view(ds.store, chosen, label_map, names))
 
@@ -118,7 +125,7 @@ def split(ds: ShardDataset, val: float = 0.1, seed: int = 0
     each class (at least one record of each), ``train`` the rest. Disjoint; together all of
     ``ds``; each in dataset order."""
     targets = np.asarray(ds.targets)
-    held = _stratified(targets, _fraction(val, "val"), int(seed), 1)
+    held = _stratified(targets, _fraction(val, "val"), _seed(seed, "seed"), 1)
     keep = np.setdiff1d(np.arange(len(ds), dtype=np.int64), held, assume_unique=True)
     return (ds.with_store(_view(ds.store, keep, None, None)),
             ds.with_store(_view(ds.store, held, None, None)))

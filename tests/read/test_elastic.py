@@ -141,7 +141,7 @@ def _ranks_at_epoch(ds, world, epoch, **kw):
 
 def test_resume_refused_where_the_world_size_does_not_divide():
     ds = _concat()
-    state, _ = _run_until(ds, 4, 10, 0, seed=1)  # default num_canonical = 4
+    state, _ = _run_until(ds, 4, 10, 0, seed=1, num_canonical=4)  # chosen: 4
     with pytest.raises(ValueError, match="cannot resume.*num_canonical=4.*num_replicas=8"):
         ShardSampler(ds, 8, 0, seed=1).load_state_dict(state)
     ShardSampler(ds, 2, 0, seed=1).load_state_dict(state)  # 2 divides 4
@@ -149,6 +149,27 @@ def test_resume_refused_where_the_world_size_does_not_divide():
         ShardSampler(ds, 2, 0, seed=1, num_canonical=2).load_state_dict(state)
     with pytest.raises(ValueError, match="state version"):
         ShardSampler(ds, 4, 0, seed=1).load_state_dict({**state, "version": 1})
+
+
+def test_default_state_from_4_ranks_resumes_exactly_at_1_2_3_6_8_12():
+    """Elastic by default: no num_canonical chosen, a state saved at 4 ranks resumes at the
+    sizes jobs move between, every remaining sample exactly once, in the uninterrupted order."""
+    ds = _concat()
+    n = len(ds)
+    full = _interleave([list(s) for s in _ranks_at_epoch(ds, 4, 1, seed=2)])
+    state, consumed = _run_until(ds, 4, 9, 1, seed=2)  # 36 samples consumed at 4 ranks
+    done = _interleave(consumed)
+    assert done == full[:36] and state["num_canonical"] == 24
+    for after in (1, 2, 3, 6, 8, 12):
+        resumed = _ranks(ds, after, seed=2)
+        for s in resumed:
+            s.load_state_dict(state)
+        rest = _interleave([list(s) for s in resumed])[:n - 36]
+        assert rest == full[36:n], after  # the uninterrupted run's remaining samples, in order
+        assert sorted(done + rest) == list(range(n))
+    # a world size that divides neither is refused with one line
+    with pytest.raises(ValueError, match="cannot resume.*num_canonical=24.*num_replicas=16"):
+        ShardSampler(ds, 16, 0, seed=2).load_state_dict(state)
 
 
 def test_ranks_read_their_own_shards_at_every_world_size():
@@ -240,7 +261,7 @@ def test_torchrun_resumes_a_state_from_another_world_size(stores, tmp_path):
     rest = _interleave([[bytes.fromhex(r) for r in g["rest"]] for g in ranks])
     assert rest[:n - 12] == [ds[i][0] for i in full[12:n]]  # the rest, in the global order
     expect_next = _interleave([list(s) for s in _ranks_at_epoch(ds, 2, 2, seed=7,
-                                                               num_canonical=4)])
+                                                               num_canonical=24)])  # adopted
     assert _interleave([g["next"] for g in ranks]) == expect_next
 
 
