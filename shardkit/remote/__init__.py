@@ -18,7 +18,13 @@ once however many workers and processes ask. Locks are ``flock`` s on small side
   takes it exclusively without waiting, so a shard in use is never deleted;
 - ``.NAME.SIZE-ID.part``: a download in flight, exclusive while its downloader lives;
 - ``.NAME.ahead``: downloaded ahead and not read yet; ``.NAME.failed``: the last download's
-  failure, which processes that waited for it raise (one deadline per shard per machine).
+  failure, which processes that waited for it raise (one deadline per shard per machine);
+- ``.NAME.seal``: the shard file as it was checked (size, inode, mtime, ctime); an open that
+  finds the file changed since hashes it again, and downloads it again if damaged.
+
+Side files are never opened through a symbolic link (``O_NOFOLLOW``; new ones ``O_EXCL``, or
+written to a new file renamed over), and a cache folder other users may write to or own is
+refused.
 
 ``cache_limit`` holds machine-wide (:mod:`.limit`): the cached shards and the downloads in flight
 (at their final size) of every process count; least recently used shards nobody holds are evicted
@@ -37,7 +43,9 @@ then a ``StoreError`` names the URL, the object, the server's error code and wha
 ``s3://`` connect/read timeouts and botocore's retries are set unless ``storage_options`` says
 otherwise (``config_kwargs``), and s3fs's own retry loop is turned off on shardkit's private
 filesystem instance, so an unreachable endpoint fails in seconds and a stalled one within
-minutes, never a hang. A missing object or bucket and refused credentials are reported at once; a
+minutes; each download is cut at its deadline (``access.transfer_deadline``: a floor plus its
+size at a minimum rate) however slowly its bytes trickle, and a process waiting for another's
+download of a shard waits no longer than that download's retries may take: never a hang. A missing object or bucket and refused credentials are reported at once; a
 damaged object (checksum mismatch) after the retries; faults of the local cache name the cache.
 
 Writing (:mod:`.upload`). :class:`Uploader` puts finished shard files as they come (s3fs switches
