@@ -42,11 +42,12 @@ Failures (:mod:`.failures`). Only what can succeed on a retry is retried (``acce
 then a ``StoreError`` names the URL, the object, the server's error code and what to check. For
 ``s3://`` connect/read timeouts and botocore's retries are set unless ``storage_options`` says
 otherwise (``config_kwargs``), and s3fs's own retry loop is turned off on shardkit's private
-filesystem instance, so an unreachable endpoint fails in seconds and a stalled one within
-minutes; each download is cut at its deadline (``access.transfer_deadline``: a floor plus its
-size at a minimum rate) however slowly its bytes trickle, and a process waiting for another's
-download of a shard waits no longer than that download's retries may take: never a hang. A missing object or bucket and refused credentials are reported at once; a
-damaged object (checksum mismatch) after the retries; faults of the local cache name the cache.
+filesystem instance, so an unreachable endpoint fails in seconds and a stalled one within minutes;
+each download is cut at its deadline (``access.transfer_deadline``: a floor plus its size at a
+minimum rate) however slowly its bytes trickle, and a process waiting for another's download of a
+shard waits no longer than that download's retries may take: never a hang. A missing object or
+bucket and refused credentials are reported at once; a damaged object (checksum mismatch) after the
+retries; faults of the local cache name the cache.
 
 Writing (:mod:`.upload`). :class:`Uploader` puts finished shard files as they come (s3fs switches
 to concurrent multipart uploads of 50 MiB parts for files of 100 MiB and more), then
