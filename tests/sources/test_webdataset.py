@@ -369,6 +369,12 @@ def test_a_member_some_samples_lack_is_an_optional_field(tmp_path):
     assert target["caption"] == ["zero", None, None, None, "four", None]
     assert [len(b) for b in target["boxes"]] == [0, 0, 0, 2, 0, 0]
     assert target["label"].tolist() == [0, 1, 0, 1, 0, 1]
+    # exported, an absent field is no member, and the tars pack to the same fields again
+    shardkit.export.export(out, str(tmp_path / "x" / "e-%06d.tar"), progress=False)
+    again = str(tmp_path / "again.lmdb")
+    assert shardkit.pack(str(tmp_path / "x"), again, size=0, workers=1, progress=False).count == 12
+    assert store_fields(again, "json") == store_fields(out, "json")
+    assert store_fields(again, "caption") == store_fields(out, "caption")
 
 
 def test_member_suffixes_are_lower_cased_as_webdataset_does(tmp_path):
