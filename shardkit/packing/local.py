@@ -15,7 +15,7 @@ from . import stream
 from . import workers as encoders
 from .console import progress as progress_bar
 from .plan import Plan
-from .workers import Encoded
+from .encoding import Encoded
 from .writer import StoreWriter, remove_store_files
 
 ShardDone = Callable[[int, dict[str, Any]], None]

@@ -13,26 +13,12 @@ import sys
 import threading
 import time
 import zlib
-from typing import Any, NamedTuple
+from typing import Any
 
-from ..codec import encode
 from ..fileutil import NotRegularFile, open_regular
 from . import resize
-from .imaging import ImageRejected, load_rgb
+from .encoding import Encoded, encode_data
 from .settings import PackSettings
-
-
-class Encoded(NamedTuple):
-    """One source, encoded: ``data`` is the record, or None with the ``reason`` it was skipped."""
-
-    data: bytes | None
-    height: int
-    width: int
-    reason: str | None
-
-    @classmethod
-    def rejected(cls, reason: str) -> Encoded:
-        return cls(None, 0, 0, reason)
 
 
 def encode_file(path: Any, settings: PackSettings) -> Encoded:
@@ -59,18 +45,6 @@ def encode_file(path: Any, settings: PackSettings) -> Encoded:
     except MemoryError:
         return Encoded.rejected("out of memory while reading the file")
     return encode_data(data, settings)
-
-
-def encode_data(data: bytes, settings: PackSettings) -> Encoded:
-    """One encoded source image decoded, resized and encoded (or rejected, with the reason)."""
-    try:
-        pixels = load_rgb(data, settings.size, settings.max_pixels)
-        height, width = pixels.shape[:2]
-        return Encoded(encode(pixels, settings.encoding, settings.quality), height, width, None)
-    except ImageRejected as exc:
-        return Encoded.rejected(str(exc))
-    except MemoryError:  # in an encoding worker: more than limit_memory allows
-        return Encoded.rejected("out of memory while decoding")
 
 
 _worker_settings: PackSettings | None = None  # set in each encoding worker by worker_init

@@ -1,5 +1,5 @@
 """One container sample through the folder pipeline: read its bytes, then exactly what a
-folder's file goes through (:func:`shardkit.packing.workers.encode_data`).
+folder's file goes through (:func:`shardkit.packing.encoding.encode_data`).
 
 With ``size=0`` and ``encoding='jpeg'`` a source JPEG that decodes cleanly is kept byte for
 byte: baseline or progressive YCbCr/grey, decoded by libjpeg-turbo without a warning, no EXIF
@@ -16,7 +16,7 @@ import simplejpeg
 
 from ..imaging import exif_orientation
 from ..settings import PackSettings
-from ..workers import Encoded, encode_data
+from ..encoding import Encoded, encode_data
 from . import MemberError, read_item
 from .base import Item
 
