@@ -31,7 +31,7 @@ from .sampler import StoreOrderSampler
 from .store import OpenShard, Store
 from .threads import Fanout
 from .view import open_layout
-from .workers import _init_then, worker_init_fn
+from .workers import OpenedInWorkers, init_then, worker_init_fn
 
 Output = Literal["tensor", "numpy", "pil", "bytes"]
 OUTPUTS: tuple[str, ...] = get_args(Output)
@@ -43,7 +43,7 @@ def _forward(part: str, name: str) -> property:
                     lambda self, value: setattr(getattr(self, part), name, value))
 
 
-class ShardDataset(Dataset):
+class ShardDataset(OpenedInWorkers, Dataset):
     """Images and labels from a shardkit store, with ImageFolder's ``classes``/``class_to_idx``/``targets``.
 
     Args:
@@ -431,7 +431,7 @@ class ShardDataset(Dataset):
         if user_init is None or user_init is worker_init_fn:
             kwargs["worker_init_fn"] = worker_init_fn
         else:
-            kwargs["worker_init_fn"] = functools.partial(_init_then, user_init)
+            kwargs["worker_init_fn"] = functools.partial(init_then, user_init)
         return lifetime.track(ShardLoader(self, batch_size=batch_size, **kwargs))
 
     def __repr__(self) -> str:

@@ -84,7 +84,7 @@ class Mix(ConcatDataset):
         from ..integrations.loader import ShardLoader
         from . import shipping
         from .batching import collate
-        from .workers import _init_then, worker_init_fn
+        from .workers import init_then, worker_init_fn
 
         if batch_size is None and kwargs.get("batch_sampler") is None:
             kwargs.setdefault("collate_fn", shipping.convert)  # one sample at a time
@@ -92,7 +92,7 @@ class Mix(ConcatDataset):
         kwargs.setdefault("persistent_workers", bool(kwargs.get("num_workers")))
         user_init = kwargs.get("worker_init_fn")
         kwargs["worker_init_fn"] = (worker_init_fn if user_init in (None, worker_init_fn)
-                                    else functools.partial(_init_then, user_init))
+                                    else functools.partial(init_then, user_init))
         return ShardLoader(self, batch_size=batch_size, **kwargs)
 
 

@@ -9,14 +9,20 @@ from typing import Any, Callable
 from torch.utils.data import get_worker_info
 
 
-def _find_shard_datasets(dataset: Any, seen: set[int] | None = None) -> list[Any]:
-    from .dataset import ShardDataset  # the dataset module imports this one
+class OpenedInWorkers:
+    """A dataset that :func:`worker_init_fn` opens in each DataLoader worker (``open()``):
+    ``ShardDataset`` derives from it, so this module needs no import of the dataset's."""
 
+    def open(self) -> None:
+        raise NotImplementedError
+
+
+def _find_shard_datasets(dataset: Any, seen: set[int] | None = None) -> list[Any]:
     seen = set() if seen is None else seen
     if id(dataset) in seen:
         return []
     seen.add(id(dataset))
-    if isinstance(dataset, ShardDataset):
+    if isinstance(dataset, OpenedInWorkers):
         return [dataset]
     found: list[Any] = []
     inner = getattr(dataset, "dataset", None)
@@ -27,7 +33,7 @@ def _find_shard_datasets(dataset: Any, seen: set[int] | None = None) -> list[Any
     return found
 
 
-def _init_then(user_init: Callable[[int], None], worker_id: int) -> None:
+def init_then(user_init: Callable[[int], None], worker_id: int) -> None:
     """``worker_init_fn``, then the user's own (``ShardDataset.loader``; a partial of this
     pickles for spawned workers whenever the user's function does)."""
     worker_init_fn(worker_id)
