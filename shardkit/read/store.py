@@ -85,7 +85,7 @@ def check_record_arrays(meta: dict[str, Any], local: Any, where: str) -> None:
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
         except FileNotFoundError:
-            raise StoreError(f"{path}: {what} file is missing") from None
+            raise StoreError(f"{what} file not found: {path}") from None
         except Exception as exc:  # noqa: BLE001 - numpy reports a bad header as many types
             raise StoreError(f"{path}: cannot load {what}: {exc}") from None
         found = tuple(arr.shape)
