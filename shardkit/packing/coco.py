@@ -170,7 +170,7 @@ class CocoSource:
         file is at ``path``."""
         import torch
 
-        from ..read import geometry
+        from ..fields import geometry
 
         img = self.images[index]
         if os.path.isabs(img.file_name) or ".." in img.file_name.replace("\\", "/").split("/"):

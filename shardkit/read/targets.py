@@ -21,7 +21,7 @@ import torch
 
 from ..errors import OptionError
 from ..fields import kinds
-from . import geometry
+from ..fields import geometry
 
 RaggedMode = Literal["list", "padded", "packed"]
 RAGGED_MODES: tuple[str, ...] = ("list", "padded", "packed")

@@ -443,7 +443,7 @@ def _items_and_batch(ds):
 def test_crop_resize_flip_of_boxes_and_masks_by_hand():
     """Crop box (top 10, left 20, 50x100) resized to 25x25 and flipped: x scales by 1/4, y by
     1/2, then x1, x2 = 25 - x2, 25 - x1 (a flip written W - x1, W - x2 fails)."""
-    from shardkit.read import geometry
+    from shardkit.fields import geometry
 
     boxes = np.array([[30, 20, 70, 40],     # inside: shifted to (10, 10, 50, 30)
                       [0, 0, 200, 30],      # clamped to (0, 0, 100, 20)
@@ -491,7 +491,7 @@ def test_center_crop_and_flip_of_stored_boxes_by_hand(tmp_path):
 def test_sanitize_keeps_boxes_on_the_bounds():
     """``SanitizeBoundingBoxes(min_size=1, min_area=1)``: each bound is inclusive (a box on the
     border, 1 px wide, of area 1 is kept); made strict, the kept ones here would be dropped."""
-    from shardkit.read import geometry
+    from shardkit.fields import geometry
 
     boxes = torch.tensor([[0, 0, 100, 50],           # keep: the whole 100x50 canvas
                           [99, 49, 100, 50],         # keep: 1x1 in the far corner
