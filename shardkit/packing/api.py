@@ -23,7 +23,7 @@ from .plan import Plan, make_plan
 from .sources import SourceOptions, check_source, detect, is_tar_url
 from .settings import ENGINES, Engine, PackSettings, check_integers
 from .staging import (PLAN_NAME, StagingLock, entry_path, finalize_sharded, prepare_partial,
-                      read_entries, staging_path)
+                      read_entries, staging_fault, staging_path)
 from .workers import default_workers
 from .writer import remove_store_files
 
@@ -294,7 +294,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; {kept()}") from None
     except OSError as exc:
-        raise PackError(f"cannot write {out}: {exc.strerror or exc}; {kept()}") from None
+        what = staging_fault(exc, partial) if remote else exc.strerror or exc
+        raise PackError(f"cannot write {out}: {what}; {kept()}") from None
     finally:
         if staging is not None:
             staging.release()

@@ -8,6 +8,7 @@ finished store into place.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -35,6 +36,19 @@ def staging_path(url: str, storage_options: dict[str, Any] | None = None) -> str
     where = f"{endpoint(url, storage_options)}\0{url}"
     key = hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:24]
     return os.path.join(os.path.abspath(default_cache_dir()), "pack-staging", key)
+
+
+def staging_fault(exc: OSError, folder: str) -> str:
+    """What went wrong writing the local staging folder of a pack to a URL, naming that folder
+    (the URL is not at fault)."""
+    hint = "free space there, or set SHARDKIT_CACHE_DIR to a folder on another disk"
+    if exc.errno == errno.ENOSPC:
+        return f"no space left in {folder} (the local staging folder; {hint})"
+    if exc.errno == errno.EDQUOT:
+        return f"disk quota exceeded in {folder} (the local staging folder; {hint})"
+    if exc.errno == errno.EROFS:
+        return f"{folder} is on a read-only file system (the local staging folder; {hint})"
+    return f"{exc.strerror or exc} (in the local staging folder {folder})"
 
 
 class StagingLock:

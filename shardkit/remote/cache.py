@@ -404,8 +404,13 @@ class ShardCache:
             return None  # s3fs's translations of server errors keep the server's as the cause
         code = exc.errno
         folder = os.path.dirname(part)
+        # The object, not the .part file: limit.part_name(name, size, tag) = ".NAME.SIZE-TAG.part"
+        name = os.path.basename(part)[1:].removesuffix(".part").rsplit(".", 1)[0]
+        where = f"while downloading {self.remote.where(name)}; check cache_dir and cache_limit"
+        if code == errno.ENOSPC:
+            return f"no space left in {folder} (the cache disk is full) {where}"
         if code in LOCAL_ERRNOS:
-            what = {errno.ENOSPC: "the cache disk is full", errno.EDQUOT: "disk quota exceeded",
+            what = {errno.EDQUOT: "disk quota exceeded",
                     errno.EROFS: "the cache filesystem is read-only"}[code]
         elif not os.path.isdir(folder):
             what = "the cache folder was removed while in use"
@@ -414,8 +419,7 @@ class ShardCache:
         else:
             return None
         return (f"cache {folder}: {what} ({os.strerror(code) if code else type(exc).__name__}) "
-                f"while downloading {self.remote.where(os.path.basename(part))}; check cache_dir "
-                "and cache_limit")
+                f"{where}")
 
     def _failure(self, name: str, since_ns: int) -> str | None:
         """The failure another download of ``name`` recorded after ``since_ns``, if any."""

@@ -76,6 +76,22 @@ def _server_error(chain: list[BaseException]) -> tuple[str, int | None, str] | N
     return None
 
 
+def _client_fault(chain: list[BaseException]) -> Failure | None:
+    """A request the HTTP client refused to send (botocore's bare ``HTTPClientError`` over a
+    ``ValueError``/``TypeError``: e.g. credentials in the endpoint URL): the same request is
+    refused again, so not retried. Network faults are subclasses (``ConnectionClosedError``,
+    ``ReadTimeoutError``...) or other errors underneath, and stay retried."""
+    for exc in chain:
+        if type(exc).__name__ == "HTTPClientError":
+            cause = (getattr(exc, "kwargs", None) or {}).get("error")
+            if isinstance(cause, (ValueError, TypeError)) and not isinstance(cause, OSError):
+                return Failure(False, f"the HTTP client refused the request ({describe(cause)}); "
+                                      "check the endpoint URL and storage_options (credentials "
+                                      "go in 'key'/'secret' or the environment, not in the "
+                                      "URL)")
+    return None
+
+
 def describe(exc: BaseException) -> str:
     """``Type: text`` of an exception (its text on one line)."""
     text = " ".join(str(exc).split())
@@ -113,6 +129,9 @@ def classify(exc: BaseException, read_timeout: float | None = None) -> Failure:
                 "bucket)" if "Credential" in str(names) or "NoCredentialsError" in names
                 else "check storage_options and the AWS configuration")
         return Failure(False, f"{describe(exc)}; {hint}")
+    client = _client_fault(chain)
+    if client is not None:
+        return client
     if isinstance(exc, FileNotFoundError):
         return Failure(False, "object not found", True)
     if isinstance(exc, PermissionError):

@@ -241,8 +241,8 @@ def test_local_cache_faults_name_the_cache_and_are_not_retried(proxy, url, local
     assert out.returncode == 0, out.stderr
     message = out.stdout.strip()
     what = "the cache disk is full" if fault == "full" else "read-only"
-    assert message.startswith(f"cache {cache}") or message.startswith(f"cache file {cache}"), \
-        message
+    assert message.startswith((f"cache {cache}", f"cache file {cache}",
+                               f"no space left in {cache}")), message
     assert what in message or "Read-only" in message, message
     assert proxy.count("GET", key(url, shard_files(local)[0])) <= 1
 

@@ -155,3 +155,72 @@ def test_a_forged_remote_record_count_is_refused_at_open(server, local, tmp_path
         ShardDataset(url, cache_dir=tmp_path / "cache")
     proc = run_cli("info", url, "--cache-dir", str(tmp_path / "cache"))
     assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+
+
+# -- local faults name the local folder; requests that cannot succeed are sent once -------------
+
+needs_mount = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                                 reason="needs root and unshare (a private tmpfs mount)")
+
+
+def in_small_tmpfs(folder: str, size: str, *argv: str) -> subprocess.CompletedProcess:
+    """``argv`` run with a private ``size`` tmpfs mounted on ``folder`` (a full disk)."""
+    mount = f'mount -t tmpfs -o size={size},mode=0700 tmpfs "{folder}" && exec "$@"'
+    return subprocess.run(["unshare", "-m", "sh", "-c", mount, "sh", *argv], capture_output=True,
+                          text=True, timeout=300, env=os.environ)
+
+
+@needs_mount
+def test_a_full_staging_disk_names_the_staging_folder(server, src, tmp_path):
+    url = f"s3://{server.new_bucket()}/train"
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    proc = in_small_tmpfs(str(cache), "8k", "env", f"SHARDKIT_CACHE_DIR={cache}", sys.executable,
+                          "-m", "shardkit.cli", "pack", src, url, "--num-shards", "2", "-q")
+    assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SHARDKIT_CACHE_DIR", str(cache))
+        staging = staging_path(url)
+    assert f"cannot write {url}: no space left in {staging} (the local staging folder" \
+        in proc.stderr
+
+
+_FETCH = """
+import sys
+from shardkit.errors import StoreError
+from shardkit.remote import RemoteFolder, ShardCache
+try:
+    ShardCache(RemoteFolder(sys.argv[1]), sys.argv[2]).fetch(0)
+except StoreError as exc:
+    print(exc)
+"""
+
+
+@needs_mount
+def test_a_full_cache_disk_names_the_cache_folder_and_the_shard(server, local, tmp_path):
+    url = f"s3://{server.new_bucket()}/train"
+    upload_folder_store(local, url)
+    shard = sorted(n for n in files(local) if n.startswith("shard-"))[0]
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    size = os.path.getsize(os.path.join(local, shard))
+    proc = in_small_tmpfs(str(cache), str(size // 2), sys.executable, "-c", _FETCH, url,
+                          str(cache))
+    assert proc.returncode == 0, proc.stderr
+    message = proc.stdout.strip()
+    assert message.startswith(f"no space left in {cache}{os.sep}"), message
+    assert message.endswith(f"(the cache disk is full) while downloading {url}/{shard}; check "
+                            "cache_dir and cache_limit"), message
+    assert server.count("GET", f"/{url.removeprefix('s3://')}/{shard}") == 1  # not retried
+
+
+def test_a_request_the_http_client_refuses_is_sent_once(server, tmp_path):
+    url = f"s3://{server.new_bucket()}/train"
+    host = server.endpoint.removeprefix("http://")
+    before = len(server.requests)
+    with pytest.raises(StoreError, match="the HTTP client refused the request .*credentials "
+                                         "encoded in URL.*check the endpoint URL") as err:
+        ShardDataset(url, cache_dir=tmp_path / "cache",
+                     storage_options={"endpoint_url": f"http://user:password@{host}"})
+    assert "gave up" not in str(err.value)  # one attempt: the same request is refused again
+    assert len(server.requests) == before
