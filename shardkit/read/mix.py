@@ -80,11 +80,19 @@ class Mix(ConcatDataset):
 
     def loader(self, batch_size: int | None = 1, **kwargs: Any) -> Any:
         """A DataLoader over the mix set up as ``ShardDataset.loader`` sets one up
-        (``shardkit.collate``, ``shardkit.worker_init_fn`` for every part, persistent workers)."""
+        (``shardkit.collate``, ``shardkit.worker_init_fn`` for every part, persistent workers;
+        without ``shuffle``, ``sampler`` or ``batch_sampler``: each part in its store's order,
+        shard after shard, as :class:`shardkit.read.sampler.StoreOrderSampler` reads it)."""
         from ..integrations.loader import ShardLoader
         from . import shipping
         from .batching import collate
+        from .sampler import StoreOrderSampler
         from .workers import init_then, worker_init_fn
+
+        if not kwargs.get("shuffle") and kwargs.get("sampler") is None \
+                and kwargs.get("batch_sampler") is None:
+            kwargs.pop("shuffle", None)
+            kwargs["sampler"] = StoreOrderSampler(self)  # shard by shard, not index order
 
         if batch_size is None and kwargs.get("batch_sampler") is None:
             kwargs.setdefault("collate_fn", shipping.convert)  # one sample at a time

@@ -51,3 +51,17 @@ def test_sequential_loader_reads_a_mixed_store_shard_by_shard(mixed):
     loader = ds.loader(batch_size=5, sampler=range(len(ds)), collate_fn=list)
     assert [r for batch in loader for r, _ in batch] == [ds[i][0] for i in range(len(ds))]
     assert ds.targets.tolist() == sorted(ds.targets.tolist())
+
+
+def test_sequential_mix_loader_reads_each_part_shard_by_shard(mixed):
+    a = shardkit.ShardDataset(mixed, output="bytes")
+    b = a.subset(fraction=0.5, seed=2)
+    mix = shardkit.Mix([a, b])
+    loader = mix.loader(batch_size=5, shuffle=False, num_workers=0, collate_fn=list)
+    order = loader.sampler.indices()
+    assert sorted(order.tolist()) == list(range(len(mix)))  # every record once
+    part_a, part_b = order[order < len(a)], order[order >= len(a)] - len(a)
+    assert order[: len(a)].tolist() == part_a.tolist()  # the parts end to end
+    assert _switches(a, part_a) == 3 and _switches(b, part_b) == 3
+    got = [r for batch in loader for r, _ in batch]
+    assert got == [mix[i][0] for i in order.tolist()]
