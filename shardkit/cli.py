@@ -247,6 +247,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
           f"quality {summary['quality']})\n"
           f"on disk:    {summary['bytes_on_disk']} bytes\n"
           f"skipped:    {summary['skipped']} source file(s)")
+    if summary["encoding"] == "jpeg":  # records decoded row by row where a crop needs fewer
+        marked, count = summary["row_markers"], summary["count"]
+        print("row markers: " + ("none (records decoded whole)" if not marked else
+                                 f"all {count} records" if marked == count else
+                                 f"{marked} of {count} records"))
     if summary.get("fields"):
         from .fields import Schema
 

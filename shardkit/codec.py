@@ -14,6 +14,8 @@ import threading
 import numpy as np
 import simplejpeg
 
+from .jpegrows import encode_rows
+
 ENCODINGS: tuple[str, ...] = ("jpeg", "raw")
 CropMode = Literal["center", "random", "random_resized"]
 CROP_MODES: tuple[str, ...] = get_args(CropMode)
@@ -23,9 +25,16 @@ class RecordDecodeError(ValueError):
     """Stored bytes do not decode to the image the index describes."""
 
 
-def encode(pixels: np.ndarray, encoding: str, quality: int = 90) -> bytes:
-    """Encode HxWx3 uint8 RGB pixels as a record."""
+def encode(pixels: np.ndarray, encoding: str, quality: int = 90,
+           row_markers: bool = True) -> bytes:
+    """Encode HxWx3 uint8 RGB pixels as a record.
+
+    A ``jpeg`` record has a restart marker before every MCU row (``row_markers``), so a reader
+    can decode only the rows a crop needs (:mod:`shardkit.jpegrows`); the pixels are the same
+    either way."""
     if encoding == "jpeg":
+        if row_markers:
+            return encode_rows(pixels, quality)
         return simplejpeg.encode_jpeg(pixels, quality=quality, colorspace="RGB",
                                       colorsubsampling="420")
     if encoding == "raw":

@@ -14,6 +14,7 @@ from typing import Any
 from ._version import __version__
 from .codec import ENCODINGS
 from .errors import StoreError
+from .jpegrows import ROW_ARRAYS
 
 FORMAT_TAG = "shardkit"
 FORMAT_VERSION = 1
@@ -174,6 +175,38 @@ def check_shard_fields(obj: dict[str, Any], where: str) -> None:
         crc = desc.get("crc32")
         if not isinstance(crc, int) or isinstance(crc, bool):
             raise StoreError(f"{where}: index array {name!r} has no checksum (damaged store)")
+    check_row_arrays(arrays, count, where)
+
+
+def check_row_arrays(arrays: dict[str, Any], count: int, where: str) -> None:
+    """The optional MCU row index of JPEG records (``jpegrows.ROW_ARRAYS``): both or neither.
+
+    A store without it reads as before (every record decoded whole); readers that predate it
+    load it as an extra index array and ignore it, so it needs no new format version."""
+    present = [name for name in ROW_ARRAYS if name in arrays]
+    if not present:
+        return
+    if len(present) != len(ROW_ARRAYS):
+        raise StoreError(f"{where}: index array {present[0]!r} without its pair (damaged store)")
+    for name, dtype in ROW_ARRAYS.items():
+        desc = arrays[name]
+        shape = desc.get("shape") if isinstance(desc, dict) else None
+        if not isinstance(desc, dict) or desc.get("dtype") != dtype or not (
+                isinstance(shape, list) and len(shape) == 1 and isinstance(shape[0], int)
+                and not isinstance(shape[0], bool) and 0 <= shape[0] < 1 << 48):
+            raise StoreError(f"{where}: index array {name!r} is not a 1-d {dtype} array")
+        if name == "row_offsets" and shape[0] != count + 1:
+            raise StoreError(f"{where}: index array {name!r} has {shape[0]} entries, "
+                             f"expected {count + 1}")
+        crc = desc.get("crc32")
+        if not isinstance(crc, int) or isinstance(crc, bool):
+            raise StoreError(f"{where}: index array {name!r} has no checksum (damaged store)")
+
+
+def describe_row_arrays(arrays: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``describe_arrays`` for the row index (``jpegrows.row_index``'s arrays)."""
+    return {name: {"dtype": dtype, "shape": [int(arrays[name].shape[0])],
+                   "crc32": array_crc32(arrays[name])} for name, dtype in ROW_ARRAYS.items()}
 
 
 def parse_shard_meta(raw: bytes | str, where: str) -> dict[str, Any]:

@@ -203,7 +203,8 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
                 "settings", "source_root", "fields", "annotations") if key in meta}
         skipped.extend(entry["skipped"])
         shard_list.append({key: entry[key] for key in ("file", "format", "count", "bytes",
-                                                       "sha256")} | {"start": start})
+                                                       "sha256", "row_markers") if key in entry}
+                          | {"start": start})
         start += entry["count"]
     all_labels = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
     labels_path = os.path.join(partial, "labels.npy")

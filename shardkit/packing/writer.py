@@ -20,6 +20,7 @@ from ..codec import encode
 from ..errors import PackError, PackOptionError
 from ..fileutil import remove, sha256_file
 from ..formats import format_for_path, open_writer, remove_shard_file
+from ..jpegrows import row_index, row_starts
 from .imaging import PILLOW_PIXEL_LIMIT
 from .install import install, partial_path
 from .settings import KINDS, Kind, PackSettings, Skipped
@@ -134,6 +135,7 @@ class StoreWriter:
         self.widths: list[int] = []
         self.crcs: list[int] = []
         self.paths: list[bytes] = []
+        self.rows: list[np.ndarray | None] = []  # each JPEG record's MCU row starts (jpegrows)
         self.entry: dict[str, Any] | None = None  # set by finish()
         self.extra_meta = extra_meta
         self.columns = None if schema is None else fieldstore.builder(schema)
@@ -173,6 +175,8 @@ class StoreWriter:
         self.heights.append(height)
         self.widths.append(width)
         self.crcs.append(zlib.crc32(data) if crc is None else crc)
+        if self.settings.encoding == "jpeg":
+            self.rows.append(row_starts(data))
         if source_path is None:
             source_path = ""
         elif self.source_root is not None:
@@ -247,6 +251,11 @@ class StoreWriter:
         root = self.source_root if self.source_root is not None else os.path.dirname(self.path)
         schema = self.columns.schema if self.columns is not None else None
         described = metadata.describe_arrays(arrays)
+        marked = sum(r is not None for r in self.rows)
+        if marked:  # stores without row markers: as before
+            rows = row_index(self.rows)
+            described |= metadata.describe_row_arrays(rows)
+            arrays |= rows
         if schema is not None and len(schema):
             columns = self.columns.arrays()
             described |= fieldstore.describe(columns)
@@ -257,12 +266,14 @@ class StoreWriter:
             "shard": {"index": self.shard_index, "count": n,
                       "sources": [self.first_source, self.first_source + sources]},
             "arrays": described,
-        }
+        } | ({"row_markers": marked} if marked else {})
         self._writer.finish(arrays, metadata.dumps(metadata.seal(meta)))
         entry = {"file": os.path.basename(self.path), "format": self.settings.format,
                  "count": n, "bytes": os.path.getsize(self.file), "skipped": skipped,
                  "sources": [self.first_source, self.first_source + sources],
                  "skipped_slots": self._skipped_slots}
+        if marked:
+            entry["row_markers"] = marked
         if self.kind == "shard":  # the manifest's checksum (a single-file store has no manifest)
             entry["sha256"] = sha256_file(self.file)
         return entry

@@ -54,7 +54,16 @@ def info(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
         "bytes_on_disk": _disk_bytes(store),
         "skipped": len(store.skipped),
         "fields": store.meta.get("fields", []),  # typed fields: name, kind, parameters
+        # JPEG records with a restart marker before every MCU row (rows decoded on their own)
+        "row_markers": row_markers(meta),
     }
+
+
+def row_markers(meta: dict[str, Any]) -> int:
+    """How many records have row markers and their row index (0 in stores packed before)."""
+    if meta["kind"] != "sharded":
+        return int(meta.get("row_markers", 0))
+    return sum(int(entry.get("row_markers", 0)) for entry in meta["shards"])
 
 
 @dataclass

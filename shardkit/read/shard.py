@@ -61,6 +61,14 @@ class OpenShard:
             offsets = self.arrays["path_offsets"]
             if len(offsets) and (offsets[0] != 0 or offsets[-1] != len(self.arrays["path_blob"])):
                 raise StoreError(f"{where}: source-path index is inconsistent (damaged store)")
+            #: Each JPEG record's MCU row starts (``shardkit.jpegrows``; None: a store without).
+            self.row_offsets = self.arrays.get("row_offsets")
+            self.row_starts = self.arrays.get("row_starts")
+            rows = self.row_offsets
+            if rows is not None and len(rows) and (
+                    rows[0] != 0 or rows[-1] != len(self.row_starts)
+                    or (len(rows) > 1 and np.diff(rows).min() < 0)):
+                raise StoreError(f"{where}: row index is inconsistent (damaged store)")
             #: The typed fields' columns (:class:`shardkit.fields.ShardFields`), or None.
             self.fields = (None if "fields" not in meta else fieldstore.ShardFields(
                 fieldstore.Schema.from_json(meta["fields"]), self.arrays, self.arrays["heights"],
@@ -83,6 +91,7 @@ class OpenShard:
         self.arrays = {}
         self.fields = None
         self.labels = self.heights = self.widths = self.crc32 = None
+        self.row_offsets = self.row_starts = None
         self.reader.close()
 
 

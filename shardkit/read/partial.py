@@ -1,0 +1,130 @@
+"""Decode only the pixel rows a crop needs, from a JPEG record with row markers.
+
+A record packed with a restart marker before every MCU row (:mod:`shardkit.jpegrows`) decodes
+any run of its MCU rows as a JPEG of its own: the original header with the frame height (SOF)
+cut to the rows kept and the restart interval (DRI) kept, then those rows' entropy data with
+their markers renumbered from RST0, then EOI. libjpeg-turbo (simplejpeg, with the same options
+as a full decode) decodes it to exactly the pixels of the same rows of a full decode, except
+where chroma upsampling reads across the cut: fancy upsampling (``fast=False``) of vertically
+subsampled chroma (4:2:0) computes a pixel row from the chroma row above or below it, so a crop
+that starts or ends on an MCU row's edge also decodes the MCU row beyond it (its context).
+``fast=True`` (libjpeg-turbo's merged upsampling) reads nothing across rows and needs none.
+
+:func:`decode_rows` returns the decoded window and where it starts; every row of ``[top,
+bottom)`` in it is identical to the full decode's (``tests/read/test_partial.py`` checks every
+window of many images, both decode modes).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import numpy as np
+import simplejpeg
+
+from ..codec import RecordDecodeError
+from ..jpegrows import parse_header
+
+
+class Header(NamedTuple):
+    """What partial decodes of one header need: where the SOF height is, the image's size, its
+    MCU height, and whether fancy upsampling reads across MCU rows (vertically subsampled
+    chroma)."""
+
+    sof_height: int
+    height: int
+    width: int
+    mcu_height: int
+    vertical_context: bool
+
+
+_HEADERS: dict[bytes, Header] = {}
+MAX_HEADERS = 256  # distinct headers cached per process (one per image size and quality)
+
+
+def header(data, scan_start: int) -> Header:
+    """``data``'s header (the bytes before its entropy data), parsed once per distinct one."""
+    key = bytes(data[:scan_start])
+    found = _HEADERS.get(key)
+    if found is not None:
+        return found
+    frame = parse_header(key + b"\xff\xd9")
+    if frame is None or frame.scan_start != scan_start or frame.restart != frame.mcus_per_row:
+        raise RecordDecodeError("JPEG record does not match its row index")
+    context = frame.mcu_height > 8  # some component has fewer rows than the MCU: upsampled
+    found = Header(frame.sof_height, frame.height, frame.width, frame.mcu_height, context)
+    if len(_HEADERS) >= MAX_HEADERS:
+        _HEADERS.clear()
+    _HEADERS[key] = found
+    return found
+
+
+def window(top: int, bottom: int, height: int, mcu_height: int,
+           context: bool) -> tuple[int, int]:
+    """The MCU rows ``[m0, m1)`` to decode for exact pixel rows ``[top, bottom)``: those the rows
+    lie in and, with ``context``, the MCU row on either side where a row lies on its edge (fancy
+    upsampling reads the chroma row just beyond it)."""
+    if context:
+        top, bottom = top - 1, bottom + 1
+    top, bottom = max(top, 0), min(bottom, height)
+    return top // mcu_height, -(-bottom // mcu_height)
+
+
+def decode_rows(data, starts: np.ndarray, top: int, bottom: int, fast: bool = False,
+                buffer: np.ndarray | None = None, bgr: bool = False) -> tuple[np.ndarray, int]:
+    """Decode the MCU rows of a JPEG record that pixel rows ``[top, bottom)`` need.
+
+    ``starts`` is the record's row index (:func:`shardkit.jpegrows.row_starts`). Returns
+    ``(pixels, y0)``: the decoded rows, from image row ``y0`` on, full width, RGB (BGR if
+    ``bgr``); ``pixels[top - y0:bottom - y0]`` are exactly those rows of a full decode with the
+    same ``fast``. ``buffer`` as in :func:`shardkit.codec.decode`.
+    """
+    scan = int(starts[0])
+    head = header(data, scan)
+    mh, rows = head.mcu_height, len(starts) - 1
+    if rows != -(-head.height // mh):
+        raise RecordDecodeError("JPEG record does not match its row index")
+    m0, m1 = window(top, bottom, head.height, mh, head.vertical_context and not fast)
+    if m1 <= m0:
+        raise ValueError(f"no rows in [{top}, {bottom}) of a {head.height}-row image")
+    kept = min(m1 * mh, head.height) - m0 * mh
+    colorspace = "BGR" if bgr else "RGB"
+    if m0 == 0 and m1 == rows:
+        jpeg = data
+    else:
+        jpeg = cut(data, starts, scan, head, m0, m1, kept)
+    try:
+        img = simplejpeg.decode_jpeg(jpeg, colorspace=colorspace, fastdct=fast,
+                                     fastupsample=fast, buffer=buffer)
+    except ValueError as exc:
+        raise RecordDecodeError(f"JPEG record does not decode: {exc}") from None
+    if img.shape[:2] != (kept, head.width):
+        raise RecordDecodeError(f"JPEG rows decode to {img.shape[1]}x{img.shape[0]}, expected "
+                                f"{head.width}x{kept}")
+    return img, m0 * mh
+
+
+def cut(data, starts: np.ndarray, scan: int, head: Header, m0: int, m1: int,
+        kept: int) -> bytearray:
+    """The JPEG of MCU rows ``[m0, m1)``: header (SOF height ``kept``), the rows' entropy data
+    with their restart markers renumbered from RST0, EOI."""
+    begin = int(starts[m0]) + (2 if m0 else 0)  # after row m0's RST marker
+    end = int(starts[m1])
+    if not scan <= begin <= end <= len(data):
+        raise RecordDecodeError("JPEG record does not match its row index")
+    out = bytearray(scan + end - begin + 2)
+    out[:scan] = data[:scan]
+    struct.pack_into(">H", out, head.sof_height, kept)
+    out[scan:scan + end - begin] = data[begin:end]
+    out[-2:] = b"\xff\xd9"
+    if m1 - m0 > 1:
+        view = np.frombuffer(out, np.uint8)
+        where = starts[m0 + 1:m1].astype(np.int64) + (scan - begin)
+        numbers = np.arange(m0, m1 - 1) % 8  # the marker before row k is RST((k - 1) % 8)
+        if where[0] < scan or not (np.all(view[where] == 0xFF)
+                                   and np.array_equal(view[where + 1], 0xD0 + numbers)):
+            raise RecordDecodeError("JPEG record does not match its row index")
+        if m0 % 8:
+            view[where + 1] = 0xD0 + (numbers - m0) % 8
+    return out
