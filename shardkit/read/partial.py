@@ -106,25 +106,23 @@ def decode_rows(data, starts: np.ndarray, top: int, bottom: int, fast: bool = Fa
 
 
 def cut(data, starts: np.ndarray, scan: int, head: Header, m0: int, m1: int,
-        kept: int) -> bytearray:
+        kept: int) -> bytes:
     """The JPEG of MCU rows ``[m0, m1)``: header (SOF height ``kept``), the rows' entropy data
     with their restart markers renumbered from RST0, EOI."""
-    begin = int(starts[m0]) + (2 if m0 else 0)  # after row m0's RST marker
-    end = int(starts[m1])
-    if not scan <= begin <= end <= len(data):
+    at = starts[m0:m1 + 1].tolist()  # row m0's start, the markers between the rows, the end
+    view = memoryview(data)
+    if not (scan <= at[0] and at[-1] <= len(data) and all(a < b for a, b in zip(at, at[1:]))):
         raise RecordDecodeError("JPEG record does not match its row index")
-    out = bytearray(scan + end - begin + 2)
-    out[:scan] = data[:scan]
-    struct.pack_into(">H", out, head.sof_height, kept)
-    out[scan:scan + end - begin] = data[begin:end]
-    out[-2:] = b"\xff\xd9"
-    if m1 - m0 > 1:
-        view = np.frombuffer(out, np.uint8)
-        where = starts[m0 + 1:m1].astype(np.int64) + (scan - begin)
-        numbers = np.arange(m0, m1 - 1) % 8  # the marker before row k is RST((k - 1) % 8)
-        if where[0] < scan or not (np.all(view[where] == 0xFF)
-                                   and np.array_equal(view[where + 1], 0xD0 + numbers)):
+    sof = head.sof_height
+    pieces = [view[:sof], struct.pack(">H", kept), view[sof + 2:scan]]
+    begin = at[0] + (2 if m0 else 0)  # after row m0's RST marker
+    for j, marker in enumerate(at[1:-1]):
+        if view[marker] != 0xFF or view[marker + 1] != 0xD0 + (m0 + j) % 8:
             raise RecordDecodeError("JPEG record does not match its row index")
-        if m0 % 8:
-            view[where + 1] = 0xD0 + (numbers - m0) % 8
-    return out
+        pieces += (view[begin:marker], _RST[j % 8])
+        begin = marker + 2
+    pieces += (view[begin:at[-1]], b"\xff\xd9")
+    return b"".join(pieces)
+
+
+_RST = [bytes([0xFF, 0xD0 + k]) for k in range(8)]
