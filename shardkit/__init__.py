@@ -13,7 +13,7 @@ from ._version import __version__
 
 _EXPORTS = {
     "ShardDataset": "read.dataset", "Batch": "read.dataset", "collate": "read.dataset",
-    "worker_init_fn": "read.dataset", "normalize": "read.augment",
+    "worker_init_fn": "read.dataset", "normalize": "read.augment", "View": "read.augment",
     "ShardSampler": "read.sampler", "MixSampler": "read.mix", "Mix": "read.mix",
     "ShardLoader": "integrations.loader",
     "pack": "packing.api", "merge": "packing.api", "PackResult": "packing.api",

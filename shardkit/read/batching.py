@@ -14,7 +14,9 @@ from . import targets as targetmod
 
 
 class Batch(list):
-    """A list of (image, label) samples that also carries them stacked, as ``images``/``labels``.
+    """A list of (image, label) samples that also carries them stacked, as ``images``/``labels``
+    (with ``views``: each sample's image a list of views, ``images`` a list of stacked views and,
+    with fields, ``labels`` a list of collated targets per view).
 
     ``collate`` returns ``[images, labels]`` straight away; any other collate function sees an
     ordinary list of samples.
@@ -48,4 +50,11 @@ def collate(batch: Sequence[Any], ragged: Any = "list") -> Any:
     if batch and isinstance(batch[0], (tuple, list)) and len(batch[0]) == 2 \
             and isinstance(batch[0][1], dict):
         return targetmod.collate_samples(batch, ragged)
+    if batch and isinstance(batch[0], (tuple, list)) and len(batch[0]) == 2 \
+            and isinstance(batch[0][1], list) and batch[0][1] \
+            and all(isinstance(t, dict) for t in batch[0][1]):
+        # views with fields: ([view_0, ...], [target_0, ...]) -> ([images_0, ...], [targets_0, ...])
+        per_view = [targetmod.collate_samples([(s[0][v], s[1][v]) for s in batch], ragged)
+                    for v in range(len(batch[0][1]))]
+        return [[images for images, _ in per_view], [targets for _, targets in per_view]]
     return shipping.collate(batch)  # default_collate, in memfd memory inside a worker

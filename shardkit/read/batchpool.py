@@ -131,7 +131,8 @@ class PooledBatch(list):
     reference to the images' shared buffer rather than as a copy. Elsewhere, a plain list.
 
     ``images`` is N x C x H x W (a view of the N x H x W x C buffer) or, with ``channels_last``,
-    the N x H x W x C buffer itself; ``labels`` a tensor (int64 labels travel as bytes) or
+    the N x H x W x C buffer itself, or (``views``) a list of those, each view's block after the
+    previous one's in the buffer; ``labels`` a tensor (int64 labels travel as bytes) or
     whatever a ``target_transform`` made of them.
     """
 
@@ -144,12 +145,19 @@ class PooledBatch(list):
 
     def __reduce__(self) -> tuple:
         slot, labels = self._slot, self[1]
-        # the N x H x W x C layout the buffer holds
-        base = self._images if self._channels_last else self._images.permute(0, 2, 3, 1)
+        several = isinstance(self._images, list)
+        # the N x H x W x C layout the buffer holds, view after view
+        bases = [image if self._channels_last else image.permute(0, 2, 3, 1)
+                 for image in (self._images if several else [self._images])]
+        where = None if slot is None else slot.array.ctypes.data
+        placed = True
+        for base in bases:
+            placed = placed and base.is_contiguous() and base.data_ptr() == where
+            where = base.data_ptr() + base.numel()
         if (slot is None or slot.fd is None or len(self) != 2 or self[0] is not self._images
-                or not base.is_contiguous() or base.data_ptr() != slot.array.ctypes.data):
+                or not placed):
             # Changed since collate: its tensors travel by torch's own means (in a memfd).
-            return (list, ([ship(x) if isinstance(x, torch.Tensor) else x for x in self],))
+            return (list, ([_ship_each(x) for x in self],))
         if isinstance(labels, torch.Tensor) and labels.dtype == torch.int64:
             labels = labels.numpy().tobytes()
         handle = None
@@ -158,8 +166,17 @@ class PooledBatch(list):
 
             handle = DupFd(slot.fd)
         slot.flag[HELD] = 1  # the main process holds it until it is done with the batch
+        shapes = [tuple(base.shape) for base in bases]
         return (_rebuild, (os.getpid(), slot.fd, slot.inode, handle, HEADER + slot.nbytes,
-                           tuple(base.shape), labels, self._channels_last))
+                           shapes if several else shapes[0], labels, self._channels_last))
+
+
+def _ship_each(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return ship(x)
+    if isinstance(x, list) and x and all(isinstance(t, torch.Tensor) for t in x):
+        return [ship(t) for t in x]
+    return x
 
 
 def _release(flag: np.ndarray) -> None:
@@ -179,7 +196,8 @@ def _open_by_path(pid: int, fd: int, inode: int) -> int | None:
 
 
 def _rebuild(pid: int, fd_number: int, inode: int, handle: Any, size: int,
-             shape: tuple[int, ...], labels: Any, channels_last: bool = False) -> list:
+             shape: tuple[int, ...] | list[tuple[int, ...]], labels: Any,
+             channels_last: bool = False) -> list:
     """In the main process: map the worker's buffer and wrap it; free it when unused."""
     by_path = _open_by_path(pid, fd_number, inode) if os.getpid() != pid else None
     if handle is not None:
@@ -198,12 +216,16 @@ def _rebuild(pid: int, fd_number: int, inode: int, handle: Any, size: int,
     header = np.frombuffer(buf, np.uint8, HEADER, 0)
     if handle is not None and by_path is not None:
         header[BY_PATH] = 1  # from now on the worker sends only its pid and descriptor number
-    count = math.prod(shape)
+    shapes = shape if isinstance(shape, list) else [shape]
+    count = sum(math.prod(s) for s in shapes)
     array = np.frombuffer(buf, np.uint8, count, HEADER)
     weakref.finalize(array, _release, header)
-    images = torch.from_numpy(array).view(shape)
-    if not channels_last:
-        images = images.permute(0, 3, 1, 2)
+    flat, blocks, start = torch.from_numpy(array), [], 0
+    for s in shapes:
+        block = flat[start:start + math.prod(s)].view(s)
+        blocks.append(block if channels_last else block.permute(0, 3, 1, 2))
+        start += math.prod(s)
+    images = blocks if isinstance(shape, list) else blocks[0]
     if isinstance(labels, bytes):
         labels = torch.from_numpy(np.frombuffer(bytearray(labels), np.int64))
     return [images, labels]

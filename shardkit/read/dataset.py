@@ -37,6 +37,14 @@ Output = Literal["tensor", "numpy", "pil", "bytes"]
 OUTPUTS: tuple[str, ...] = get_args(Output)
 
 
+def _default(value: Any, default: tuple[float, float]) -> bool:
+    """``value`` is the pair ``default`` (a list or tuple of the same numbers)."""
+    try:
+        return tuple(value) == default
+    except TypeError:
+        return False
+
+
 def _forward(part: str, name: str) -> property:
     """``self.<part>.<name>`` as an attribute (the setting lives in the part that uses it)."""
     return property(lambda self: getattr(getattr(self, part), name),
@@ -64,6 +72,8 @@ class ShardDataset(OpenedInWorkers, Dataset):
         flip: probability of a horizontal flip per sample (``RandomHorizontalFlip(flip)``).
         dct_scale: decode a JPEG at 1/2, 1/4 or 1/8 size when the crop box is at least that many
             times the output (faster, pixels a little off torchvision's); False: always full size.
+            None (default): True with ``crop``, False with ``views`` (exact; a record is decoded
+            once, at the smallest scale any of its views allows).
         threads: decode a batch with this many threads, the calling thread being one of them (0
             or 1: in the calling thread only). Wins when the DataLoader runs with
             ``num_workers=0`` and the training step leaves the CPU idle (a GPU step); worker
@@ -98,6 +108,12 @@ class ShardDataset(OpenedInWorkers, Dataset):
         multi_hot: multi-label fields (True: all) as float32 multi-hot vectors.
         ragged: how batches carry ragged fields: ``"list"``, ``"padded"`` or ``"packed"``,
             or a dict of those per field (``shardkit.read.targets``).
+        views: several views of each sample from one decode (self-supervised multi-crop): a
+            list of :class:`shardkit.View`, each torchvision v2's ``RandomResizedCrop`` +
+            ``RandomHorizontalFlip`` drawn in turn; an item is ``([view_0, ...], label)`` (with
+            ``fields``: ``([view_0, ...], [target_0, ...])``, each target moved by its view),
+            a batch ``[[images_0, ...], labels]``. ``transform`` applies to each view. Not
+            with ``crop``/``crop_mode``/``scale``/``ratio``/``flip`` (each view has its own).
     """
 
     def __init__(self, path: str | os.PathLike, transform: Callable | None = None,
@@ -107,14 +123,14 @@ class ShardDataset(OpenedInWorkers, Dataset):
                  max_open_shards: int | None = None,
                  scale: Sequence[float] = (0.08, 1.0),
                  ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip: float = 0.0,
-                 dct_scale: bool = True, cache_dir: str | os.PathLike | None = None,
+                 dct_scale: bool | None = None, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | None = None,
                  storage_options: dict[str, Any] | None = None,
                  fields: Sequence[str] | None = None, transforms: Callable | None = None,
                  sanitize: bool = False, tv_tensors: bool | None = None,
                  multi_hot: bool | Sequence[str] = False,
-                 ragged: targetmod.RaggedMode | dict[str, targetmod.RaggedMode] = "list"
-                 ) -> None:
+                 ragged: targetmod.RaggedMode | dict[str, targetmod.RaggedMode] = "list",
+                 views: Sequence[augment.View] | None = None) -> None:
         if output not in OUTPUTS:
             raise OptionError(f"output must be one of {OUTPUTS}, got {output!r}")
         if crop_mode not in codec.CROP_MODES:
@@ -126,7 +142,15 @@ class ShardDataset(OpenedInWorkers, Dataset):
             raise OptionError("crop must be a positive integer size and cannot be used with "
                               f"output='bytes', got crop={crop!r}")
         crop = None if crop is None else int(crop)
+        if views is not None:
+            views = augment.check_views(views)
+            if crop is not None or crop_mode != "center" or flip or output == "bytes" \
+                    or not _default(scale, (0.08, 1.0)) \
+                    or not _default(ratio, (3.0 / 4.0, 4.0 / 3.0)):
+                raise OptionError("views cannot be used with crop, crop_mode, scale, ratio, "
+                                  "flip (each View has its own) or output='bytes'")
         fanout = Fanout(threads)
+        dct_scale = (views is None) if dct_scale is None else bool(dct_scale)
         recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale)
         # Through the pack's record layout: ds[i] is logical record i wherever its shard holds it.
         self.store = open_layout(Store(path, max_open_shards, cache_dir=cache_dir,
@@ -138,14 +162,30 @@ class ShardDataset(OpenedInWorkers, Dataset):
         self.crop = crop
         self.crop_mode = crop_mode
         self.flip = flip
-        self._recipe = recipe  # draws each sample's box and flip (None: plain centre crop)
+        self.views = views
+        self._set_recipes(recipe, views, dct_scale)
         self._decoder = Decoder(self.store, fast_decode, verify)
         self._fanout = fanout
         #: Builds each sample's target dict from the requested fields (None: the class label).
         self._targets = None if fields is None else targetmod.Targets(
             targetmod.store_schema(self.store), fields, sanitize=sanitize,
             tv_tensors=tv_tensors, multi_hot=multi_hot, ragged=ragged)
+        if views is not None and self._targets is not None and self._targets.geometric \
+                and any(v.size[0] != v.size[1] for v in views):
+            raise OptionError("views: boxes and masks (fields) follow square views only, got "
+                              f"sizes {[v.size for v in views]}")
         self.transforms = transforms
+
+    def _set_recipes(self, recipe: augment.Recipe | None, views: tuple | None,
+                     dct_scale: bool) -> None:
+        """Each view's recipe (``crop``: the one view; None: the plain centre crop, which draws
+        nothing) and each view's output (height, width) (None: the whole image)."""
+        if views is not None:
+            self._recipes = tuple(v.recipe(dct_scale) for v in views)
+            self._sizes = [v.size for v in views]
+        else:
+            self._recipes = None if recipe is None else (recipe,)
+            self._sizes = None if self.crop is None else [(self.crop, self.crop)]
 
     threads = _forward("_fanout", "threads")
     verify = _forward("_decoder", "verify")
@@ -160,6 +200,10 @@ class ShardDataset(OpenedInWorkers, Dataset):
     def transform(self, value: Callable | None) -> None:
         # Trainers assign ``dataset.transform = <crop + augmentation>`` (timm's create_loader
         # does): on a dataset that already crops at decode that would crop twice, silently.
+        if value is not None and self.views is not None:
+            raise OptionError("this ShardDataset makes views at decode; assigning transform "
+                              "afterwards would crop them again. Pass transform= to "
+                              "ShardDataset(...) to apply it to each view on purpose")
         if value is not None and self.crop is not None:
             raise OptionError(
                 f"this ShardDataset crops at decode (crop={self.crop}, "
@@ -183,9 +227,12 @@ class ShardDataset(OpenedInWorkers, Dataset):
                 or self.output == "bytes":
             raise OptionError(f"crop must be a positive size and cannot be used with "
                               f"output='bytes', got crop={crop!r}, output={self.output!r}")
+        if self.views is not None:
+            raise OptionError("with_recipe: this dataset makes views; create one without")
         twin = copy.copy(self)
-        twin._recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale)
         twin.crop, twin.crop_mode, twin.flip = crop, crop_mode, flip
+        twin._set_recipes(augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale), None,
+                          dct_scale)
         return twin
 
     # -- ImageFolder-compatible attributes ------------------------------------------------------
@@ -227,11 +274,13 @@ class ShardDataset(OpenedInWorkers, Dataset):
 
     # -- reading --------------------------------------------------------------------------------
 
-    def _origin(self, shard: OpenShard, local: int) -> augment.Plan | None:
+    def _origin(self, shard: OpenShard, local: int) -> list[augment.Plan | None]:
+        """One sample's plan per view ([None]: a plain centre crop or the whole image)."""
         # Drawn in the calling thread, in sample order: any number of threads decodes the same.
-        if self._recipe is None:
-            return None
-        return self._recipe.draw(int(shard.heights[local]), int(shard.widths[local]))
+        if self._recipes is None:
+            return [None]
+        size = (int(shard.heights[local]), int(shard.widths[local]))
+        return augment.draw_views(self._recipes, (size,))[0]
 
     def _present(self, img: np.ndarray) -> Any:
         if self.output == "numpy":
@@ -244,35 +293,43 @@ class ShardDataset(OpenedInWorkers, Dataset):
 
     def _sample(self, img: Any, label: int) -> tuple[Any, Any]:
         if self.transform is not None:
-            img = self.transform(img)
+            img = ([self.transform(i) for i in img] if self.views is not None
+                   else self.transform(img))
         if self.target_transform is not None:
             label = self.target_transform(label)
         if self.transforms is not None:
             img, label = self.transforms(img, label)
         return img, label
 
-    def _label(self, shard: OpenShard, local: int, plan: augment.Plan | None) -> Any:
-        """The class label, or with ``fields`` the target dict moved by the sample's crop."""
+    def _label(self, shard: OpenShard, local: int, plans: list[augment.Plan | None]) -> Any:
+        """The class label, or with ``fields`` the target dict moved by the sample's crop (with
+        ``views``: one per view, each moved by its view)."""
         if self._targets is None:
             return int(shard.labels[local])
+        height, width = int(shard.heights[local]), int(shard.widths[local])
+        if self.views is not None:
+            return [self._targets.build(shard, local, targetmod.move_for(
+                plan, "random_resized", size[0], height, width))
+                for plan, size in zip(plans, self._sizes)]
         move = (None if self.output == "bytes" else targetmod.move_for(
-            plan, self.crop_mode, self.crop, int(shard.heights[local]), int(shard.widths[local])))
+            plans[0], self.crop_mode, self.crop, height, width))
         return self._targets.build(shard, local, move)
 
     def _item(self, shard: OpenShard, k: int, local: int, buf,
-              origin: augment.Plan | None) -> tuple[Any, Any]:
+              origin: list[augment.Plan | None]) -> tuple[Any, Any]:
         label = self._label(shard, local, origin)
         if self.output == "bytes":
             if self.verify:
                 self._decoder.check(shard, k, local, buf)
             return self._sample(bytes(buf), label)
-        if self.crop is None:
-            img = self._decoder.image(shard, k, local, buf)
-        else:
-            img = np.empty((self.crop, self.crop, 3), np.uint8)
-            self._decoder.into(img, shard, k, local, buf, int(shard.heights[local]),
-                               int(shard.widths[local]), origin)
-        return self._sample(self._present(img), label)
+        if self._sizes is None:
+            return self._sample(self._present(self._decoder.image(shard, k, local, buf)), label)
+        outs = [np.empty((h, w, 3), np.uint8) for h, w in self._sizes]
+        self._decoder.into(outs, shard, k, local, buf, int(shard.heights[local]),
+                           int(shard.widths[local]), origin)
+        if self.views is None:
+            return self._sample(self._present(outs[0]), label)
+        return self._sample([self._present(out) for out in outs], label)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         k, local = self.store.locate(check_index(index, len(self)))
@@ -283,9 +340,10 @@ class ShardDataset(OpenedInWorkers, Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list:
         """A batch: one read transaction per shard, optional threads, one buffer when cropping."""
         indices = check_indices(indices, len(self))
-        if self.output == "bytes" or self.crop is None or self.transform is not None \
-                or self.transforms is not None \
-                or self.output == "pil":
+        if self.output == "bytes" or self._sizes is None or self.transform is not None \
+                or self.transforms is not None or self.output == "pil" \
+                or (self.views is not None and self._targets is not None
+                    and self.target_transform is not None):
             return self._getitems_each(indices)
         return self._getitems_batched(indices)
 
@@ -315,23 +373,31 @@ class ShardDataset(OpenedInWorkers, Dataset):
         return results
 
     def _plans(self, located: list[tuple[int, np.ndarray, np.ndarray]],
-               n: int) -> list[augment.Plan | None]:
-        """Each batch position's box and flip, drawn in batch order (as ``__getitem__`` would)."""
-        if self._recipe is None:
-            return [None] * n
+               n: int) -> list[list[augment.Plan | None]]:
+        """Each batch position's boxes and flips (one per view), drawn in batch order (as
+        ``__getitem__`` would)."""
+        if self._recipes is None:
+            return [[None]] * n
         sizes = np.empty((n, 2), dtype=np.int64)
         for k, positions, local in located:
             shard = self.store.shard(k)
             sizes[positions, 0], sizes[positions, 1] = shard.heights[local], shard.widths[local]
-        return self._recipe.draws(sizes.tolist())
+        return augment.draw_views(self._recipes, sizes.tolist())
 
     def _getitems_batched(self, indices: Sequence[int]) -> Batch:
-        n, c = len(indices), self.crop
-        # A reusable buffer (shared memory in a worker, so sending the batch is free).
-        images, slot = batchpool.pool(get_worker_info() is not None).take((n, c, c, 3))
-        pixels = images.numpy()
+        n, sizes, views = len(indices), self._sizes, self.views
+        # One reusable buffer (shared memory in a worker, so sending the batch is free), each
+        # view's N x H x W x 3 block after the previous one's.
+        flat, slot = batchpool.pool(get_worker_info() is not None).take(
+            (sum(n * h * w * 3 for h, w in sizes),))
+        blocks, start = [], 0
+        for h, w in sizes:
+            blocks.append(flat[start:start + n * h * w * 3].view(n, h, w, 3))
+            start += n * h * w * 3
+        pixels = [block.numpy() for block in blocks]
         labels = np.empty(n, dtype=np.int64)
-        target_list: list[Any] = [None] * n
+        # per view: each position's target (with fields)
+        target_lists: list[list[Any]] = [[None] * n for _ in sizes]
         located = self._by_shard(indices)
         plans = self._plans(located, n)
         for k, positions, local in located:
@@ -341,33 +407,43 @@ class ShardDataset(OpenedInWorkers, Dataset):
             widths = shard.widths[local].tolist()
             local_list = local.tolist()
             with shard.reader.records() as get:
-                jobs = [(pixels[pos], shard, k, i, get(i), h, w, plans[pos])
+                jobs = [([p[pos] for p in pixels], shard, k, i, get(i), h, w, plans[pos])
                         for pos, i, h, w in zip(positions.tolist(), local_list, heights, widths)]
                 self._fanout.run(self._decoder.into, jobs)
             if self._targets is not None:  # boxes of the whole shard's part moved at once
-                built = self._targets.build_batch(shard, local_list,
-                                                  [plans[p] for p in positions.tolist()],
-                                                  self.crop_mode, self.crop)
-                for pos, target in zip(positions.tolist(), built):
-                    target_list[pos] = target
+                mode = "random_resized" if views is not None else self.crop_mode
+                for v, (size, _) in enumerate(sizes):
+                    built = self._targets.build_batch(shard, local_list,
+                                                      [plans[p][v] for p in positions.tolist()],
+                                                      mode, size)
+                    for pos, target in zip(positions.tolist(), built):
+                        target_lists[v][pos] = target
         batch = Batch()
-        label_list = labels.tolist() if self._targets is None else target_list
-        if self.target_transform is not None:
-            label_list = [self.target_transform(t) for t in label_list]
         if self.output == "tensor":
-            views = images.permute(0, 3, 1, 2)
-            batch.extend(zip(views.unbind(0), label_list))
-            batch.images = views
-            batch.slot = slot
+            images = [block.permute(0, 3, 1, 2) for block in blocks]
+            samples = [image.unbind(0) for image in images]
         else:
             # numpy samples; the batch is what default_collate makes of them: an N x H x W x C
             # uint8 tensor (here without a copy), so either collate yields the same type.
-            batch.extend(zip(pixels, label_list))
-            batch.images = images
-            batch.slot = slot
+            images, samples = blocks, pixels
             batch.channels_last = True
+        batch.slot = slot
+        if views is None:
+            batch.images = images[0]
+            label_list = labels.tolist() if self._targets is None else target_lists[0]
+            if self.target_transform is not None:
+                label_list = [self.target_transform(t) for t in label_list]
+            batch.extend(zip(samples[0], label_list))
+        else:
+            batch.images = images
+            label_list = (labels.tolist() if self._targets is None
+                          else [list(ts) for ts in zip(*target_lists)])
+            if self.target_transform is not None:
+                label_list = [self.target_transform(t) for t in label_list]
+            batch.extend(zip(map(list, zip(*samples)), label_list))
         if self._targets is not None:
-            batch.labels = self._targets.collate(label_list)
+            batch.labels = (self._targets.collate(label_list) if views is None
+                            else [self._targets.collate(ts) for ts in target_lists])
         else:
             batch.labels = (torch.from_numpy(labels) if self.target_transform is None
                             else shipping.collate(label_list))

@@ -25,6 +25,43 @@ from shardkit.bench.sample import make_sample, photo_like
 
 RATIO = [3 / 4, 4 / 3]
 SEEDS = list(range(6))
+# DINO-like views (small for speed): two global, three local, one non-square that never flips,
+# one that always does. [size, scale, ratio, flip]
+VIEWS = [[[64, 64], [0.32, 1.0], RATIO, 0.5]] * 2 + [[[32, 32], [0.05, 0.32], RATIO, 0.5]] * 3 \
+    + [[[40, 24], [0.2, 1.0], [0.5, 2.0], 0.0], [[48, 48], [0.08, 1.0], RATIO, 1.0]]
+VIEW_SEEDS = list(range(8))
+
+
+def _views_store(path: str) -> str:
+    """JPEGs of odd sides (not multiples of 8 or 16; some smaller than the views): 4:2:0,
+    4:4:4 and grayscale in turn, with boxes (one the whole image, one tiny), labels and
+    instance masks."""
+    import simplejpeg
+
+    from shardkit import fields as F
+
+    rng = np.random.default_rng(25)
+    sizes = [(97, 131), (130, 77), (203, 157), (61, 45), (255, 301), (149, 149), (37, 90),
+             (300, 211), (121, 199)]
+    schema = [F.Boxes("boxes"), F.PerBox("labels"), F.Masks("masks")]
+    with shardkit.StoreWriter(path, ["a"], schema=schema) as w:
+        for i, (h, wd) in enumerate(sizes):
+            img = photo_like(rng, wd, h)
+            if i % 3 == 2:
+                gray = np.ascontiguousarray(img.mean(axis=2).astype(np.uint8)[..., None])
+                data = simplejpeg.encode_jpeg(gray, quality=90, colorspace="GRAY")
+            else:
+                data = simplejpeg.encode_jpeg(img, quality=90, colorspace="RGB",
+                                              colorsubsampling="420" if i % 3 == 0 else "444")
+            k = 4
+            x1, y1 = rng.uniform(0, wd - 2, k), rng.uniform(0, h - 2, k)
+            boxes = np.column_stack([x1, y1, rng.uniform(x1, wd), rng.uniform(y1, h)])
+            boxes[0] = [0, 0, wd, h]
+            boxes[1, 2:] = boxes[1, :2] + 0.7
+            masks = (rng.random((k, h, wd)) > 0.6).astype(np.uint8)
+            w.add_encoded(data, 0, h, wd, boxes=boxes, labels=rng.integers(1, 5, k),
+                          masks=masks)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +120,8 @@ def probe(tv_python, tmp_path_factory) -> dict:
                      "indices": resized},
         "normalize": {"check": "normalize", "mean": [0.485, 0.456, 0.406],
                       "std": [0.229, 0.224, 0.225]},
+        "views": {"check": "views", "store": _views_store(str(base / "views.lmdb")),
+                  "views": VIEWS, "seeds": VIEW_SEEDS},
     }
     done = run_program("tv_parity", json.dumps(config), python=tv_python, capture_output=True,
                        text=True, timeout=900)
@@ -142,3 +181,18 @@ def test_evaluation_centre_crop_matches_resize_256_center_crop_224(probe):
 
 def test_normalize_equals_float_div_then_v2_normalize(probe):
     assert probe["normalize"] == {"equal": True, "dtype": "torch.float32"}
+
+
+def test_views_identical_to_each_view_of_torchvision_in_turn(probe):
+    """``views=[...]``: every view of every sample ``torch.equal`` to v2's
+    ``Compose([RandomResizedCrop, RandomHorizontalFlip])`` of each view applied in turn (odd
+    sides, 4:2:0, 4:4:4 and grayscale JPEGs, non-square and never/always flipped views), on every
+    path; with fields, boxes, labels and masks of every view as v2 moves and sanitizes them."""
+    got = probe["views"]
+    samples = 9 * len(VIEW_SEEDS) * len(VIEWS)
+    for path in ("single", "batch", "batch_threads2", "batch_numpy"):
+        assert got[path] == {"samples": samples, "differing": 0, "max_abs": 0}, path
+    square = sum(v[0][0] == v[0][1] for v in VIEWS)
+    fields = got["fields"]
+    assert fields["differing"] == [] and fields["compared"] == 9 * len(VIEW_SEEDS) * square
+    assert fields["boxes_dropped"] > 0  # sanitize had boxes to drop

@@ -90,6 +90,100 @@ def check_recipe(cfg: dict) -> dict:
     return out
 
 
+def view_transforms(views: list) -> list:
+    """What a DINO-style ``DataAugmentation`` applies, one view after the other: each view's
+    ``Compose([RandomResizedCrop(size, scale, ratio, antialias=True), RandomHorizontalFlip(p)])``
+    (with ``SanitizeBoundingBoxes()`` after it when ``sanitize``)."""
+    return [v2.Compose([v2.RandomResizedCrop(tuple(size), scale=tuple(scale), ratio=tuple(ratio),
+                                             antialias=True), v2.RandomHorizontalFlip(flip)])
+            for size, scale, ratio, flip in views]
+
+
+def _same_target(ours: dict, ref: dict) -> bool:
+    from torchvision import tv_tensors
+
+    if set(ours) != set(ref):
+        return False
+    for key, b in ref.items():
+        a = ours[key]
+        if not isinstance(b, torch.Tensor):
+            if a != b:
+                return False
+            continue
+        if type(a) is not type(b) or a.dtype != b.dtype or not torch.equal(
+                a.as_subclass(torch.Tensor), b.as_subclass(torch.Tensor)):
+            return False
+        if isinstance(b, tv_tensors.BoundingBoxes) and tuple(a.canvas_size) != tuple(
+                b.canvas_size):
+            return False
+    return True
+
+
+def check_views(cfg: dict) -> dict:
+    """``ShardDataset(path, views=[...])`` against each view's v2 transform applied in turn to
+    the plain stored image under the same seed: items, batches (threads, numpy), and with
+    ``fields`` (boxes, labels, masks; ``sanitize``) the targets of every view."""
+    views = [shardkit.View(tuple(size), tuple(scale), tuple(ratio), flip)
+             for size, scale, ratio, flip in cfg["views"]]
+    transforms = view_transforms(cfg["views"])
+    path = cfg["store"]
+    full = ShardDataset(path)
+    n = len(full)
+    paths = {"single": ShardDataset(path, views=views),
+             "batch": ShardDataset(path, views=views),
+             "batch_threads2": ShardDataset(path, views=views, threads=2),
+             "batch_numpy": ShardDataset(path, views=views, output="numpy")}
+    tallies = {name: Tally() for name in paths}
+    for seed in cfg["seeds"]:
+        torch.manual_seed(seed)
+        reference = [[t(full[i][0]) for t in transforms] for i in range(n)]
+        for name, ds in paths.items():
+            torch.manual_seed(seed)
+            if name == "single":
+                got = [ds[i][0] for i in range(n)]
+            else:
+                images = shardkit.collate(ds.__getitems__(list(range(n))))[0]
+                got = [[as_chw(images[v][i].numpy() if name == "batch_numpy" else images[v][i])
+                        for v in range(len(views))] for i in range(n)]
+            for ours, ref in zip(got, reference):
+                if len(ours) != len(ref):
+                    tallies[name].differing += 1
+                for a, b in zip(ours, ref):
+                    tallies[name].add(as_chw(a), b)
+    out = {name: tally.result() for name, tally in tallies.items()}
+    out["views"] = len(views)
+    fields = ["boxes", "labels", "masks"]
+    # boxes and masks follow square views (the non-square ones left out)
+    square = [i for i, v in enumerate(views) if v.size[0] == v.size[1]]
+    raw = ShardDataset(path, fields=fields)
+    ds = ShardDataset(path, fields=fields, views=[views[i] for i in square], sanitize=True)
+    steps = [v2.Compose([transforms[i], v2.SanitizeBoundingBoxes()]) for i in square]
+    m = len(raw)
+    compared, differing, dropped = 0, [], 0
+    for seed in cfg["seeds"]:
+        torch.manual_seed(seed)
+        refs = [[step(*raw[i]) for step in steps] for i in range(m)]
+        torch.manual_seed(seed)
+        items = [ds[i] for i in range(m)]
+        torch.manual_seed(seed)
+        batch = shardkit.collate(ds.__getitems__(list(range(m))))
+        for i in range(m):
+            for v, (ref_img, ref_t) in enumerate(refs[i]):
+                compared += 1
+                dropped += len(raw[i][1]["boxes"]) - len(ref_t["boxes"])
+                item_ok = torch.equal(items[i][0][v], ref_img.as_subclass(torch.Tensor)) \
+                    and _same_target(items[i][1][v], ref_t)
+                batch_ok = torch.equal(batch[0][v][i], ref_img.as_subclass(torch.Tensor)) \
+                    and all(torch.equal(batch[1][v][k][i].as_subclass(torch.Tensor),
+                                        ref_t[k].as_subclass(torch.Tensor)) for k in fields)
+                if not (item_ok and batch_ok):
+                    differing.append([seed, i, v, item_ok, batch_ok])
+    out["fields"] = {"compared": compared, "differing": differing, "boxes_dropped": dropped}
+    for d in [*paths.values(), ds, raw, full]:
+        d.close()
+    return out
+
+
 def check_loader(cfg: dict) -> dict:
     """DataLoader worker processes (fork, spawn): each worker draws from its own seed,
     ``base_seed + worker_id``, exactly as torchvision transforms in that worker would."""
@@ -158,7 +252,7 @@ def check_normalize(cfg: dict) -> dict:
 def main(argv: list[str]) -> None:
     cfg = json.loads(argv[0])
     checks = {"recipe": check_recipe, "loader": check_loader, "eval": check_eval,
-              "normalize": check_normalize}
+              "normalize": check_normalize, "views": check_views}
     result = {name: checks[c["check"]](c) for name, c in cfg.items()}
     import torchvision
 
