@@ -87,21 +87,45 @@ def open_lock(path: str, how: int, wait: float | None = None, new: bool = False)
         if wait is None:
             fcntl.flock(fd, how)
             return fd
-        end, pause = time.monotonic() + wait, 0.005
-        while True:
-            try:
-                fcntl.flock(fd, how | fcntl.LOCK_NB)
-                return fd
-            except BlockingIOError:
-                left = end - time.monotonic()
-                if left <= 0:
-                    close(fd)
-                    return None
-                time.sleep(min(pause, left))
-                pause = min(pause * 2, 0.1)
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            pass
     except BaseException:
         close(fd)
         raise
+    return _wait_lock(fd, how, wait)
+
+
+def _wait_lock(fd: int, how: int, wait: float) -> int | None:
+    """``fd`` once it holds ``flock(how)``, or None (``fd`` closed) after ``wait`` seconds. The
+    wait is a blocking ``flock`` in a helper thread (the kernel queues it: no polling); a thread
+    that gets the lock after its waiter gave up closes it at once."""
+    done = threading.Event()
+    guard = threading.Lock()
+    state: dict[str, object] = {"abandoned": False, "error": None}
+
+    def take() -> None:
+        try:
+            fcntl.flock(fd, how)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            state["error"] = exc
+        with guard:
+            if state["abandoned"]:
+                close(fd)
+            done.set()
+
+    threading.Thread(target=take, daemon=True, name="shardkit-lock-wait").start()
+    done.wait(wait)
+    with guard:
+        if not done.is_set():
+            state["abandoned"] = True
+            return None
+    if state["error"] is not None:
+        close(fd)
+        raise state["error"]  # type: ignore[misc]
+    return fd
 
 
 def try_lock(path: str, how: int, create: bool = False) -> int | None:
