@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 import simplejpeg
 
+from .. import codec
 from ..codec import RecordDecodeError
 from ..jpegrows import parse_header
 
@@ -72,16 +73,21 @@ def window(top: int, bottom: int, height: int, mcu_height: int,
 
 
 def decode_rows(data, starts: np.ndarray, top: int, bottom: int, fast: bool = False,
-                buffer: np.ndarray | None = None, bgr: bool = False) -> tuple[np.ndarray, int]:
+                buffer: np.ndarray | None = None, bgr: bool = False,
+                size: tuple[int, int] | None = None) -> tuple[np.ndarray, int]:
     """Decode the MCU rows of a JPEG record that pixel rows ``[top, bottom)`` need.
 
     ``starts`` is the record's row index (:func:`shardkit.jpegrows.row_starts`). Returns
     ``(pixels, y0)``: the decoded rows, from image row ``y0`` on, full width, RGB (BGR if
     ``bgr``); ``pixels[top - y0:bottom - y0]`` are exactly those rows of a full decode with the
-    same ``fast``. ``buffer`` as in :func:`shardkit.codec.decode`.
+    same ``fast``. ``buffer`` as in :func:`shardkit.codec.decode`; ``size``: the (height, width)
+    the index gives the record, checked against its header.
     """
     scan = int(starts[0])
     head = header(data, scan)
+    if size is not None and size != (head.height, head.width):
+        raise RecordDecodeError(f"JPEG record is {head.width}x{head.height}, index says "
+                                f"{size[1]}x{size[0]}")
     mh, rows = head.mcu_height, len(starts) - 1
     if rows != -(-head.height // mh):
         raise RecordDecodeError("JPEG record does not match its row index")
@@ -126,3 +132,33 @@ def cut(data, starts: np.ndarray, scan: int, head: Header, m0: int, m1: int,
 
 
 _RST = [bytes([0xFF, 0xD0 + k]) for k in range(8)]
+
+
+def record_rows(shard, local: int) -> np.ndarray | None:
+    """Record ``local``'s row starts in an open shard's index (``OpenShard.row_offsets`` /
+    ``row_starts``), or None: a store packed before row markers, or a record without them."""
+    offsets = shard.row_offsets
+    if offsets is None:
+        return None
+    a, b = int(offsets[local]), int(offsets[local + 1])
+    return shard.row_starts[a:b] if b > a else None
+
+
+def box_rows(boxes, height: int) -> tuple[int, int]:
+    """The image rows ``[top, bottom)`` that boxes ``(top, left, height, width, ...)`` cover
+    (their union's rows, inside the image; boxes may reach outside it: zero padding)."""
+    top = max(min(b[0] for b in boxes), 0)
+    bottom = min(max(b[0] + b[2] for b in boxes), height)
+    return top, max(bottom, top + 1)
+
+
+def crop_into(out: np.ndarray, data, starts: np.ndarray, height: int, width: int,
+              origin: tuple[int, int] | None = None, fast: bool = False) -> None:
+    """``codec.decode_crop_into`` decoding only the rows the crop covers: ``out`` (N x N x 3)
+    gets the crop whose top-left source corner is ``origin`` (centre crop if None), zeros
+    outside the image; ``height`` x ``width``: the record's size in the index."""
+    top, left = origin or codec.center_origin(height, width, out.shape[0])
+    first, last = box_rows(((top, left, out.shape[0], out.shape[1]),), height)
+    img, y0 = decode_rows(data, starts, first, last, fast, codec.scratch(height * width * 3),
+                          size=(height, width))
+    codec.crop_into(out, img, top - y0, left)

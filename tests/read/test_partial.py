@@ -9,11 +9,12 @@ import io
 import numpy as np
 import pytest
 import simplejpeg
+import torch
 from helpers import image_tree, noise, run_cli
 from PIL import Image
 
 import shardkit
-from shardkit import jpegrows
+from shardkit import ShardDataset, jpegrows
 from shardkit.codec import encode
 from shardkit.packing import StoreWriter
 from shardkit.read import partial
@@ -128,3 +129,58 @@ def test_pack_marks_every_record_and_info_says_so(tmp_path) -> None:
     proc = run_cli("info", out)
     assert proc.returncode == 0, proc.stderr
     assert "row markers: all 4 records" in proc.stdout
+
+
+def _twin_stores(tmp_path, fmt: str) -> tuple[str, str]:
+    """The same images of odd sizes stored twice: with row markers, and as stores packed before
+    them (no markers, no row index: decoded whole)."""
+    rng = np.random.default_rng(11)
+    arrs = [noise(rng, int(h), int(w)) for h, w in rng.integers(33, 90, size=(12, 2))]
+    ext = ".h5" if fmt == "hdf5" else ".lmdb"
+    paths = []
+    for name, markers in (("rows", True), ("old", False)):
+        path = str(tmp_path / f"{name}{ext}")
+        with StoreWriter(path, ["a", "b"], format=fmt, size=0) as w:
+            for i, arr in enumerate(arrs):
+                w.add_encoded(encode(arr, "jpeg", 90, row_markers=markers), i % 2, *arr.shape[:2])
+        paths.append(path)
+    assert [shardkit.info(p)["row_markers"] for p in paths] == [12, 0]
+    return paths[0], paths[1]
+
+
+def _epoch(ds, seed: int) -> list[torch.Tensor]:
+    torch.manual_seed(seed)
+    items = [ds[i][0] for i in range(len(ds))]
+    torch.manual_seed(seed)
+    images, _ = shardkit.collate(ds.__getitems__(list(range(len(ds)))))
+    return items + list(images)
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_crops_decoded_by_rows_equal_full_decodes(tmp_path, fmt) -> None:
+    """Centre, random and random resized crops (flipped or not), exact and fast decode, items
+    and batches: the store with row markers (decoded by rows) gives exactly the pixels of the
+    store without (decoded whole), many seeds."""
+    rows, old = _twin_stores(tmp_path, fmt)
+    for fast in (False, True):
+        for mode, kw in (("center", {}), ("random", {"flip": 0.5}),
+                         ("random_resized", {"flip": 0.5, "scale": (0.05, 0.6)})):
+            opts = dict(crop=24, crop_mode=mode, fast_decode=fast, **kw)
+            a, b = ShardDataset(rows, **opts), ShardDataset(old, **opts)
+            assert a.store.shard(0).row_offsets is not None
+            for seed in range(4 if mode != "center" else 1):
+                for x, y in zip(_epoch(a, seed), _epoch(b, seed)):
+                    assert torch.equal(x, y), (fast, mode, seed)
+
+
+def test_row_decode_in_dataloader_workers(tmp_path) -> None:
+    """Forked DataLoader workers decode by rows too: the same batches as the old store's."""
+    rows, old = _twin_stores(tmp_path, "lmdb")
+    opts = dict(crop=24, crop_mode="random_resized", flip=0.5, scale=(0.05, 0.6))
+    got = []
+    for path in (rows, old):
+        torch.manual_seed(0)
+        loader = ShardDataset(path, **opts).loader(batch_size=4, num_workers=2)
+        got.append([images for images, _ in loader])
+    assert len(got[0]) == 3
+    assert all(torch.equal(x, y) for x, y in zip(*got))
