@@ -13,6 +13,13 @@ A JPEG whose box is at least twice the output size on both sides is decoded DCT-
 or 1/8: the factors libjpeg-turbo decodes faster than full size), the box mapped onto the smaller
 image, unless the recipe says ``dct_scale=False``. The pixels then differ slightly from
 torchvision's; with stores packed at 256 (the default) a 224 crop never qualifies.
+
+Several views of one sample (``View``: self-supervised multi-crop) are one recipe each, drawn one
+after the other per sample (``draw_views``: what ``Compose([RandomResizedCrop, RandomHorizontalFlip])``
+of each view, applied in turn, draws). A sample is then decoded in three steps
+(``decode_views``): every view's box is known first, the record is decoded once for all of them
+(``decode_boxes``: the one function that maps a record and its boxes to pixels, where a decode of
+only the rows the boxes cover plugs in), then each view is cut, resized and flipped from it.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import math
 import platform
 import threading
+from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
@@ -79,15 +87,73 @@ def _pair(value: Any, name: str) -> tuple[float, float]:
     return low, high
 
 
+def _size(value: Any) -> tuple[int, int]:
+    if isinstance(value, (bool, np.bool_)):
+        value = None
+    if isinstance(value, (int, np.integer)):
+        value = (value, value)
+    try:
+        h, w = value
+    except (TypeError, ValueError):
+        h = w = None
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v > 0
+               for v in (h, w)):
+        raise OptionError(f"View size must be a positive int or a pair (height, width) of them, "
+                          f"got {value!r}")
+    return int(h), int(w)
+
+
+@dataclass(frozen=True)
+class View:
+    """One view of a sample: torchvision v2's ``RandomResizedCrop(size, scale, ratio,
+    antialias=True)`` then ``RandomHorizontalFlip(flip)``, done at decode
+    (``ShardDataset(path, views=[...])``). ``size``: an int (square) or (height, width); stored
+    as (height, width)."""
+
+    size: int | tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+    flip: float = 0.5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", _size(self.size))
+        object.__setattr__(self, "scale", _pair(self.scale, "View scale"))
+        object.__setattr__(self, "ratio", _pair(self.ratio, "View ratio"))
+        flip = self.flip
+        if isinstance(flip, (bool, np.bool_)) or not isinstance(flip, (int, float)) \
+                or not 0 <= flip <= 1:
+            raise OptionError(f"View flip must be a probability between 0 and 1, got {flip!r}")
+        object.__setattr__(self, "flip", float(flip))
+
+    def recipe(self, dct_scale: bool = True) -> "Recipe":
+        """The recipe that draws this view's box and flip (its flip drawn even at 0, as
+        ``RandomHorizontalFlip(0)`` draws)."""
+        return Recipe(self.size, "random_resized", self.scale, self.ratio, self.flip, dct_scale,
+                      always_draw_flip=True)
+
+
+def check_views(views: Any) -> tuple[View, ...]:
+    """``ShardDataset``'s ``views``: a non-empty sequence of :class:`View`."""
+    if isinstance(views, (View, str, bytes)) or not isinstance(views, Sequence) or not views \
+            or not all(isinstance(v, View) for v in views):
+        raise OptionError(f"views must be a non-empty list of shardkit.View, got {views!r}")
+    return tuple(views)
+
+
 class Recipe:
     """How a dataset draws each sample's crop box and flip (torch's global RNG, in the calling
     thread: DataLoader workers each have their own seed, ``torch.manual_seed`` reproduces them)."""
 
-    def __init__(self, size: int, mode: str, scale: Sequence[float] = (0.08, 1.0),
+    def __init__(self, size: int | tuple[int, int], mode: str,
+                 scale: Sequence[float] = (0.08, 1.0),
                  ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip: float = 0.0,
-                 dct_scale: bool = True) -> None:
-        self.size = size
+                 dct_scale: bool = True, always_draw_flip: bool = False) -> None:
+        # ``size``: the output, square or (height, width) (``random_resized`` only).
+        self.out = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+        self.size = size if isinstance(size, int) else self.out[0]
         self.mode = mode
+        # A view's ``RandomHorizontalFlip(p)`` draws ``torch.rand(1)`` even for p == 0.
+        self.always_draw_flip = always_draw_flip
         self.dct_scale = dct_scale
         self.scale = _pair(scale, "scale")
         self.ratio = _pair(ratio, "ratio")
@@ -104,12 +170,13 @@ class Recipe:
         ``RandomResizedCrop.make_params`` (or ``CenterCrop``/``RandomCrop``), then
         ``RandomHorizontalFlip``."""
         size, mode, dct_scale = self.size, self.mode, self.dct_scale
+        out_h, out_w = self.out
         (s0, s1), (r0, r1) = self.scale, self.log_ratio
         real = _DRAWS.reals()
         uniform, randint, sqrt = real.uniform_, _DRAWS.integer.random_, math.sqrt
         # ``if torch.rand(1) >= p: return inputs`` (p == 0 draws nothing here, so a dataset
         # without flip draws exactly what it drew before flip existed).
-        p = self._flip32 if self.flip > 0 else None
+        p = self._flip32 if self.flip > 0 or self.always_draw_flip else None
         plans = []
         for height, width in sizes:
             if mode == "random_resized":
@@ -130,7 +197,8 @@ class Recipe:
                              else codec.random_origin(height, width, size, _DRAWS))
                 h = w = size
             flip = p is not None and not uniform(0, 1).item() >= p
-            dct = dct_factor(h, w, size) if dct_scale and min(h, w) >= 2 * size else 1
+            dct = (dct_factor(h, w, out_h, out_w)
+                   if dct_scale and h >= 2 * out_h and w >= 2 * out_w else 1)
             plans.append(Plan(top, left, h, w, flip, dct))
         return plans
 
@@ -146,6 +214,15 @@ class Recipe:
         else:
             w, h = width, height
         return (height - h) // 2, (width - w) // 2, h, w
+
+
+def draw_views(recipes: Sequence[Recipe], sizes: Sequence[Sequence[int]]) -> list[list[Plan]]:
+    """Each sample's plans, one per recipe (view): sample after sample, each view's draws in
+    turn, as ``[Compose([RandomResizedCrop, RandomHorizontalFlip]) for each view]`` applied one
+    after the other to each sample. One recipe: its ``draws`` (the same calls)."""
+    if len(recipes) == 1:
+        return [[plan] for plan in recipes[0].draws(sizes)]
+    return [[r.draws((size,))[0] for r in recipes] for size in sizes]
 
 
 def recipe(crop: int | None, mode: str, scale: Sequence[float], ratio: Sequence[float],
@@ -164,10 +241,12 @@ def recipe(crop: int | None, mode: str, scale: Sequence[float], ratio: Sequence[
     return None if mode == "center" and not flip else made
 
 
-def dct_factor(box_height: int, box_width: int, size: int) -> int:
-    """Largest DCT scale-down (8, 4, 2 or 1) that keeps a box at least ``size`` on both sides."""
+def dct_factor(box_height: int, box_width: int, size: int, size_width: int | None = None) -> int:
+    """Largest DCT scale-down (8, 4, 2 or 1) that keeps a box at least ``size`` (high, and
+    ``size_width`` wide: ``size`` if None) on both sides."""
+    size_width = size if size_width is None else size_width
     for k in DCT_FACTORS:
-        if box_height >= k * size and box_width >= k * size:
+        if box_height >= k * size and box_width >= k * size_width:
             return k
     return 1
 
@@ -206,54 +285,99 @@ def resize_into(out: np.ndarray, src: np.ndarray) -> None:
     target.copy_(resized.round_())
 
 
-def decode_into(out: np.ndarray, data, encoding: str, height: int, width: int,
-                plan: Plan | None, fast: bool = False, rows: np.ndarray | None = None) -> int:
-    """Decode one record, crop ``plan``'s box, resize it to ``out``'s size and flip it as planned.
+class Decoded(NamedTuple):
+    """A record decoded for its boxes: ``pixels`` are rows ``row0`` .. of the image decoded at
+    1/``scale`` (``height`` x ``width`` at that scale), RGB, or BGR when ``bgr``."""
 
-    ``plan`` None is a centre crop. ``rows``: a JPEG record's row starts
-    (``partial.record_rows``): only the rows the box covers are decoded (None: decoded whole).
-    Returns the DCT scale-down used (1: full size).
-    """
-    if plan is None:
-        if rows is not None:
-            partial.crop_into(out, data, rows, height, width, None, fast)
-        else:
-            codec.decode_crop_into(out, data, encoding, height, width, None, fast)
-        return 1
-    top, left, h, w, flip, dct = plan
+    pixels: np.ndarray
+    scale: int
+    height: int
+    width: int
+    bgr: bool = False
+    row0: int = 0
+
+
+def decode_boxes(data, encoding: str, height: int, width: int, plans: Sequence[Plan],
+                 fast: bool = False, bgr: bool = False, rows: np.ndarray | None = None) -> Decoded:
+    """Decode one record once for all of a sample's ``plans`` (their boxes are known: a decode
+    of only the rows they cover may replace this). DCT-scaled by the smallest scale any plan
+    allows; in this thread's scratch buffer."""
+    k = min(p.dct for p in plans) if encoding == "jpeg" else 1
+    sh, sw = -(-height // k), -(-width // k)
+    buffer = codec.scratch(sh * sw * 3) if encoding == "jpeg" else None
+    if rows is not None and k == 1:  # a record with row markers: only the rows the boxes cover
+        top, bottom = partial.box_rows(plans, height)
+        img, row0 = partial.decode_rows(data, rows, top, bottom, fast, buffer, bgr,
+                                        (height, width))
+        return Decoded(img, 1, height, width, bgr, row0)
+    img = codec.decode(data, encoding, height, width, fast, buffer, scale=k, bgr=bgr)
+    return Decoded(img, k, sh, sw, bgr)
+
+
+def cut_into(out: np.ndarray, src: Decoded, plan: Plan) -> None:
+    """``plan``'s box of the decoded ``src``, resized to ``out``'s size and flipped as planned
+    (a BGR ``src``: only for flipped plans, the row reversal turning it into RGB)."""
+    top, left, h, w, flip, _ = plan
+    img, k = src.pixels, src.scale
     if (h, w) == out.shape[:2]:  # nothing to resize (torchvision returns the crop as it is)
-        k = 1
-        if rows is not None:
-            partial.crop_into(out, data, rows, height, width, (top, left), fast)
-        else:
-            codec.decode_crop_into(out, data, encoding, height, width, (top, left), fast)
-    else:
-        k = dct if encoding == "jpeg" else 1
-        sh, sw = -(-height // k), -(-width // k)
-        buffer = codec.scratch(sh * sw * 3) if encoding == "jpeg" else None
-        # A flipped JPEG is decoded BGR and resized, then each row's bytes are reversed into
-        # ``out``: the mirror image in RGB (the kernel treats channels alike).
-        bgr = flip and buffer is not None and out.flags.c_contiguous
-        if rows is not None and k == 1:  # only the rows the box covers
-            first, last = partial.box_rows((plan,), height)
-            img, row0 = partial.decode_rows(data, rows, first, last, fast, buffer, bgr,
-                                            (height, width))
-            top -= row0
-        else:
-            img = codec.decode(data, encoding, height, width, fast, buffer, scale=k, bgr=bgr)
-        if k > 1:  # the box on the scaled image, edges rounded to the nearest scaled pixel
-            y0, x0 = int(top / k + 0.5), int(left / k + 0.5)
-            y1, x1 = min(int((top + h) / k + 0.5), sh), min(int((left + w) / k + 0.5), sw)
-            top, left, h, w = y0, x0, y1 - y0, x1 - x0
-        if bgr:
-            resized = codec.scratch(out.nbytes, slot=2)[:out.nbytes].reshape(out.shape)
-            resize_into(resized, img[top:top + h, left:left + w])
-            _reverse_rows(out, resized)
-            return k
-        resize_into(out, img[top:top + h, left:left + w])
+        if src.bgr:
+            raise ValueError("a crop that is not resized needs an RGB decode")
+        codec.crop_into(out, img, top - src.row0, left)  # outside the image: zeros
+        if flip:
+            mirror(out)
+        return
+    if k > 1:  # the box on the scaled image, edges rounded to the nearest scaled pixel
+        y0, x0 = int(top / k + 0.5), int(left / k + 0.5)
+        y1, x1 = min(int((top + h) / k + 0.5), src.height), min(int((left + w) / k + 0.5),
+                                                                  src.width)
+        top, left, h, w = y0, x0, y1 - y0, x1 - x0
+    box = img[top - src.row0:top - src.row0 + h, left:left + w]
+    if src.bgr:
+        if not flip:
+            raise ValueError("a BGR decode serves flipped plans only")
+        # Resized BGR, then each row's bytes reversed into ``out``: the mirror image in RGB
+        # (the kernel treats channels alike).
+        resized = codec.scratch(out.nbytes, slot=2)[:out.nbytes].reshape(out.shape)
+        resize_into(resized, box)
+        _reverse_rows(out, resized)
+        return
+    resize_into(out, box)
     if flip:
         mirror(out)
-    return k
+
+
+def decode_views(outs: Sequence[np.ndarray], data, encoding: str, height: int, width: int,
+                 plans: Sequence[Plan | None], fast: bool = False,
+                 rows: np.ndarray | None = None) -> int:
+    """Decode one record once and cut every view from it: ``plans[i]``'s box resized to
+    ``outs[i]``'s size and flipped as planned (``[None]``: one plain centre crop).
+
+    Every box is known before the decode (``decode_boxes``, looked up here at each call).
+    ``rows``: a JPEG record's row starts (``partial.record_rows``; None: decoded whole).
+    Returns the DCT scale-down used (1: full size).
+    """
+    if plans[0] is None:
+        if rows is not None:
+            partial.crop_into(outs[0], data, rows, height, width, None, fast)
+        else:
+            codec.decode_crop_into(outs[0], data, encoding, height, width, None, fast)
+        return 1
+    # A JPEG whose every view flips is decoded BGR (see ``cut_into``).
+    bgr = encoding == "jpeg" and all(
+        p.flip and (p.height, p.width) != o.shape[:2] and o.flags.c_contiguous
+        for p, o in zip(plans, outs))
+    src = decode_boxes(data, encoding, height, width, plans, fast, bgr, rows)
+    for out, plan in zip(outs, plans):
+        cut_into(out, src, plan)
+    return src.scale
+
+
+def decode_into(out: np.ndarray, data, encoding: str, height: int, width: int,
+                plan: Plan | None, fast: bool = False) -> int:
+    """Decode one record, crop ``plan``'s box, resize it to ``out``'s size and flip it as planned
+    (``decode_views`` of one view). ``plan`` None is a centre crop. Returns the DCT scale-down
+    used (1: full size)."""
+    return decode_views((out,), data, encoding, height, width, (plan,), fast)
 
 
 GRAIN = 32768  # elements: torch runs an op on one thread below this (at::internal::GRAIN_SIZE)

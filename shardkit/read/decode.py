@@ -64,14 +64,15 @@ class Decoder:
             raise self.error(k, local, exc) from None
         return img if jpeg else img.copy()  # a raw record is a view of the transaction's memory
 
-    def into(self, out: np.ndarray, shard: OpenShard, k: int, local: int, buf, height: int,
-             width: int, plan: augment.Plan | None) -> None:
-        """Decode straight into ``out``: ``plan``'s box resized and flipped, else a centre crop."""
+    def into(self, outs, shard: OpenShard, k: int, local: int, buf, height: int,
+             width: int, plans) -> None:
+        """Decode once straight into every view's ``outs[i]``: ``plans[i]``'s box resized and
+        flipped (``[None]``: one plain centre crop)."""
         if self.verify:
             self.check(shard, k, local, buf)
         try:
-            augment.decode_into(out, buf, self.encoding, height, width, plan, self.fast,
-                                partial.record_rows(shard, local))
+            augment.decode_views(outs, buf, self.encoding, height, width, plans, self.fast,
+                                 partial.record_rows(shard, local))
         except codec.RecordDecodeError as exc:
             raise self.error(k, local, exc) from None
 
