@@ -82,18 +82,19 @@ def _options(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any]
     """
     options = {"skip_instance_cache": True} | dict(storage_options or {})
     scheme = url.split("://", 1)[0]
-    if _is_s3(url):
+    if is_s3(url):
         options["config_kwargs"] = _S3_CONFIG | dict(options.get("config_kwargs") or {})
     elif scheme in ("file", "local"):
         options.setdefault("auto_mkdir", True)  # object stores need no folders; a disk does
     return options
 
 
-def _is_s3(url: str) -> bool:
+def is_s3(url: str) -> bool:
+    """Whether ``url`` is an S3 URL (s3:// or s3a://): those get S3-specific checks."""
     return url.split("://", 1)[0] in ("s3", "s3a")
 
 
-class _Remote:
+class RemoteTarget:
     """An fsspec filesystem for one URL prefix (made per process), and retried calls on it."""
 
     def __init__(self, url: str | os.PathLike, storage_options: dict[str, Any] | None = None):
@@ -114,12 +115,12 @@ class _Remote:
 
                 self._fs, self._root = fsspec.core.url_to_fs(
                     self.url, **_options(self.url, self.storage_options))
-                if _is_s3(self.url):
+                if is_s3(self.url):
                     # s3fs retries every call 5 times on top of botocore's retries and ours:
                     # with timeouts that multiplies to many minutes. This instance is ours.
                     self._fs.retries = 1
             except (ImportError, ValueError) as exc:
-                need = ("pip install 'shardkit[remote]'" if _is_s3(self.url) else
+                need = ("pip install 'shardkit[remote]'" if is_s3(self.url) else
                         "fsspec and the package for this protocol")
                 raise ShardkitError(f"{self.url}: {describe(exc)} (remote stores need "
                                     f"{need})") from None
@@ -137,13 +138,13 @@ class _Remote:
 
     def read_timeout(self) -> float | None:
         """Seconds a read may get no byte before it fails (S3 only), for messages."""
-        if not _is_s3(self.url):
+        if not is_s3(self.url):
             return None
         return _options(self.url, self.storage_options)["config_kwargs"].get("read_timeout")
 
     def failure(self, exc: BaseException, name: str = "") -> Failure:
         failure = classify(exc, self.read_timeout())
-        if failure.code in _BARE_CODES and _is_s3(self.url):
+        if failure.code in _BARE_CODES and is_s3(self.url):
             failure = self._diagnose(name) or failure
         return failure
 
@@ -189,7 +190,7 @@ class _Remote:
         return self.__dict__ | {"_fs": None, "_fs_pid": None}
 
 
-def read_manifest(remote: _Remote) -> bytes:
+def read_manifest(remote: RemoteTarget) -> bytes:
     """The bytes of ``manifest.json`` under ``remote``: its size is asked first (HEAD) and one
     over ``metadata.MAX_MANIFEST_BYTES`` is refused unread; the read itself is a ranged GET of
     at most that many bytes plus one (an object replaced by a larger one meanwhile)."""
@@ -212,7 +213,7 @@ def endpoint(url: str, storage_options: dict[str, Any] | None = None) -> str:
     """The endpoint an ``s3://`` URL is reached at (``storage_options``' ``endpoint_url`` or
     ``client_kwargs.endpoint_url``, else ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``), "" for
     the default one and for other schemes: the same bucket on two servers is two stores."""
-    if not _is_s3(url):
+    if not is_s3(url):
         return ""
     options = storage_options or {}
     client = options.get("client_kwargs") or {}
@@ -221,7 +222,7 @@ def endpoint(url: str, storage_options: dict[str, Any] | None = None) -> str:
     return str(found or "")
 
 
-class RemoteFolder(_Remote):
+class RemoteFolder(RemoteTarget):
     """A folder store under ``url``: its manifest, read and checked at construction."""
 
     def __init__(self, url: str | os.PathLike, storage_options: dict[str, Any] | None = None):

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import metadata
 from ..errors import PackError, StoreError
-from .access import ObjectNotFound, _Remote, read_manifest
+from .access import ObjectNotFound, RemoteTarget, read_manifest
 from .verify import put_verified
 
 RECORDS = ".shardkit-upload"
@@ -36,7 +36,7 @@ class Uploader:
 
     def __init__(self, url: str | os.PathLike, storage_options: dict[str, Any] | None = None, *,
                  resume: bool = False, overwrite: bool = False) -> None:
-        self.remote = _Remote(url, storage_options)
+        self.remote = RemoteTarget(url, storage_options)
         self.resume = resume
         old = _existing_store(self.remote, overwrite)
         # An interrupted overwrite's list: its store's files are orphans now, still to delete.
@@ -113,7 +113,7 @@ class Uploader:
             pass
 
 
-def _existing_store(remote: _Remote, overwrite: bool) -> set[str] | None:
+def _existing_store(remote: RemoteTarget, overwrite: bool) -> set[str] | None:
     """The files named by the store ``remote`` holds (refused unless ``overwrite``; an empty set
     for a manifest that cannot be read), or None when it holds none."""
     manifest = metadata.MANIFEST_NAME
@@ -132,7 +132,7 @@ def _existing_store(remote: _Remote, overwrite: bool) -> set[str] | None:
     return names
 
 
-def _read_names(remote: _Remote, name: str) -> set[str]:
+def _read_names(remote: RemoteTarget, name: str) -> set[str]:
     """The list of names in the JSON object ``name`` (empty when missing or not such a list)."""
     try:
         found = json.loads(remote.retry(name, lambda: remote.fs.cat_file(remote.path(name))))
@@ -141,7 +141,7 @@ def _read_names(remote: _Remote, name: str) -> set[str]:
     return {n for n in found if isinstance(n, str)} if isinstance(found, list) else set()
 
 
-def _listing(remote: _Remote, folder: str = "") -> list[str]:
+def _listing(remote: RemoteTarget, folder: str = "") -> list[str]:
     """Names of the objects directly under the prefix (or its ``folder``)."""
     fs, root = remote.fs, remote.path(folder)
     try:
@@ -153,7 +153,7 @@ def _listing(remote: _Remote, folder: str = "") -> list[str]:
     return [p.rstrip("/").rsplit("/", 1)[-1] for p in paths]
 
 
-def _foreign_objects(remote: _Remote, overwrite: bool) -> list[str]:
+def _foreign_objects(remote: RemoteTarget, overwrite: bool) -> list[str]:
     """Objects under the prefix named like a store's files that shardkit did not write there:
     not named by its manifest, an upload record of an interrupted pack, or an interrupted
     overwrite's list."""
@@ -173,7 +173,7 @@ def check_target(url: str | os.PathLike, storage_options: dict[str, Any] | None 
     and deleted under ``RECORDS``), a store there without ``overwrite``, or (without
     ``overwrite``) other objects named like a store's files, which a store written there would
     mix with (with ``overwrite`` they are kept, unless a new file has the same name)."""
-    remote = _Remote(url, storage_options)
+    remote = RemoteTarget(url, storage_options)
     probe = f"{RECORDS}/probe-{uuid.uuid4().hex[:12]}"
     try:
         _existing_store(remote, overwrite)

@@ -24,13 +24,13 @@ from typing import Any
 
 from ..errors import StoreError
 from . import access
-from .access import _is_s3, _Remote
+from .access import is_s3, RemoteTarget
 
 _CHUNK = 8 << 20
 _S3_PART = 50 << 20  # s3fs's default part size (s3fs.core.calculate_chunksize)
 
 
-def put_verified(remote: _Remote, local_path: str, name: str, size: int,
+def put_verified(remote: RemoteTarget, local_path: str, name: str, size: int,
                  sha256: str | None = None) -> None:
     """Upload ``local_path`` as object ``name`` and check what was stored (see module doc)."""
     sha256 = sha256 or _hash(local_path, hashlib.sha256)
@@ -49,9 +49,9 @@ def put_verified(remote: _Remote, local_path: str, name: str, size: int,
                      "the endpoint")
 
 
-def _put(remote: _Remote, local_path: str, name: str, size: int, sha256: str) -> None:
+def _put(remote: RemoteTarget, local_path: str, name: str, size: int, sha256: str) -> None:
     fs, path = remote.fs, remote.path(name)
-    if not _is_s3(remote.url):
+    if not is_s3(remote.url):
         fs.put_file(local_path, path)
         return
     single = size < 2 * _S3_PART  # what s3fs sends in one PutObject
@@ -71,11 +71,11 @@ def _put(remote: _Remote, local_path: str, name: str, size: int, sha256: str) ->
         raise
 
 
-def stored_problem(remote: _Remote, local_path: str, name: str, size: int,
+def stored_problem(remote: RemoteTarget, local_path: str, name: str, size: int,
                    sha256: str) -> str:
     """Why the stored object ``name`` is not ``local_path`` ("" when it is)."""
     fs, path = remote.fs, remote.path(name)
-    if _is_s3(remote.url):
+    if is_s3(remote.url):
         bucket, key, _ = fs.split_path(path)
         head = fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
         stored = head.get("ContentLength")
