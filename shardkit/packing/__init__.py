@@ -1,8 +1,13 @@
-"""The pack side: image folders in, stores out. Imports only shardkit's core, never the reader.
+"""The pack side: sources in (:mod:`.sources`), stores out. Imports only shardkit's core,
+never the reader.
 
 * :mod:`.api`          ``pack``, ``merge``, ``PackResult``: check options, plan, run, install
 * :mod:`.settings`     ``PackSettings`` (per-image transform) and small records (``Skipped``)
-* :mod:`.discovery`    find sources and labels (torchvision ``ImageFolder`` rules, file lists)
+* :mod:`.sources`      every input of ``pack`` behind one interface and one registry (folder,
+                       file list, COCO, metadata/captions, WebDataset, parquet, MDS, LitData)
+* :mod:`.discovery`    the folder and file-list listings (torchvision ``ImageFolder`` rules)
+* :mod:`.coco` · :mod:`.annotations`  the COCO file and metadata tables those sources read
+* :mod:`.record_fields`  the interface of a source's typed fields
 * :mod:`.imaging`      decode one source safely (limits, EXIF, colour) · :mod:`.resize` the kernel
 * :mod:`.plan`         ``Plan``: sources and shard boundaries, fixed before encoding
 * :mod:`.writer`       ``StoreWriter``: write a store (or one shard) record by record

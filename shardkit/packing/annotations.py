@@ -1,5 +1,6 @@
 """Typed fields from a metadata file beside an ImageFolder (or a file list's extra columns), and
-captions from same-stem ``.txt`` files: :class:`MetadataSource`, a ``Plan.annotations``.
+captions from same-stem ``.txt`` files: :class:`MetadataFields`, the fields of the metadata source
+(:mod:`shardkit.packing.sources.metadata`).
 
 - ``metadata``: JSON Lines or CSV/TSV with a ``file_name`` column (the Hugging Face
   ``imagefolder`` layout), keyed by the image's path relative to SRC; every other column is a
@@ -31,6 +32,7 @@ from ..errors import PackError
 from ..fields import FieldError, MultiLabel, Schema, Text, as_schema
 from ..fileutil import read_bounded
 from .discovery import Discovery
+from .record_fields import RecordFields
 from .writer import relative_path
 
 MAX_METADATA_BYTES = 1 << 30
@@ -38,7 +40,7 @@ CAPTION_FIELD = "caption"
 MAX_CAPTION_BYTES = 1 << 20
 
 
-class MetadataSource:
+class MetadataFields(RecordFields):
     """Per-image fields from a metadata table and/or caption files (see the module docstring).
     The table is read (and the schema inferred) at construction; :meth:`discovery` finds the
     images (ImageFolder rules, or the file list) and matches them to the rows."""
@@ -51,7 +53,7 @@ class MetadataSource:
         self.rows: dict[str, dict[str, Any]] = {}
         if metadata is not None:
             self.rows = _read_table(metadata, "file_name", skip=())
-        elif file_list is not None and _names_columns(file_list):
+        elif file_list is not None and names_columns(file_list):
             self.rows = _read_table(file_list, None, skip=(1,))
         else:  # a plain file list: read (and checked) by discovery alone, as without fields
             self.sources = [p for p in self.sources if p != file_list]
@@ -112,7 +114,7 @@ class MetadataSource:
         return values
 
 
-def _names_columns(file_list: str) -> bool:
+def names_columns(file_list: str) -> bool:
     """Whether a file list's first line is a header naming more than ``path,label`` (only then
     are its further columns fields); read alone, so other lists cost nothing more."""
     try:
@@ -236,15 +238,4 @@ def _caption(path: str) -> str:
         raise FieldError(f"caption file {txt} is not UTF-8 (byte {exc.start})") from None
 
 
-def metadata_source(src: str, metadata: str | None, file_list: str | None, captions: bool,
-                    schema: Any, allow_empty: bool) -> MetadataSource | None:
-    """``pack``'s metadata source, or None when nothing asks for fields (a file list without a
-    header row of extra columns packs as before)."""
-    if metadata is None and not captions and schema is None and file_list is None:
-        return None
-    source = MetadataSource(src, metadata=metadata, file_list=file_list, captions=captions,
-                            schema=schema, allow_empty=allow_empty)
-    return source if len(source.schema) else None
-
-
-__all__ = ["CAPTION_FIELD", "MetadataSource", "metadata_source"]
+__all__ = ["CAPTION_FIELD", "MetadataFields", "names_columns"]

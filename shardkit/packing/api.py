@@ -1,4 +1,5 @@
-"""``shardkit.pack`` and ``shardkit.merge``: check the options, plan, run an engine, install.
+"""``shardkit.pack`` and ``shardkit.merge``: check the options, resolve the source
+(:mod:`.sources`), plan, run an engine, install.
 
 The pack decodes every source image once, resizes and re-encodes it, and writes a store under
 a hidden partial name (metadata last), renamed to OUT only when complete.
@@ -8,8 +9,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from .. import metadata
 from ..errors import Interrupted, PackError, PackOptionError
@@ -20,7 +21,8 @@ from .imaging import PILLOW_PIXEL_LIMIT
 from .install import install, install_finished, partial_path
 from .local import run_local, upload_shard
 from .plan import Plan, make_plan
-from .sources import SourceOptions, check_source, detect, is_tar_url
+from .layout import check_order
+from .sources import SourceOptions, resolve
 from .settings import ENGINES, Engine, PackSettings, check_integers
 from .staging import (PLAN_NAME, StagingLock, entry_path, finalize_sharded, prepare_partial,
                       read_entries, staging_fault, staging_path)
@@ -53,14 +55,10 @@ class PackResult:
         return self.sources / self.packing_seconds if self.packing_seconds > 0 else 0.0
 
 
-def check_options(src: str, out: str, file_list: str | None, sharded: bool, resume: bool,
-                  engine: Engine, scheduler: str | None, num_nodes: int, node_rank: int) -> None:
-    """Refuse options that cannot work together, before any work is done."""
-    # Tars may be read from a URL (WebDataset shards in a bucket); nothing else is.
-    for path, what in ((None if is_tar_url(src) else src, "the source folder"),
-                       (file_list, "`file_list`")):
-        if path is not None and is_url(path):
-            raise PackOptionError(f"{path}: {what} must be a local path (only OUT may be a URL)")
+def check_options(out: str, sharded: bool, resume: bool, engine: Engine, scheduler: str | None,
+                  num_nodes: int, node_rank: int) -> None:
+    """Refuse run options that cannot work together, before any work is done (the source's
+    options are its own to check: :func:`shardkit.packing.sources.resolve`)."""
     if engine not in ENGINES:
         raise PackOptionError(f"`engine` must be {' or '.join(map(repr, ENGINES))}, "
                               f"not {engine!r}")
@@ -92,6 +90,51 @@ def check_options(src: str, out: str, file_list: str | None, sharded: bool, resu
         raise PackError(f"cannot write {out}: folder {folder} is "
                         f"{'on a read-only file system' if read_only else 'not writable'}; "
                         "no output written")
+
+
+def check_out(src: str, out: str, overwrite: bool, storage_options: dict[str, Any] | None
+              ) -> None:
+    """Refuse an OUT that exists (without ``overwrite``) or lies inside SRC; a URL OUT: its
+    filesystem, endpoint and emptiness, and no other pack staging for it."""
+    if is_url(out):  # the old manifest goes once packing starts
+        from ..remote import check_target
+
+        StagingLock(out, staging_path(out, storage_options)).release()  # another pack there?
+        check_target(out, storage_options, overwrite)
+        return
+    if os.path.lexists(out) and not overwrite:
+        raise PackError(f"{out} already exists (use `overwrite=True` to replace it)")
+    if (os.path.abspath(out) == os.path.abspath(src) or
+            os.path.abspath(out).startswith(os.path.abspath(src) + os.sep)):
+        raise PackOptionError("`out` must not be inside `src` (the source folder)")
+
+
+@dataclass
+class Run:
+    """How a plan is run and installed (each as :func:`pack` documents it); ``partial`` is the
+    work folder or file (a URL OUT's local staging folder), ``started`` when encoding began."""
+
+    out: str
+    partial: str
+    workers: int
+    strict: bool = False
+    overwrite: bool = False
+    progress: bool = True
+    allow_empty: bool = False
+    engine: Engine = "local"
+    scheduler: str | None = None
+    num_nodes: int = 1
+    node_rank: int = 0
+    resume: bool = False
+    storage_options: dict[str, Any] | None = None
+    started: list[float] = field(default_factory=list)
+
+    @property
+    def remote(self) -> bool:
+        return is_url(self.out)
+
+    def on_start(self) -> None:
+        self.started.append(time.perf_counter())
 
 
 def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None = None,
@@ -140,8 +183,10 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         file_list: a CSV/TSV file of ``path,label`` lines to pack instead of class folders.
         source_format: what SRC is, a name from
             ``shardkit.packing.sources.SOURCE_FORMATS``: ``folder``, ``webdataset`` (a tar, a
-            brace pattern, a folder of tars), ``parquet`` (Hugging Face parquet/Arrow) or
-            ``mds``; default: detected from SRC's content (docs/sources.md).
+            brace pattern, a folder of tars), ``parquet`` (Hugging Face parquet/Arrow), ``mds``
+            or ``litdata`` (an optimized folder); default: detected from SRC's content
+            (docs/sources.md). ``coco``, ``metadata_file``/``captions`` and ``file_list`` ask
+            for their own sources, which read image files under SRC.
         image_key: the member suffixes (WebDataset, ``'jpg;png'``: the first present) or the
             column holding the image; default: the format's conventions.
         label_key: the member suffix or column holding the label (``'cls'``), likewise.
@@ -152,7 +197,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
             'shardkit[coco]'``); None: when the file has segmentations.
         metadata_file: a JSON Lines or CSV/TSV file with a ``file_name`` column (paths relative to
             ``src``, the Hugging Face ``imagefolder`` layout): its other columns become typed
-            fields of each image (:mod:`shardkit.packing.annotations`). A ``file_list`` with a
+            fields of each image (:mod:`shardkit.packing.sources.metadata`). A ``file_list`` with a
             header row does the same with its columns after ``path,label``.
         captions: the text of ``<stem>.txt`` beside each image as the field ``caption``.
         schema: the fields' declaration (a :class:`shardkit.fields.Schema`, a list of field
@@ -187,121 +232,28 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
                    num_nodes=num_nodes, node_rank=node_rank)
     if shard_size is not None and num_shards is not None:
         raise PackOptionError("give `shard_size` or `num_shards`, not both")
-    check_options(src, out, file_list, shard_size is not None or num_shards is not None,
-                   resume, engine, scheduler, num_nodes, node_rank)
+    check_options(out, shard_size is not None or num_shards is not None, resume, engine,
+                  scheduler, num_nodes, node_rank)
+    check_order(order, layout_seed)
     settings = PackSettings(size, quality, encoding, format or format_for_path(out), max_pixels)
     settings.validate()
-    source_options = SourceOptions(image_key, label_key)
-    check_source(source_format, source_options, file_list)
-    if source_format is None and file_list is None:
-        source_format = detect(src)
-    remote = is_url(out)
-    if not remote and os.path.lexists(out) and not overwrite:
-        raise PackError(f"{out} already exists (use `overwrite=True` to replace it)")
-    if not remote and (os.path.abspath(out) == os.path.abspath(src) or
-                       os.path.abspath(out).startswith(os.path.abspath(src) + os.sep)):
-        raise PackOptionError("`out` must not be inside `src` (the source folder)")
-    if remote:  # its filesystem, endpoint and emptiness; the old manifest goes once packing starts
-        from ..remote import check_target
-
-        StagingLock(out, staging_path(out, storage_options)).release()  # another pack there?
-        check_target(out, storage_options, overwrite)
-    workers = default_workers() if workers is None else workers
-    started: list[float] = []  # when encoding began (the rest is start-up)
-
-    def on_start() -> None:
-        started.append(time.perf_counter())
-
-    def result(count: int, skipped: list[dict[str, str]], sources: int) -> PackResult:
-        now = time.perf_counter()
-        return PackResult(out, count, skipped, now - t0, plan.num_shards, sources,
-                          (started[0] if started else now) - t0)
-
-    annotations = None
-    if coco is not None:
-        from .coco import coco_source
-
-        annotations = coco_source(src, file_list, coco, coco_masks)
-    else:
-        from .annotations import metadata_source
-
-        annotations = metadata_source(src, None if metadata_file is None
-                                      else os.fspath(metadata_file),
-                                      file_list, captions, schema, allow_empty)
-    plan = make_plan(src, settings, source_format=source_format, annotations=annotations,
-                     source_options=source_options, allow_empty=allow_empty, file_list=file_list,
-                     shard_size=shard_size, num_shards=num_shards, strict=strict,
-                     order=order, layout_seed=layout_seed)
-    if plan.container is not None:  # a container's own fields (txt/json/npy members, columns)
-        annotations = plan.container.fields
-    plan.annotations = annotations
-    if not remote:
+    options = SourceOptions(src, source_format, image_key, label_key, file_list,
+                            None if coco is None else os.fspath(coco), coco_masks,
+                            None if metadata_file is None else os.fspath(metadata_file),
+                            captions, schema, allow_empty)
+    source = resolve(options)
+    check_out(src, out, overwrite, storage_options)
+    plan = make_plan(source.scan(options), settings, shard_size=shard_size,
+                     num_shards=num_shards, strict=strict, order=order, layout_seed=layout_seed)
+    run = Run(out, staging_path(out, storage_options) if is_url(out) else partial_path(out),
+              default_workers() if workers is None else workers, strict, overwrite, progress,
+              allow_empty, engine, scheduler, num_nodes, node_rank, resume, storage_options)
+    if not run.remote:
         make_parent(out, PackError)  # `mkdir -p` OUT's folder
-    partial = staging_path(out, storage_options) if remote else partial_path(out)
-    if not plan.sharded:
-        entry = _pack_single(plan, out, partial, workers, strict, overwrite, progress, on_start,
-                             allow_empty)
-        return result(entry["count"], entry["skipped"], len(plan.paths))
-    plan_id = plan.plan_id()
-    ours = [k for k in range(plan.num_shards) if k % num_nodes == node_rank]
-    uploader = None
-    finished: set[int] = set()  # shards a rerun with `resume` keeps (this run's and earlier)
-
-    def on_done(k: int, entry: dict[str, Any]) -> None:
-        if uploader is not None and "labels" not in entry:  # not uploaded by a Dask worker
-            entry = upload_shard(uploader, dest[k], entry)
-        replace_atomic(entry_path(partial, k), metadata.dumps(entry | {"plan_id": plan_id}))
-        finished.add(k)
-
-    def kept() -> str:
-        if not finished:  # a claim of kept shards would send the user to a useless resume
-            return "no shard was finished, nothing to resume"
-        where = f"uploaded to {out}" if remote else f"kept in {partial}"
-        return (f"{len(finished)} finished shard{'s' if len(finished) != 1 else ''} {where} "
-                "(rerun with `resume=True` to continue)")
-
-    staging = StagingLock(out, partial) if remote else None  # held until the pack ends
-    try:
-        if remote:
-            from ..remote import Uploader
-
-            uploader = Uploader(out, storage_options, resume=resume, overwrite=overwrite)
-        done = prepare_partial(partial, plan, plan_id, resume or num_nodes > 1, ours, uploader)
-        finished.update(done)
-        mine = [k for k in ours if k not in done]
-        dest = {k: os.path.join(partial, plan.shard_file(k)) for k in mine}
-        if engine == "dask":
-            from .dask_engine import run_dask
-
-            run_dask(plan, mine, dest, scheduler=scheduler, workers=workers,
-                     progress=progress, on_shard_done=on_done, strict=strict,
-                     on_start=on_start, upload=uploader)
-        else:
-            run_local(plan, mine, dest, workers=workers, strict=strict, progress=progress,
-                      on_shard_done=on_done, on_start=on_start)
-        if num_nodes > 1:
-            # Each node packs its share; `shardkit merge OUT` finishes once every node is done.
-            return result(sum(entry["count"] for entry in read_entries(partial, mine)), [],
-                          sum(plan.bounds[k + 1] - plan.bounds[k] for k in mine))
-        entries = read_entries(partial, range(plan.num_shards))
-        if not allow_empty and not sum(entry["count"] for entry in entries):
-            remove(partial)  # our own work folder: nothing of it is worth a resume
-            check_packed(0, [s for entry in entries for s in entry["skipped"]], False)
-        manifest, count = finalize_sharded(partial, plan,
-                                           uploader.finish if uploader is not None else None)
-        if remote:
-            remove(partial)
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; {kept()}") from None
-    except OSError as exc:
-        what = staging_fault(exc, partial) if remote else exc.strerror or exc
-        raise PackError(f"cannot write {out}: {what}; {kept()}") from None
-    finally:
-        if staging is not None:
-            staging.release()
-    if not remote:
-        install_finished(partial, out, overwrite)
-    return result(count, manifest["skipped"], len(plan.paths))
+    count, skipped, sources = (_pack_sharded if plan.sharded else _pack_single)(plan, run)
+    now = time.perf_counter()
+    return PackResult(out, count, skipped, now - t0, plan.num_shards, sources,
+                      (run.started[0] if run.started else now) - t0)
 
 
 def merge(out: str | os.PathLike, overwrite: bool = False) -> PackResult:
@@ -348,17 +300,17 @@ def check_packed(count: int, skipped: list[dict[str, str]], allow_empty: bool) -
                     "store)")
 
 
-def _pack_single(plan: Plan, out: str, partial: str, workers: int, strict: bool,
-                 overwrite: bool, progress: bool, on_start: Callable[[], None],
-                 allow_empty: bool = False) -> dict[str, Any]:
-    """Pack the single-file store OUT; returns its entry (count, skipped)."""
+def _pack_single(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]:
+    """Pack the single-file store OUT: (count, skipped, sources)."""
     entries: dict[int, dict[str, Any]] = {}
+    partial = run.partial
     try:
         remove_store_files([partial], plan.settings.format)  # a killed run's, with side files
-        run_local(plan, [0], {0: partial}, workers=workers, strict=strict, progress=progress,
-                  on_shard_done=entries.__setitem__, on_start=on_start)
-        check_packed(entries[0]["count"], entries[0]["skipped"], allow_empty)
-        install(partial, out, overwrite)
+        run_local(plan, [0], {0: partial}, workers=run.workers, strict=run.strict,
+                  progress=run.progress, on_shard_done=entries.__setitem__,
+                  on_start=run.on_start)
+        check_packed(entries[0]["count"], entries[0]["skipped"], run.allow_empty)
+        install(partial, run.out, run.overwrite)
     except BaseException as exc:
         try:
             remove_store_files([partial], plan.settings.format)
@@ -367,7 +319,75 @@ def _pack_single(plan: Plan, out: str, partial: str, workers: int, strict: bool,
         if isinstance(exc, KeyboardInterrupt):
             raise Interrupted("interrupted; no output written") from None
         if isinstance(exc, OSError):
-            raise PackError(f"cannot write {out}: {exc.strerror or exc}; no output written"
+            raise PackError(f"cannot write {run.out}: {exc.strerror or exc}; no output written"
                             ) from None
         raise
-    return entries[0]
+    return entries[0]["count"], entries[0]["skipped"], len(plan.paths)
+
+
+def _pack_sharded(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]:
+    """Pack this node's shards into the partial folder (uploading each to a URL OUT), then, on
+    the last node to finish, merge the manifest and install OUT: (count, skipped, sources)."""
+    out, partial, remote = run.out, run.partial, run.remote
+    plan_id = plan.plan_id()
+    ours = [k for k in range(plan.num_shards) if k % run.num_nodes == run.node_rank]
+    uploader = None
+    finished: set[int] = set()  # shards a rerun with `resume` keeps (this run's and earlier)
+
+    def on_done(k: int, entry: dict[str, Any]) -> None:
+        if uploader is not None and "labels" not in entry:  # not uploaded by a Dask worker
+            entry = upload_shard(uploader, dest[k], entry)
+        replace_atomic(entry_path(partial, k), metadata.dumps(entry | {"plan_id": plan_id}))
+        finished.add(k)
+
+    def kept() -> str:
+        if not finished:  # a claim of kept shards would send the user to a useless resume
+            return "no shard was finished, nothing to resume"
+        where = f"uploaded to {out}" if remote else f"kept in {partial}"
+        return (f"{len(finished)} finished shard{'s' if len(finished) != 1 else ''} {where} "
+                "(rerun with `resume=True` to continue)")
+
+    staging = StagingLock(out, partial) if remote else None  # held until the pack ends
+    try:
+        if remote:
+            from ..remote import Uploader
+
+            uploader = Uploader(out, run.storage_options, resume=run.resume,
+                                overwrite=run.overwrite)
+        done = prepare_partial(partial, plan, plan_id, run.resume or run.num_nodes > 1, ours,
+                               uploader)
+        finished.update(done)
+        mine = [k for k in ours if k not in done]
+        dest = {k: os.path.join(partial, plan.shard_file(k)) for k in mine}
+        if run.engine == "dask":
+            from .dask_engine import run_dask
+
+            run_dask(plan, mine, dest, scheduler=run.scheduler, workers=run.workers,
+                     progress=run.progress, on_shard_done=on_done, strict=run.strict,
+                     on_start=run.on_start, upload=uploader)
+        else:
+            run_local(plan, mine, dest, workers=run.workers, strict=run.strict,
+                      progress=run.progress, on_shard_done=on_done, on_start=run.on_start)
+        if run.num_nodes > 1:
+            # Each node packs its share; `shardkit merge OUT` finishes once every node is done.
+            return (sum(entry["count"] for entry in read_entries(partial, mine)), [],
+                    sum(plan.bounds[k + 1] - plan.bounds[k] for k in mine))
+        entries = read_entries(partial, range(plan.num_shards))
+        if not run.allow_empty and not sum(entry["count"] for entry in entries):
+            remove(partial)  # our own work folder: nothing of it is worth a resume
+            check_packed(0, [s for entry in entries for s in entry["skipped"]], False)
+        manifest, count = finalize_sharded(partial, plan,
+                                           uploader.finish if uploader is not None else None)
+        if remote:
+            remove(partial)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; {kept()}") from None
+    except OSError as exc:
+        what = staging_fault(exc, partial) if remote else exc.strerror or exc
+        raise PackError(f"cannot write {out}: {what}; {kept()}") from None
+    finally:
+        if staging is not None:
+            staging.release()
+    if not remote:
+        install_finished(partial, out, overwrite=run.overwrite)
+    return count, manifest["skipped"], len(plan.paths)

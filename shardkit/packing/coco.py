@@ -1,4 +1,4 @@
-"""COCO instances JSON as a pack source: one record per COCO image, in ``CocoDetection``'s order
+"""COCO instances JSON (the fields of the COCO source, :mod:`shardkit.packing.sources.coco`): one record per COCO image, in ``CocoDetection``'s order
 (``sorted`` image ids), images without annotations kept (zero boxes).
 
 Each record's fields are what ``wrap_dataset_for_transforms_v2(CocoDetection(...))`` returns,
@@ -46,6 +46,7 @@ from ..fields import Boxes, FieldError, Int, Masks, PerBox, Schema
 from ..fields.kinds import check_boxes
 from ..fileutil import read_bounded
 from .discovery import Discovery
+from .record_fields import RecordFields
 
 MAX_COCO_BYTES = 2 << 30  # the 2017 train instances file is 448 MB; LVIS v1 train 1.1 GB
 MAX_MASK_PIXELS = 1 << 30  # boxes x height x width of one image's masks, before packing
@@ -63,7 +64,7 @@ class CocoImage:
     anns: list[dict[str, Any]] = field(default_factory=list)
 
 
-class CocoSource:
+class CocoAnnotations(RecordFields):
     """A parsed COCO instances file: images (sorted by id) with their annotations, categories,
     the schema of the fields it packs, and :meth:`fields` for one image."""
 
@@ -123,7 +124,7 @@ class CocoSource:
             fields.append(Masks("masks", max_bytes=MAX_MASK_PIXELS // 8 + 64))
         self.schema = Schema(fields)
 
-    # -- what the packer asks (see ``Plan.annotations``) ----------------------------------------
+    # -- what the packer asks (see ``Plan.fields``) ----------------------------------------------
 
     def discovery(self) -> Discovery:
         """The sources: every image's file, label -1 (a COCO store has no class-folder label).
@@ -390,17 +391,4 @@ def orient_boxes(boxes: np.ndarray, orientation: int, width: int, height: int) -
     return np.stack(new, axis=1).astype(np.float32)
 
 
-__all__ = ["BOX_TOLERANCE", "CocoSource", "MAX_COCO_BYTES", "coco_source", "orient", "orient_boxes"]
-
-
-def coco_source(src: str, file_list: Any, coco: Any, masks: bool | None) -> CocoSource:
-    """``pack(src, out, coco=...)``'s source, after the options are checked."""
-    from ..errors import PackOptionError
-
-    if file_list is not None:
-        raise PackOptionError("give `coco` or `file_list`, not both")
-    if masks is not None and not isinstance(masks, bool):
-        raise PackOptionError(f"`coco_masks` must be True, False or None, got {masks!r}")
-    if not os.path.isdir(src):
-        raise PackError(f"source folder not found: {src} (the folder COCO file_names are in)")
-    return CocoSource(coco, src, masks)
+__all__ = ["BOX_TOLERANCE", "CocoAnnotations", "MAX_COCO_BYTES", "orient", "orient_boxes"]

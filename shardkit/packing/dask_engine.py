@@ -44,10 +44,8 @@ def _absolute(plan: Plan) -> Plan:
     if is_url(plan.root):  # tars at a URL: every worker reads them there
         return plan
     root = os.path.abspath(plan.root)
-    absolute = dataclasses.replace(plan, root=root,
-                                   paths=[os.path.join(root, plan.relpath(p)) for p in plan.paths])
-    absolute.annotations = plan.annotations  # not a dataclass field: replace() drops it
-    return absolute
+    return dataclasses.replace(plan, root=root,
+                               paths=[os.path.join(root, plan.relpath(p)) for p in plan.paths])
 
 
 def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: str | None = None,

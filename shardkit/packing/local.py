@@ -32,11 +32,9 @@ def add_source(writer: StoreWriter, plan: Plan, i: int, result: Encoded, crc: in
         return
     fields = {}
     try:
-        if plan.annotations is not None:  # the record's typed fields, on its stored pixels
-            at = getattr(plan.annotations, "fields_at", None)  # sources that may share a file
-            fields = (plan.annotations.fields(path, result.height, result.width) if at is None
-                      else at(i if plan.slots is None else int(plan.slots[i]), path,
-                              result.height, result.width))
+        if plan.fields is not None:  # the record's typed fields, on its stored pixels
+            fields = plan.fields.fields_at(plan.source_index(i), path, result.height,
+                                           result.width)
         writer.add_encoded(result.data, plan.labels[i], result.height, result.width, path, crc,
                            **fields)
     except FieldError as exc:  # checked before anything is appended

@@ -1,69 +1,68 @@
-"""Sources other than image folders: WebDataset tars, Hugging Face parquet/Arrow, MosaicML MDS.
+"""Every input of ``pack`` is a source, and :data:`SOURCES` is the one list of them.
 
-:data:`SOURCE_FORMATS` is the one list of source formats: detection, ``source_format``'s
-choices (``--source-format``) and the docs derive from it. ``folder`` is the ImageFolder layout
-(:mod:`shardkit.packing.discovery`); the others scan their container into the same plan, and
-their images go through the same pipeline as a folder's files (:func:`encode_item`).
+A source is one class in one module here, behind :class:`.base.Source`: it is asked for by a
+``pack`` parameter (``coco``, ``metadata_file``/``captions``, ``file_list``) or is the format
+SRC is in (``source_format``, else detected from SRC's content, in the registry's order); it
+refuses options it cannot use (:meth:`~.base.Source.check`) and scans SRC into a
+:class:`~.base.Scan`: the records (path, label), classes, skips, typed fields and, for a
+container, the index encoding workers read members through (:func:`read_item`).
+``pack`` resolves one source (:func:`resolve`), then plans, encodes and writes.
 
-* :mod:`.base`        options, the scan's records, the label rules, the format base class
-* :mod:`.files`       source files kept open in each encoding worker, read at an offset
-* :mod:`.webdataset`  tar shards · :mod:`.parquet` parquet and Arrow · :mod:`.mds` MDS
+Adding an input is one module and one line below. :data:`SOURCE_FORMATS` (the formats of SRC:
+``source_format``'s choices, ``--source-format``, the docs) derives from it.
+
+* :mod:`.base`        the interface, the scan's records, the label rules, the container base
+* :mod:`.coco` COCO · :mod:`.metadata` metadata table and captions · :mod:`.file_list` file list
+* :mod:`.mds` MDS · :mod:`.parquet` parquet and
+  Arrow · :mod:`.webdataset` tar shards · :mod:`.folder` ImageFolder layout (the fallback)
+* :mod:`.fields`      typed fields of container members · :mod:`.files` source files kept open
+  in each encoding worker · :mod:`.encode` one container member through the image pipeline
 """
 
 from __future__ import annotations
 
-import os
+from ...errors import PackOptionError
+from .base import ContainerIndex, Item, MemberError, Scan, Source, SourceOptions
+from .coco import CocoSource
+from .file_list import FileListSource
+from .folder import FolderSource
+from .mds import MDSSource
+from .metadata import MetadataSource
+from .parquet import ParquetSource
+from .webdataset import WebDatasetSource, is_tar_url
 
-from ...errors import PackError, PackOptionError
-from .base import ContainerFormat, ContainerIndex, Item, MemberError, SourceOptions
-from .mds import MDSFormat
-from .parquet import ParquetFormat
-from .webdataset import WebDatasetFormat, is_tar_url
+#: Every source, by name, in the order they are tried: sources asked for by a parameter first,
+#: then the formats SRC may be in, in detection order (the folder layout last: it takes any SRC).
+SOURCES: dict[str, Source] = {s.name: s for s in (
+    CocoSource(), MetadataSource(), FileListSource(),
+    MDSSource(), ParquetSource(), WebDatasetSource(), FolderSource())}
+#: the formats SRC may be in (``source_format``'s choices): name -> one-line summary
+SOURCE_FORMATS: dict[str, str] = {n: s.summary for n, s in SOURCES.items() if s.option is None}
 
-FOLDER = "folder"
-_CONTAINERS: dict[str, ContainerFormat] = {f.name: f for f in (
-    WebDatasetFormat(), ParquetFormat(), MDSFormat())}
-#: every source format, in detection order after the folder layout: name -> one-line summary
-SOURCE_FORMATS: dict[str, str] = {
-    FOLDER: "an ImageFolder-layout folder (SRC/<class>/<image>), or a --file-list root",
-    **{name: f.summary for name, f in _CONTAINERS.items()}}
-
-__all__ = ["SOURCE_FORMATS", "ContainerIndex", "Item", "MemberError", "SourceOptions",
-           "check_source", "detect", "is_tar_url", "read_item", "scan"]
+__all__ = ["SOURCES", "SOURCE_FORMATS", "ContainerIndex", "Item", "MemberError", "Scan",
+           "Source", "SourceOptions", "detect", "is_tar_url", "read_item", "resolve"]
 
 
 def detect(src: str) -> str:
-    """The format of ``src`` from its content: MDS (an ``index.json``), a ``save_to_disk``
-    folder or parquet files, tars (a file, a brace pattern, a folder holding tars), else an
-    image folder."""
-    for name in ("mds", "parquet", "webdataset"):
-        if _CONTAINERS[name].detect(src):
-            return name
-    return FOLDER
+    """The format of ``src`` from its content: the first of :data:`SOURCE_FORMATS` to claim it."""
+    return next(n for n, s in SOURCES.items() if s.option is None and s.detect(src))
 
 
-def check_source(source_format: str | None, options: SourceOptions, file_list: str | None) -> None:
-    """Refuse a ``source_format`` that does not exist or options it cannot use."""
-    if source_format is not None and source_format not in SOURCE_FORMATS:
+def resolve(options: SourceOptions) -> Source:
+    """The source ``pack`` reads: the first asked for by a parameter, else the one named by
+    ``source_format``, else the format detected from SRC; its options checked (one-line
+    PackOptionError naming the parameter)."""
+    if options.source_format is not None and options.source_format not in SOURCE_FORMATS:
         raise PackOptionError(f"`source_format` must be one of {', '.join(SOURCE_FORMATS)}, "
-                              f"not {source_format!r}")
-    if file_list is not None and source_format not in (None, FOLDER):
-        raise PackOptionError("`file_list` lists image files: it needs "
-                              "`source_format='folder'`")
-    if source_format == FOLDER and (options.image_key or options.label_key):
-        raise PackOptionError("`image_key` and `label_key` name members of a container "
-                              "source, not of an image folder")
-
-
-def scan(src: str, source_format: str, options: SourceOptions):
-    """Scan a container source: (root, classes, class_to_idx, samples, skipped, index)."""
-    try:
-        fmt = _CONTAINERS[source_format]
-    except KeyError:
-        raise PackError(f"{source_format!r} is not a container source format") from None
-    return fmt.index(os.fspath(src), options)
+                              f"not {options.source_format!r}")
+    source = next((s for s in SOURCES.values() if s.option is not None and s.asked(options)),
+                  None)
+    if source is None:
+        source = SOURCES[options.source_format or detect(options.src)]
+    source.check(options)
+    return source
 
 
 def read_item(item: Item, limit: int | None) -> bytes:
     """The encoded image of one container sample (MemberError with the reason)."""
-    return _CONTAINERS[item.format].read(item.file, item.a, item.b, limit)
+    return SOURCES[item.format].read(item.file, item.a, item.b, limit)

@@ -1,5 +1,15 @@
-"""What every container source shares: the options, the index a scan builds, the label rules,
-and the base class whose :meth:`ContainerFormat.scan` each format's reader plugs into.
+"""The source interface and what every source shares.
+
+* :class:`SourceOptions`  what ``pack`` was asked to read (SRC and the parameters about it)
+* :class:`Source`         one input: ``detect`` / ``asked``, ``check``, ``scan``; ``read`` (containers)
+* :class:`Scan`           what a scan returns: records (path, label), classes, skips, fields, index
+* :class:`~shardkit.packing.record_fields.RecordFields`  each record's typed fields (the interface)
+* :class:`ImageFilesSource`  base of the sources whose records are image files (folder, file
+  list, COCO, metadata): workers read the files themselves
+* :class:`ContainerSource`   base of the sources whose images are members of containers
+  (WebDataset, parquet, MDS, LitData): it owns the shared steps (every shard scanned in order,
+  labels to classes, the :class:`ContainerIndex`); a backend fills ``detect``, ``scan_shards``
+  and ``read``.
 
 A scan reads only what decides the plan (member names, offsets, labels); image bytes are read
 later, by the encoding workers, through the small :data:`Item` tuples the plan hands out.
@@ -7,16 +17,21 @@ later, by the encoding workers, through the small :data:`Item` tuples the plan h
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 from dataclasses import dataclass, field
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from ...errors import PackError
+from ...errors import PackError, PackOptionError
+from ...urls import is_url
+from ..discovery import Discovery
+from ..record_fields import RecordFields
+from .fields import ContainerFields
 
 _INT = re.compile(r"\s*-?[0-9]+\s*")
 
@@ -39,10 +54,21 @@ class Item(NamedTuple):
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """Which members/columns hold the image and the label (``None``: the format's defaults)."""
+    """What ``pack`` was asked to read: SRC and the parameters that choose and shape its source
+    (each as :func:`shardkit.pack` documents it)."""
 
+    src: str = ""
+    source_format: str | None = None
+    #: which members/columns hold the image and the label (``None``: the format's defaults)
     image_key: str | None = None
     label_key: str | None = None
+    file_list: str | None = None
+    coco: str | None = None
+    coco_masks: bool | None = None
+    metadata_file: str | None = None
+    captions: bool = False
+    schema: Any = None
+    allow_empty: bool = False
 
     @staticmethod
     def keys(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -86,7 +112,6 @@ class ContainerIndex:
     shard: np.ndarray   # int32, per sample
     refs: np.ndarray    # int64 (n, 2)
     shard_starts: list[int]  # first sample of each source shard, then n
-    fields: Any = None  # a :class:`.fields.ContainerFields` when the samples carry fields
 
     def item(self, i: int) -> Item:
         a, b = self.refs[i]
@@ -207,30 +232,129 @@ def read_classes_file(folder: str) -> list[str] | None:
     return None
 
 
-class ContainerFormat:
-    """A source format: subclasses find the shards, scan one, and read one member.
+@dataclass
+class Scan(Discovery):
+    """A source scanned: its records in order, ``(path, label)`` (a file's path, or a container
+    member's display name), the classes, the sources skipped, and what else the plan needs."""
 
-    The base class owns the shared steps: scanning every shard in order, turning labels into
-    classes, and building the plan's index."""
+    #: the records' typed fields, or None
+    fields: RecordFields | None = None
+    #: where workers read each record's image; None: each record's path is an image file
+    index: ContainerIndex | None = None
 
-    name: str = ""
-    summary: str = ""
+    @classmethod
+    def of(cls, found: Discovery, fields: RecordFields | None = None) -> Scan:
+        """The scan of image files listed by :mod:`shardkit.packing.discovery`."""
+        return cls(found.root, found.classes, found.class_to_idx, found.samples, found.skipped,
+                   fields)
+
+
+class Source:
+    """One kind of input of ``pack``: a name in :data:`shardkit.packing.sources.SOURCES`.
+
+    A source is chosen either by a ``pack`` parameter that asks for it (:attr:`option`:
+    ``coco``, ``metadata_file``, ``file_list``...; :meth:`asked`) or, with none of those, as the
+    format SRC is in (``source_format``, else :meth:`detect` from SRC's content). Then
+    :meth:`check` refuses options it cannot use, before any work, and :meth:`scan` lists what it
+    holds. Sources hold no state: each is one instance in the registry.
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    #: the ``pack`` parameter that asks for this source; None: a format of SRC itself (one of
+    #: ``source_format``'s choices, :data:`SOURCE_FORMATS`)
+    option: ClassVar[str | None] = None
+    #: whether SRC may be a URL (else it must be a local path)
+    remote: ClassVar[bool] = False
+
+    def asked(self, options: SourceOptions) -> bool:
+        """Whether the options ask for this source (an :attr:`option` source)."""
+        return self.option is not None and getattr(options, self.option) is not None
 
     def detect(self, src: str) -> bool:
         """Whether ``src`` (a path or pattern) is in this format, from its content."""
-        raise NotImplementedError
+        return False
 
-    def scan(self, src: str, options: SourceOptions) -> Scanned:
+    def check(self, options: SourceOptions) -> None:
+        """Refuse options this source cannot use (PackOptionError naming the parameter)."""
+        if not self.remote and is_url(options.src):
+            raise PackOptionError(f"{options.src}: the source folder must be a local path (only "
+                                  "OUT may be a URL)")
+
+    def scan(self, options: SourceOptions) -> Scan:
+        """List the records (PackError, one line, for a source that cannot be used)."""
         raise NotImplementedError
 
     @staticmethod
     def read(file: str, a: int, b: int, limit: int | None) -> bytes:
-        """The encoded image of one sample (raise MemberError with the reason)."""
+        """The encoded image of one container sample (raise MemberError with the reason)."""
         raise NotImplementedError
 
-    def index(self, src: str, options: SourceOptions):
-        """Scan ``src``: (root, classes, class_to_idx, samples, skipped, ContainerIndex)."""
-        scanned = self.scan(src, options)
+
+class ImageFilesSource(Source):
+    """A source whose records are image files under SRC (encoding workers read them)."""
+
+    def parameter(self, options: SourceOptions) -> str:
+        """The ``pack`` parameter that asked for this source, as errors name it."""
+        return self.option or "source_format"
+
+    def check(self, options: SourceOptions) -> None:
+        super().check(options)
+        if options.file_list is not None and is_url(options.file_list):
+            raise PackOptionError(f"{options.file_list}: `file_list` must be a local path (only "
+                                  "OUT may be a URL)")
+        if options.source_format not in (None, "folder"):
+            raise PackOptionError(f"`{self.parameter(options)}` reads image files: it needs "
+                                  "`source_format='folder'`")
+        if options.image_key or options.label_key:
+            raise PackOptionError("`image_key` and `label_key` name members of a container "
+                                  "source, not of an image folder")
+
+
+def inside_folder(folder: str, name: Any, where: str) -> str:
+    """``folder/name`` for a shard file an index names; PackError (one line) for a name that
+    leads outside the folder (``../``, an absolute path, a symlink out)."""
+    if not isinstance(name, str) or not name:
+        raise PackError(f"{where}: a shard has no file name")
+    path = os.path.normpath(os.path.join(folder, name))
+    real = os.path.realpath(path)
+    if os.path.isabs(name) or not path.startswith(folder + os.sep) or \
+            (os.path.lexists(path) and not real.startswith(os.path.realpath(folder) + os.sep)):
+        raise PackError(f"{where}: shard file {name!r} points outside its folder; refusing "
+                        "this source")
+    return path
+
+
+def pil_as_file(value: bytes) -> bytes:
+    """A ``pil`` value of MDS or LitData (u32 width, height, mode length; the mode; raw pixels)
+    as an image file Pillow opens."""
+    from PIL import Image
+
+    if len(value) < 12:
+        raise MemberError("pil value shorter than its header")
+    width, height, mode_size = np.frombuffer(value[:12], "<u4").tolist()
+    mode = value[12:12 + mode_size].decode("ascii", "replace")
+    try:
+        im = Image.frombytes(mode, (width, height), value[12 + mode_size:])
+    except (ValueError, TypeError) as exc:
+        raise MemberError(f"pil value does not hold a {mode} {width}x{height} image: {exc}"
+                          ) from None
+    out = io.BytesIO()
+    im.save(out, "PPM" if mode in ("RGB", "L") else "TIFF")
+    return out.getvalue()
+
+
+class ContainerSource(Source):
+    """A source whose images are members of container files (shards): a backend finds the
+    shards and scans one (:meth:`scan_shards`) and reads one member (:meth:`read`); this class
+    owns the rest (labels to classes, the plan's index, the fields)."""
+
+    def scan_shards(self, src: str, options: SourceOptions) -> Scanned:
+        raise NotImplementedError
+
+    def scan(self, options: SourceOptions) -> Scan:
+        src = os.fspath(options.src)
+        scanned = self.scan_shards(src, options)
         labels = Labels([v for s in scanned.shards for v in s.labels], scanned.names)
         samples: list[tuple[str, int]] = []
         shard_col: list[int] = []
@@ -253,12 +377,13 @@ class ContainerFormat:
                 shard_col.append(k)
                 refs.append(ref)
             starts.append(len(samples))
+        if not samples:
+            first = f"; first: {skipped[0]['path']}: {skipped[0]['reason']}" if skipped else ""
+            raise PackError(f"{src}: no usable samples in this {self.name} source "
+                            f"({len(skipped)} skipped{first})")
         index = ContainerIndex(self.name, [s.file for s in scanned.shards],
                                np.asarray(shard_col, dtype=np.int32),
                                np.asarray(refs, dtype=np.int64).reshape(-1, 2), starts)
-        if rows:
-            from .fields import ContainerFields
-
-            index.fields = ContainerFields(rows, scanned.root, len(samples))
-        return (scanned.root, labels.classes, dict(labels.index), samples, skipped, index)
-
+        fields = ContainerFields(rows, scanned.root, len(samples)) if rows else None
+        return Scan(scanned.root, labels.classes, dict(labels.index), samples, skipped, fields,
+                    index)

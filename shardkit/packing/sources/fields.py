@@ -3,7 +3,7 @@ WebDataset ``txt``/``json``/``npy`` members, parquet columns beside the image an
 MDS ``int``/``float``/``str``/``json``/``ndarray`` columns. The values are read by the scan
 (they are small: a caption, a JSON object, an array of boxes), the schema is inferred from
 every sample's values (a field some samples lack is optional), and :class:`ContainerFields`
-hands each record its values as the plan's ``annotations`` do (``fields(path, height, width)``).
+hands each record its values (:class:`RecordFields`, the interface every source's fields share).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from ...errors import PackError
 from ...fields import FieldError, Schema
+from ..record_fields import RecordFields
 
 FIELD_BYTES = 1 << 20  # a member or value larger than this is not a field (it is skipped)
 WDS_FIELD_SUFFIXES = ("txt", "json", "npy")
@@ -26,7 +27,7 @@ class FieldRejected(Exception):
     """A value cannot be a field; the message is the reason."""
 
 
-class ContainerFields:
+class ContainerFields(RecordFields):
     """Per-sample field values of a container source (keyed by the sample's path)."""
 
     def __init__(self, rows: dict[str, dict[str, Any]], where: str, count: int = 0) -> None:

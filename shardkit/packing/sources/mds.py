@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import io
 import json
 import os
 from typing import Any
@@ -25,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import PackError
-from .base import ContainerFormat, MemberError, Scanned, Shard, SourceOptions, member_name
+from .base import (ContainerSource, MemberError, Scanned, Shard, SourceOptions, inside_folder,
+                   member_name, pil_as_file)
 from .fields import FieldRejected, decode_mds, is_mds_field
 from .files import open_cached
 
@@ -50,18 +50,6 @@ def _decompress(data: bytes, compression: str, where: str) -> bytes:
         return zstandard.ZstdDecompressor().decompressobj().decompress(data)
     raise PackError(f"{where}: MDS compression {compression!r} is not supported (raw, gz, bz2, "
                     "zstd are)")
-
-
-def _inside(folder: str, name: Any, where: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise PackError(f"{where}: a shard has no file name")
-    path = os.path.normpath(os.path.join(folder, name))
-    real = os.path.realpath(path)
-    if os.path.isabs(name) or not path.startswith(folder + os.sep) or \
-            (os.path.lexists(path) and not real.startswith(os.path.realpath(folder) + os.sep)):
-        raise PackError(f"{where}: shard file {name!r} points outside its folder; refusing "
-                        "this source")
-    return path
 
 
 def _sample_columns(data: memoryview | bytes, sizes: list[int | None]) -> list[tuple[int, int]]:
@@ -123,7 +111,7 @@ def _offsets(data: bytes | memoryview, expected: int, where: str) -> np.ndarray:
     return offsets
 
 
-class MDSFormat(ContainerFormat):
+class MDSSource(ContainerSource):
     name = "mds"
     summary = "MosaicML Streaming MDS (a folder with index.json)"
 
@@ -137,7 +125,7 @@ class MDSFormat(ContainerFormat):
         except (OSError, ValueError, AttributeError):
             return False
 
-    def scan(self, src: str, options: SourceOptions) -> Scanned:
+    def scan_shards(self, src: str, options: SourceOptions) -> Scanned:
         folder = os.path.abspath(src)
         where = os.path.join(folder, "index.json")
         try:
@@ -172,9 +160,9 @@ class MDSFormat(ContainerFormat):
                     refused.add(name)
                     scanned.skipped.append({"path": member_name(where, name), "reason":
                                             "pickled column refused (never loaded)"})
-            raw_path = _inside(folder, raw_name, where)
+            raw_path = inside_folder(folder, raw_name, where)
             if compression and not os.path.exists(raw_path):
-                path = _inside(folder, (zipped or {}).get("basename"), where)
+                path = inside_folder(folder, (zipped or {}).get("basename"), where)
             else:
                 path, compression = raw_path, None
             rel = os.path.relpath(path, folder)
@@ -261,25 +249,7 @@ class MDSFormat(ContainerFormat):
         except (OSError, ValueError, EOFError) as exc:
             raise MemberError(f"cannot read sample: {exc}") from None
         value = bytes(sample[start:stop])
-        return _pil_as_file(value) if encoding == "pil" else value
-
-
-def _pil_as_file(value: bytes) -> bytes:
-    """An MDS ``pil`` value (width, height, mode, raw pixels) as an image file Pillow opens."""
-    from PIL import Image
-
-    if len(value) < 12:
-        raise MemberError("pil value shorter than its header")
-    width, height, mode_size = np.frombuffer(value[:12], "<u4").tolist()
-    mode = value[12:12 + mode_size].decode("ascii", "replace")
-    try:
-        im = Image.frombytes(mode, (width, height), value[12 + mode_size:])
-    except (ValueError, TypeError) as exc:
-        raise MemberError(f"pil value does not hold a {mode} {width}x{height} image: {exc}"
-                          ) from None
-    out = io.BytesIO()
-    im.save(out, "PPM" if mode in ("RGB", "L") else "TIFF")
-    return out.getvalue()
+        return pil_as_file(value) if encoding == "pil" else value
 
 
 _last: dict[str, Any] = {}

@@ -22,7 +22,7 @@ from typing import Any
 
 from ...errors import PackError
 from ...urls import is_url
-from .base import ContainerFormat, MemberError, Scanned, Shard, SourceOptions, member_name
+from .base import ContainerSource, MemberError, Scanned, Shard, SourceOptions, member_name
 
 IMAGE_COLUMNS = ("image", "img", "jpg", "png")
 LABEL_COLUMNS = ("label", "labels", "cls", "class")
@@ -132,7 +132,7 @@ def _label_values(pa: Any, array: Any, column: str, path: str) -> list[Any]:
     return array.to_pylist()
 
 
-class ParquetFormat(ContainerFormat):
+class ParquetSource(ContainerSource):
     name = "parquet"
     summary = "Hugging Face parquet or Arrow (a file, a folder of them, a save_to_disk folder)"
 
@@ -146,7 +146,7 @@ class ParquetFormat(ContainerFormat):
         return any(n.endswith(".parquet") for n in os.listdir(src)) or any(
             n.endswith(".parquet") for d, _, ns in os.walk(src) for n in ns)
 
-    def scan(self, src: str, options: SourceOptions) -> Scanned:
+    def scan_shards(self, src: str, options: SourceOptions) -> Scanned:
         pa = _pyarrow()
         root, files, kind = source_files(src)
         scanned = Scanned(root, [])

@@ -26,7 +26,7 @@ from pathlib import PurePosixPath
 
 from ...errors import PackError
 from ...urls import is_url
-from .base import (ContainerFormat, MemberError, Scanned, Shard, SourceOptions, member_name,
+from .base import (ContainerSource, MemberError, Scanned, Shard, SourceOptions, member_name,
                    read_classes_file)
 from .fields import FIELD_BYTES, FieldRejected, decode_member, wds_field
 from .files import open_cached, url_fs
@@ -117,7 +117,7 @@ def _url_classes(folder: str) -> list[str] | None:
     return names
 
 
-class WebDatasetFormat(ContainerFormat):
+class WebDatasetSource(ContainerSource):
     name = "webdataset"
     summary = "WebDataset tar shards (a tar, a brace pattern, or a folder of tars)"
 
@@ -133,7 +133,12 @@ class WebDatasetFormat(ContainerFormat):
         except OSError:
             return False
 
-    def scan(self, src: str, options: SourceOptions) -> Scanned:
+    def check(self, options: SourceOptions) -> None:
+        """A URL SRC is read when it names tars (:func:`is_tar_url`); other URLs are refused."""
+        if not is_tar_url(options.src):
+            super().check(options)
+
+    def scan_shards(self, src: str, options: SourceOptions) -> Scanned:
         image_keys = options.keys(options.image_key, IMAGE_KEYS)
         label_keys = options.keys(options.label_key, LABEL_KEYS)
         files = expand(src)
