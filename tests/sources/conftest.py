@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 from helpers import image_tree
@@ -102,6 +103,19 @@ def mds_env():
         pytest.skip(message)
     env = dict(os.environ, PYTHONPATH=target)
     return python, env
+
+
+@pytest.fixture(scope="session")
+def litdata_env():
+    """(python, env) running litdata's writer: scripts/litdata_side_env.sh over .venv."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    target = os.environ.get("SHARDKIT_LITDATA_PATH") or os.path.join(root, ".venv-litdata")
+    if not os.path.isdir(os.path.join(target, "litdata")):
+        message = f"no LitData side environment at {target} (run scripts/litdata_side_env.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(message + "; CI builds it")
+        pytest.skip(message)
+    return sys.executable, dict(os.environ, PYTHONPATH=target)
 
 
 def run_side(mds_env, code: str, *args: str) -> str:
