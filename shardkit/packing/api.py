@@ -97,8 +97,9 @@ def check_out(src: str, out: str, overwrite: bool, storage_options: dict[str, An
     """Refuse an OUT that exists (without ``overwrite``) or lies inside SRC; a URL OUT: its
     filesystem, endpoint and emptiness, and no other pack staging for it."""
     if is_url(out):  # the old manifest goes once packing starts
-        from ..remote import check_target
+        from ..remote import check_filesystem, check_target
 
+        check_filesystem(out, storage_options)  # before a staging folder is made for it
         StagingLock(out, staging_path(out, storage_options)).release()  # another pack there?
         check_target(out, storage_options, overwrite)
         return

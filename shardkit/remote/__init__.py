@@ -61,7 +61,7 @@ are removed once the manifest is up, and with ``overwrite`` the replaced store's
 from ..urls import is_url
 from .access import ObjectNotFound, RemoteFolder, default_cache_dir, endpoint
 from .cache import ShardCache
-from .upload import Uploader, check_target, upload_folder_store
+from .upload import Uploader, check_filesystem, check_target, upload_folder_store
 
 __all__ = ["is_url", "RemoteFolder", "ShardCache", "Uploader", "upload_folder_store",
-           "check_target", "default_cache_dir", "endpoint", "ObjectNotFound"]
+           "check_filesystem", "check_target", "default_cache_dir", "endpoint", "ObjectNotFound"]

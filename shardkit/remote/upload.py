@@ -166,6 +166,13 @@ def _foreign_objects(remote: RemoteTarget, overwrite: bool) -> list[str]:
     return [n for n in found if n not in ours]
 
 
+def check_filesystem(url: str | os.PathLike, storage_options: dict[str, Any] | None = None
+                     ) -> None:
+    """Refuse, with no request sent and nothing made locally, a URL whose filesystem cannot be
+    made here (an unknown protocol, its package not installed)."""
+    RemoteTarget(url, storage_options).fs  # noqa: B018 - raises ShardkitError, one line
+
+
 def check_target(url: str | os.PathLike, storage_options: dict[str, Any] | None = None,
                  overwrite: bool = False) -> None:
     """Refuse an upload target before any work: its filesystem unavailable, the endpoint
