@@ -210,33 +210,34 @@ def describe_row_arrays(arrays: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def parse_shard_meta(raw: bytes | str, where: str) -> dict[str, Any]:
+    """A shard's metadata, checked except for its typed fields (:mod:`shardkit.storemeta`
+    parses with those: the fields sit above this module)."""
     obj = loads(raw, where)
     check_header(obj, where, ("single", "shard"))
     check_seal(obj, where)
     check_dataset_fields(obj, where)
     check_shard_fields(obj, where)
-    check_typed_fields(obj, where)
+    check_fields_version(obj, where)
     return obj
 
 
-def check_typed_fields(obj: dict[str, Any], where: str) -> None:
-    """A version-2 store's field declarations and columns (:mod:`shardkit.fields.columns`)."""
-    from .fields import check_meta  # here: fields imports this module
-
+def check_fields_version(obj: dict[str, Any], where: str) -> None:
+    """The format version and the presence of field declarations agree."""
     version = obj.get("format_version")
     if version != LAYOUT_VERSION and (version == FIELDS_VERSION) != ("fields" in obj):
         raise StoreError(f"{where}: format version and field declarations disagree")
-    check_meta(obj, where)
 
 
 def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
+    """A manifest, checked except for its typed fields (:mod:`shardkit.storemeta` parses with
+    those)."""
     from .formats import FORMATS  # here: the registry's modules import this one (fileutil)
 
     obj = loads(raw, where)
     check_header(obj, where, "sharded")
     check_seal(obj, where)
     check_dataset_fields(obj, where)
-    check_typed_fields(obj, where)
+    check_fields_version(obj, where)
     shards = _need(obj, "shards", list, where)
     start = 0
     for k, entry in enumerate(shards):

@@ -23,7 +23,7 @@ import uuid
 import weakref
 from typing import Any
 
-from . import metadata
+from . import metadata, storemeta
 from .errors import PackError, StoreError
 from .fileutil import fsync_dir, has_size, open_regular, remove, unlink, write_synced
 
@@ -162,7 +162,7 @@ def read_manifest_pinned(path: str, limit: int) -> tuple[bytes, Pin]:
 def _load_manifest(path: str) -> dict[str, Any] | None:
     try:
         with open(path, "rb") as f:
-            return metadata.parse_manifest(f.read(), path)
+            return storemeta.parse_manifest(f.read(), path)
     except (OSError, StoreError):
         return None
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import metadata
+from .. import metadata, storemeta
 from ..errors import Interrupted, PackError, PackOptionError
 from ..fileutil import check_parent, make_parent, remove, replace_atomic
 from ..formats import format_for_path
@@ -279,7 +279,7 @@ def merge(out: str | os.PathLike, overwrite: bool = False) -> PackResult:
             manifest, count = finalize_sharded(partial)
         else:  # finalized by a run whose install failed
             with open(os.path.join(partial, metadata.MANIFEST_NAME), "rb") as f:
-                manifest = metadata.parse_manifest(f.read(), partial)
+                manifest = storemeta.parse_manifest(f.read(), partial)
             count = manifest["count"]
     except FileNotFoundError:
         raise PackError(f"{partial}: no pack in progress to merge") from None

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .. import metadata
+from .. import metadata, storemeta
 from ..errors import PackError
 from ..fileutil import fsync_dir, remove, replace_atomic, sha256_file
 from ..formats import open_reader
@@ -194,7 +194,7 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
                                 "repack it (rerun its node, or pack with `resume=True`)")
             reader = open_reader(path, entry["format"])
             try:
-                meta = metadata.parse_shard_meta(reader.meta_json(), path)
+                meta = storemeta.parse_shard_meta(reader.meta_json(), path)
                 labels.append(np.array(reader.array("labels", "<i8", (meta["count"],))))
             finally:
                 reader.close()

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .. import fields as fieldstore
-from .. import metadata, swap
+from .. import metadata, storemeta, swap
 from ..errors import StoreError
 from ..fileutil import file_size
 from ..formats import ShardReader, open_reader
@@ -46,7 +46,7 @@ class OpenShard:
         self.reader: ShardReader = open_pinned(entry, pin)
         try:
             where = entry.path
-            meta = metadata.parse_shard_meta(self.reader.meta_json(), where)
+            meta = storemeta.parse_shard_meta(self.reader.meta_json(), where)
             shard = meta["shard"]
             if (shard["index"], shard["count"]) != (index, entry.count):
                 raise StoreError(f"{where}: shard says it is #{shard['index']} holding "

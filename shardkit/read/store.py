@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import metadata, swap
+from .. import metadata, storemeta, swap
 from ..errors import OptionError, StoreError
 from ..fileutil import file_size, sha256_file
 from ..urls import is_url
@@ -143,7 +143,7 @@ class Store:
         try:
             reader = open_pinned(ShardEntry(self.path, None, 0, 0), pin)
             try:
-                meta = metadata.parse_shard_meta(reader.meta_json(), self.path)
+                meta = storemeta.parse_shard_meta(reader.meta_json(), self.path)
                 self._labels = np.array(checked_array(reader, "labels", meta["arrays"]["labels"],
                                                       self.path))
             finally:
@@ -183,7 +183,7 @@ class Store:
                 raise StoreError(f"{manifest_path}: manifest is implausibly large (over {limit} "
                                  "bytes)")
             self._identity = hashlib.sha256(raw).hexdigest()
-            self.meta = metadata.parse_manifest(raw, manifest_path)
+            self.meta = storemeta.parse_manifest(raw, manifest_path)
             self.shards = [ShardEntry(os.path.join(self.path, e["file"]), e["format"],
                                       e["start"], e["count"], e["bytes"], e["sha256"])
                            for e in self.meta["shards"]]
@@ -436,7 +436,7 @@ def disk_bytes(path: str) -> int:
         return file_size(path)
     manifest = os.path.join(path, metadata.MANIFEST_NAME)
     with open(manifest, "rb") as f:
-        meta = metadata.parse_manifest(f.read(), manifest)
+        meta = storemeta.parse_manifest(f.read(), manifest)
     names = [e["file"] for e in meta["shards"]] + [meta["labels"]["file"]] + (
         [meta["layout"]["file"]] if "layout" in meta else [])
     return file_size(manifest) + sum(file_size(os.path.join(path, n)) for n in names)

@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any, Callable, TypeVar
 
-from .. import metadata
+from .. import metadata, storemeta
 from ..errors import OptionError, ShardkitError, StoreError
 from ..urls import is_url
 from .failures import Failure, TransferDeadline, classify, describe
@@ -235,7 +235,7 @@ class RemoteFolder(RemoteTarget):
                 raise StoreError(f"{self.url}: {str(exc).split(': ', 1)[1]}") from None
             raise StoreError(f"{self.url} has no {name}: not a shardkit store, or a pack "
                              "that did not finish") from None
-        self.meta = metadata.parse_manifest(raw, self.where(name))
+        self.meta = storemeta.parse_manifest(raw, self.where(name))
         self.manifest_sha256 = hashlib.sha256(raw).hexdigest()
         self.manifest_bytes = len(raw)
 

@@ -8,7 +8,7 @@ import re
 import uuid
 from typing import Any
 
-from .. import metadata
+from .. import metadata, storemeta
 from ..errors import PackError, StoreError
 from .access import ObjectNotFound, RemoteTarget, read_manifest
 from .verify import put_verified
@@ -82,7 +82,7 @@ class Uploader:
         """Upload ``labels.npy`` and then ``manifest.json`` of the finished local folder store."""
         manifest_path = os.path.join(os.fspath(local_folder), metadata.MANIFEST_NAME)
         with open(manifest_path, "rb") as f:
-            meta = metadata.parse_manifest(f.read(), manifest_path)
+            meta = storemeta.parse_manifest(f.read(), manifest_path)
         sides = [meta["labels"]]
         if "layout" in meta:  # the record layout (shardkit.packing.layout), before the manifest
             sides.append(meta["layout"])
@@ -123,7 +123,7 @@ def _existing_store(remote: RemoteTarget, overwrite: bool) -> set[str] | None:
         raise PackError(f"{remote.url} already holds a store ({manifest}); pass "
                         "`overwrite=True` to replace it")
     try:
-        meta = metadata.parse_manifest(read_manifest(remote), remote.where(manifest))
+        meta = storemeta.parse_manifest(read_manifest(remote), remote.where(manifest))
     except StoreError:  # damaged or unreadable: none of its files can be told apart
         return set()
     names = {e["file"] for e in meta["shards"]} | {meta["labels"]["file"]}
@@ -208,7 +208,7 @@ def upload_folder_store(local_folder: str | os.PathLike, url: str | os.PathLike,
     manifest_path = os.path.join(folder, metadata.MANIFEST_NAME)
     try:
         with open(manifest_path, "rb") as f:
-            meta = metadata.parse_manifest(f.read(), manifest_path)
+            meta = storemeta.parse_manifest(f.read(), manifest_path)
     except FileNotFoundError:
         raise StoreError(f"{folder} is not a folder store (no {metadata.MANIFEST_NAME})") from None
     check_target(url, storage_options, overwrite)

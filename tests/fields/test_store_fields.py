@@ -168,7 +168,7 @@ def test_damaged_column_is_refused(tmp_path, fmt):
 
 
 def test_metadata_with_foreign_dtype_is_refused(tmp_path):
-    from shardkit import metadata
+    from shardkit.fields import check_meta
 
     path = str(tmp_path / "m.lmdb")
     write(path, 2)
@@ -177,15 +177,15 @@ def test_metadata_with_foreign_dtype_is_refused(tmp_path):
     meta = json.loads(raw)
     meta["arrays"]["f.n"]["dtype"] = "|O"
     with pytest.raises(StoreError, match="plain numeric dtype"):
-        metadata.check_typed_fields(meta, "x")
+        check_meta(meta, "x")
     meta = json.loads(raw)
     del meta["arrays"]["f.caption.offsets"]
     with pytest.raises(StoreError, match="missing"):
-        metadata.check_typed_fields(meta, "x")
+        check_meta(meta, "x")
     meta = json.loads(raw)
     meta["fields"][0]["kind"] = "pickle"
     with pytest.raises(StoreError, match="unknown kind"):
-        metadata.check_typed_fields(meta, "x")
+        check_meta(meta, "x")
     assert os.path.exists(path)
 
 
