@@ -80,25 +80,32 @@ class BatchOutput(NamedTuple):
                    memory_format)
 
     def __call__(self, batch: Any) -> list:
-        """``[normalised float images, labels]``, both on ``device`` (when given)."""
+        """``[normalised float images, labels]``, both on ``device`` (when given); with views
+        (a list of image batches, one per view) each view is normalised."""
         try:
             images, labels = batch
         except (TypeError, ValueError):
             raise OptionError("normalize needs batches of (images, labels); this loader's "
                               f"collate_fn gives {type(batch).__name__}") from None
+        if self.device is not None:
+            labels = _moved(labels, self.device)
+        if isinstance(images, list):  # views: one batch per view
+            return [[self._images(view) for view in images], labels]
+        return [self._images(images), labels]
+
+    def _images(self, images: Any) -> torch.Tensor:
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 \
                 or images.dim() != 4 or images.shape[1] != len(self.mean):
             raise OptionError("normalize needs uint8 [B, C, H, W] image batches with "
-                              f"C={len(self.mean)} (a dataset with crop set and "
+                              f"C={len(self.mean)} (a dataset with crop or views set and "
                               f"output='tensor'), got {getattr(images, 'dtype', type(images))} "
                               f"{tuple(getattr(images, 'shape', ()))}")
         if self.device is not None:
             images = images.to(self.device, non_blocking=True)  # uint8: a quarter of the bytes
-            labels = _moved(labels, self.device)
         # One copy into the chosen layout, then in place: exactly images.float().div(255) and
         # v2.Normalize(mean, std), as shardkit.normalize computes it.
         out = images.to(self.dtype, memory_format=self.memory_format)
         shape = (1, -1, 1, 1)
         mean = torch.tensor(self.mean, dtype=self.dtype, device=out.device).view(shape)
         std = torch.tensor(self.std, dtype=self.dtype, device=out.device).view(shape)
-        return [out.div_(255).sub_(mean).div_(std), labels]
+        return out.div_(255).sub_(mean).div_(std)

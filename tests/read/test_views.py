@@ -190,3 +190,30 @@ def test_bad_views_are_option_errors_naming_the_parameter(stores):
     assert View(8) == View((8, 8)) and hash(View(8)) == hash(View((8, 8)))
     with pytest.raises(AttributeError):
         View(8).flip = 0.1  # frozen
+
+
+def test_views_through_mix_sampler_lightning_and_normalize(stores):
+    """A Mix of two view stores under MixSampler, Lightning's ShardDataModule, and
+    ``normalize=``: every view batch comes out, each one normalised."""
+    from shardkit.lightning import ShardDataModule
+
+    views = [View(24), View(16, flip=1.0)]
+    a, b = ShardDataset(stores["lmdb"], views=views), ShardDataset(stores["hdf5"], views=views)
+    mix = shardkit.Mix([a, b])
+    sampler = shardkit.MixSampler(mix, proportion=[0.5, 0.5], epoch_size=16, seed=1,
+                                  num_replicas=1, rank=0)
+    batches = list(mix.loader(batch_size=8, sampler=sampler))
+    assert len(batches) == 2
+    targets = np.concatenate([a.targets, b.targets])
+    for (images, labels), k in zip(batches, (0, 8)):
+        assert [tuple(v.shape) for v in images] == [(8, 3, 24, 24), (8, 3, 16, 16)]
+        assert labels.tolist() == targets[list(sampler)[k:k + 8]].tolist()
+
+    dm = ShardDataModule(ShardDataset(stores["shards"], views=views), batch_size=4,
+                         normalize=([0.5] * 3, [0.25] * 3))
+    raw, labels = next(iter(dm.train_dataloader()))
+    assert [tuple(v.shape) for v in raw] == [(4, 3, 24, 24), (4, 3, 16, 16)]
+    images, _ = dm.on_after_batch_transfer([raw, labels], 0)
+    for view, uint8 in zip(images, raw):
+        assert view.dtype == torch.float32 and view.is_contiguous()
+        assert torch.equal(view, (uint8.float().div(255) - 0.5) / 0.25)

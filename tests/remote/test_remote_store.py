@@ -459,3 +459,21 @@ def test_killed_pack_leaves_no_store_and_resume_finishes_it(s3, src, local):
     assert s3.count("PUT", key(url, names[0])) == 1  # kept, not packed or uploaded again
     assert objects(url) == files(local)
     assert not os.path.exists(staging_path(url))
+
+
+def test_views_from_a_remote_store_equal_the_local_stores(packed, local, tmp_path):
+    """Several views per record (decoded once, by rows where the record has row markers) read
+    from the bucket are the local store's, under the same RNG."""
+    from shardkit import View
+
+    _, url, _, _ = packed
+    views = [View(24), View(12, scale=(0.05, 0.3), flip=1.0)]
+    remote = ShardDataset(url, views=views, cache_dir=tmp_path / "cache")
+    here = ShardDataset(local, views=views)
+    torch.manual_seed(5)
+    got = remote.__getitems__(list(range(0, len(here), 3)))
+    torch.manual_seed(5)
+    want = here.__getitems__(list(range(0, len(here), 3)))
+    assert len(got) == len(want) > 0
+    for (g, gl), (w, wl) in zip(got, want):
+        assert gl == wl and all(torch.equal(a, b) for a, b in zip(g, w))
