@@ -39,6 +39,13 @@ def test_bytes_on_disk_counts_the_store_not_files_kept_for_old_readers(tmp_path)
         expected = sum(os.path.getsize(os.path.join(out, n)) for n in ours)
         assert disk_bytes(out) == expected
         assert shardkit.info(out)["bytes_on_disk"] == expected
+        # The new store reads whole, its record layout included (an overwrite under a reader
+        # left the old layout.npy in place of the new one: every read failed its checksum).
+        new, fresh = shardkit.ShardDataset(out, output="bytes"), str(tmp_path / "fresh")
+        shardkit.pack(src_b, fresh, num_shards=3, workers=1, progress=False)
+        want = shardkit.ShardDataset(fresh, output="bytes")
+        assert [new[i] for i in range(len(new))] == [want[i] for i in range(len(want))]
+        assert len(old) == 12 and old[len(old) - 1] is not None  # the old reader still reads
     finally:
         old.close()
 
