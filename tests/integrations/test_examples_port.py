@@ -148,7 +148,9 @@ def test_train_then_validate_on_cpu(data, workers):
 def test_evaluate_gives_the_normalised_centre_crops(data):
     ns = build(data, 0)
     images, _ = next(iter(ns["val_loader"]))
-    raw = shardkit.ShardDataset(f"{data}/val", crop=224).__getitems__(list(range(BATCH)))
+    # In the store's order (ds.loader without shuffle reads shard after shard).
+    order = ns["val_loader"].sampler.indices()[:BATCH].tolist()
+    raw = shardkit.ShardDataset(f"{data}/val", crop=224).__getitems__(order)
     assert torch.equal(images, shardkit.normalize(raw.images, *ns["NORMALIZE"]))
     model, criterion = model_and_criterion()
     assert len(validate(ns["val_loader"], model, criterion)) == IMAGES  # --evaluate
