@@ -260,8 +260,16 @@ def test_torchrun_resumes_a_state_from_another_world_size(stores, tmp_path):
     assert [len(g["rest"]) for g in ranks] == [-(-(n - 12) // 2)] * 2  # equal, padded
     rest = _interleave([[bytes.fromhex(r) for r in g["rest"]] for g in ranks])
     assert rest[:n - 12] == [ds[i][0] for i in full[12:n]]  # the rest, in the global order
-    expect_next = _interleave([list(s) for s in _ranks_at_epoch(ds, 2, 2, seed=7,
-                                                               num_canonical=24)])  # adopted
+    # The next epoch: the adopted partition (num_canonical and the runs grouped for 4 ranks,
+    # from the state), as two in-process samplers that load the same state give it.
+    resumed = []
+    for r in range(2):
+        sampler = ShardSampler(ds, 2, r, seed=7)
+        sampler.load_state_dict(state)
+        sampler.set_epoch(2)
+        resumed.append(list(sampler))
+    expect_next = _interleave(resumed)
+    assert sorted(set(expect_next)) == list(range(n))  # every sample of the next epoch
     assert _interleave([g["next"] for g in ranks]) == expect_next
 
 
