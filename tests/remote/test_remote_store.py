@@ -335,8 +335,10 @@ def test_server_stopped_mid_epoch_raises_store_error(s3, local, tmp_path, monkey
     upload_folder_store(local, url)
     ds = ShardDataset(url, output="bytes", cache_dir=tmp_path / "cache", storage_options=FAST)
     ds.store.cache.read_ahead_depth = 2  # the forked workers' too: the last shard stays remote
-    loader = DataLoader(ds, batch_size=2, num_workers=2, worker_init_fn=shardkit.worker_init_fn,
-                        multiprocessing_context="fork")
+    # Shard after shard (the store's order: a class-mixed store read in index order would need
+    # every shard, the last one included, in its first batches).
+    loader = ds.loader(batch_size=2, shuffle=False, num_workers=2, collate_fn=list,
+                       multiprocessing_context="fork")
     batches = iter(loader)
     next(batches)  # shard 0 is read; at most 2 batches per worker were asked for since
     s3.stop()
