@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import psutil
@@ -38,7 +39,8 @@ from shardkit.errors import StoreError
 from shardkit.packing.install import partial_path
 from shardkit.read.store import Store
 
-TRIALS_PER_CONFIG = int(os.environ.get("SHARDKIT_KILL_TRIALS", "5"))
+# Trials per config: at least one per kill point (3 for one file, 4 with shards; the default).
+TRIALS_PER_CONFIG = int(os.environ.get("SHARDKIT_KILL_TRIALS", "0"))
 SEED = int(os.environ.get("SHARDKIT_KILL_SEED", "7"))
 CONFIGS = [("lmdb", None), ("hdf5", None), ("lmdb", 3), ("hdf5", 3)]
 
@@ -142,9 +144,120 @@ def _leftovers(folder: str, keep: str) -> list[str]:
     return extra
 
 
+def _kill_points(shards: int | None) -> list[str]:
+    """Where each trial of a config kills the pack: every kind once (as the workers start; once
+    shards 0 and 1 are finished, sharded only; frozen on a random source mid-pack; once OUT
+    exists), then more random mid-pack kills up to ``TRIALS_PER_CONFIG``."""
+    kinds = ["starting workers"] + (["after a shard"] if shards else []) + ["while packing"]
+    extra = max(0, TRIALS_PER_CONFIG - len(kinds) - 1)
+    return kinds + ["while packing"] * extra + ["after OUT"]
+
+
+def _kill_trials(src: str, base, fmt: str, shards: int | None) -> dict:
+    """SIGKILL ``shardkit pack`` at each of ``_kill_points`` for one config, then rerun it: what
+    the kills left, the reruns' stores, and what went wrong (read and compared by the caller)."""
+    rng = random.Random(f"{SEED}-{fmt}-{shards}")
+    got = {"snapshots": [], "finals": [], "failures": [], "points": {}, "reused": 0, "resumed": 0}
+    failures = got["failures"]
+    for t, point in enumerate(_kill_points(shards)):
+        trial = base / f"{fmt}-{shards}-trial{t:02d}"
+        trial.mkdir()
+        name = f"{fmt}, {shards}, trial {t} ({point})"
+        out = str(trial / ("out" if shards else f"out.{fmt}"))
+        partial = partial_path(out)
+        events = str(trial / "events")
+        env = program_env({"SHARDKIT_TEST_EVENTS": events})
+        if point == "starting workers":
+            env["SHARDKIT_TEST_HOLD"] = str(trial / "never")
+            ready = _has_event(events, "starting")
+        elif point == "after a shard":
+            # Frozen on the last shard's first source: a chunk of sources may straddle a shard
+            # boundary, but not there.
+            env["SHARDKIT_TEST_BLOCK"] = SOURCES[len(SOURCES) * (shards - 1) // shards]
+            block = _has_event(events, "block")
+            done = os.path.join(partial, f"shard-{shards - 2:05d}.done.json")
+            ready = lambda: block() and os.path.exists(done)  # noqa: E731
+        elif point == "after OUT":
+            ready = lambda: os.path.lexists(out)  # noqa: E731
+        else:
+            env["SHARDKIT_TEST_BLOCK"] = rng.choice(SOURCES)
+            block = _has_event(events, "block")
+            ready = lambda: block() and _partial_exists(partial)  # noqa: E731
+        got["points"][point] = got["points"].get(point, 0) + 1
+        proc = subprocess.Popen(pack_cmd(src, out, fmt, shards, blocking=True),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
+        if point == "after OUT":  # it may finish before the kill: OUT must then be whole
+            deadline = time.monotonic() + HANG
+            while proc.poll() is None and not ready() and time.monotonic() < deadline:
+                time.sleep(0.002)
+        else:
+            try:
+                _wait_until(ready, proc, point)
+            except AssertionError as exc:
+                failures.append(f"{name}: {exc}")
+                proc.kill()
+                proc.wait(timeout=HANG)
+                continue
+        seen = _descendants(proc.pid)
+        proc.send_signal(signal.SIGKILL)  # the main process only, as `kill -9 PID`
+        proc.wait(timeout=HANG)
+        if point in ("while packing", "after a shard") and \
+                (os.path.lexists(out) or not _partial_exists(partial)):
+            failures.append(f"{name}: OUT exists or no partial output after the kill")
+        orphans = _still_running(seen)
+        if orphans:
+            failures.append(f"{name}: {len(orphans)} worker processes outlived the killed pack")
+        # Keep what the kill left, to read later: it must be refused, or be the full store.
+        for what, path in (("OUT", out), ("partial", partial)):
+            if os.path.lexists(path):
+                snap = str(trial / f"snapshot-{what}")
+                (shutil.copytree if os.path.isdir(path) else shutil.copyfile)(path, snap)
+                got["snapshots"].append((snap, (fmt, shards), what))
+        # Rerun: with --resume after a shard and after OUT; mid-pack, the first such trial
+        # resumes for LMDB and starts afresh for HDF5 (more trials: 70 % resume); as the
+        # workers start, afresh. Shards recorded as finished must be reused.
+        first = got["points"][point] == 1
+        resume = bool(shards) and (
+            point in ("after a shard", "after OUT") or point == "while packing" and (
+                fmt == "lmdb" if first else rng.random() < 0.7))
+        finished = {}
+        if resume and os.path.isdir(partial):
+            for entry_name in os.listdir(partial):
+                if entry_name.endswith(".done.json"):
+                    with open(os.path.join(partial, entry_name)) as f:
+                        entry = json.load(f)
+                    shard = os.path.join(partial, entry["file"])
+                    if os.path.exists(shard):
+                        finished[entry["sha256"]] = os.stat(shard).st_ino
+        extra = (["--resume"] if resume else []) + (["--overwrite"] if os.path.lexists(out) else [])
+        rerun = subprocess.run(pack_cmd(src, out, fmt, shards, *extra), capture_output=True,
+                               text=True, timeout=HANG)
+        got["resumed"] += resume
+        if rerun.returncode != 0:
+            failures.append(f"{name}: rerun failed: {rerun.stderr[-500:]}")
+            continue
+        left = _leftovers(str(trial), os.path.basename(out))
+        left = [x for x in left if not x.startswith("snapshot-") and x != "events"]
+        if left:
+            failures.append(f"{name}: left behind {left}")
+        if finished:
+            with open(os.path.join(out, "manifest.json")) as f:
+                manifest = json.load(f)
+            inodes = {e["sha256"]: os.stat(os.path.join(out, e["file"])).st_ino
+                      for e in manifest["shards"]}
+            for sha, ino in finished.items():
+                if inodes.get(sha) != ino:
+                    failures.append(f"{name}: --resume repacked a finished shard")
+                got["reused"] += 1
+        got["finals"].append((out, (fmt, shards)))
+    return got
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_points_then_rerun(src, tmp_path):
-    rng = random.Random(SEED)
+    """Every kill point for every config (SHARDKIT_KILL_TRIALS adds random mid-pack kills); two
+    configs at a time (each pack is mostly one busy process starting up)."""
     ref_paths = {}
     for fmt, shards in CONFIGS:
         out = str(tmp_path / "ref" / f"{fmt}-{shards}")
@@ -153,101 +266,18 @@ def test_sigkill_at_random_points_then_rerun(src, tmp_path):
                        timeout=HANG)
         ref_paths[fmt, shards] = out
 
-    snapshots: list[tuple[str, tuple, str]] = []  # (copied path, config, what it was)
-    finals: list[tuple[str, tuple]] = []
-    failures: list[str] = []
-    reused = resumed = 0
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda config: _kill_trials(src, tmp_path, *config), CONFIGS))
+    snapshots = [s for run in runs for s in run["snapshots"]]
+    finals = [f for run in runs for f in run["finals"]]
+    failures = [f for run in runs for f in run["failures"]]
     points: dict[str, int] = {}
-    n = 0
-    for fmt, shards in CONFIGS:
-        for t in range(TRIALS_PER_CONFIG):
-            n += 1
-            trial = tmp_path / f"trial{n:02d}"
-            trial.mkdir()
-            out = str(trial / ("out" if shards else f"out.{fmt}"))
-            partial = partial_path(out)
-            events = str(trial / "events")
-            env = program_env({"SHARDKIT_TEST_EVENTS": events})
-            # Where to kill: as the workers start; once per sharded config with shards 0 and 1
-            # finished (frozen on the last shard's first source: a chunk of sources may straddle
-            # a shard boundary, but not there); once OUT exists; else frozen on a random
-            # source, mid-pack.
-            if t == 0:
-                point = "starting workers"
-                env["SHARDKIT_TEST_HOLD"] = str(trial / "never")
-                ready = _has_event(events, "starting")
-            elif t == 1 and shards:
-                point = "after a shard"
-                env["SHARDKIT_TEST_BLOCK"] = SOURCES[len(SOURCES) * (shards - 1) // shards]
-                block = _has_event(events, "block")
-                done = os.path.join(partial, f"shard-{shards - 2:05d}.done.json")
-                ready = lambda: block() and os.path.exists(done)  # noqa: E731
-            elif t == TRIALS_PER_CONFIG - 1:
-                point = "after OUT"
-                ready = lambda: os.path.lexists(out)  # noqa: E731
-            else:
-                point = "while packing"
-                env["SHARDKIT_TEST_BLOCK"] = rng.choice(SOURCES)
-                block = _has_event(events, "block")
-                ready = lambda: block() and _partial_exists(partial)  # noqa: E731
-            points[point] = points.get(point, 0) + 1
-            proc = subprocess.Popen(pack_cmd(src, out, fmt, shards, blocking=True),
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                    start_new_session=True, env=env)
-            if point == "after OUT":  # it may finish before the kill: OUT must then be whole
-                deadline = time.monotonic() + HANG
-                while proc.poll() is None and not ready() and time.monotonic() < deadline:
-                    time.sleep(0.002)
-            else:
-                _wait_until(ready, proc, point)
-            seen = _descendants(proc.pid)
-            proc.send_signal(signal.SIGKILL)  # the main process only, as `kill -9 PID`
-            proc.wait(timeout=HANG)
-            if point in ("while packing", "after a shard"):
-                assert not os.path.lexists(out) and _partial_exists(partial), (n, point)
-            orphans = _still_running(seen)
-            if orphans:
-                failures.append(f"trial {n}: {len(orphans)} worker processes outlived the "
-                                "killed pack")
-            # Keep what the kill left, to read later: it must be refused, or be the full store.
-            for what, path in (("OUT", out), ("partial", partial)):
-                if os.path.lexists(path):
-                    snap = str(trial / f"snapshot-{what}")
-                    (shutil.copytree if os.path.isdir(path) else shutil.copyfile)(path, snap)
-                    snapshots.append((snap, (fmt, shards), what))
-            # Rerun: resume most sharded trials; shards recorded as finished must be reused.
-            resume = bool(shards) and (point == "after a shard" or rng.random() < 0.7)
-            finished = {}
-            if resume and os.path.isdir(partial):
-                for name in os.listdir(partial):
-                    if name.endswith(".done.json"):
-                        with open(os.path.join(partial, name)) as f:
-                            entry = json.load(f)
-                        shard = os.path.join(partial, entry["file"])
-                        if os.path.exists(shard):
-                            finished[entry["sha256"]] = os.stat(shard).st_ino
-            extra = (["--resume"] if resume else []) + (["--overwrite"] if os.path.lexists(out) else [])
-            rerun = subprocess.run(pack_cmd(src, out, fmt, shards, *extra), capture_output=True,
-                                   text=True, timeout=HANG)
-            resumed += resume
-            if rerun.returncode != 0:
-                failures.append(f"trial {n} ({fmt}, {shards}, {point}): rerun failed: "
-                                f"{rerun.stderr[-500:]}")
-                continue
-            left = _leftovers(str(trial), os.path.basename(out))
-            left = [x for x in left if not x.startswith("snapshot-") and x != "events"]
-            if left:
-                failures.append(f"trial {n} ({fmt}, {shards}, {point}): left behind {left}")
-            if finished:
-                with open(os.path.join(out, "manifest.json")) as f:
-                    manifest = json.load(f)
-                inodes = {e["sha256"]: os.stat(os.path.join(out, e["file"])).st_ino
-                          for e in manifest["shards"]}
-                for sha, ino in finished.items():
-                    if inodes.get(sha) != ino:
-                        failures.append(f"trial {n}: --resume repacked a finished shard")
-                    reused += 1
-            finals.append((out, (fmt, shards)))
+    for run in runs:
+        for point, count in run["points"].items():
+            points[point] = points.get(point, 0) + count
+    reused = sum(run["reused"] for run in runs)
+    resumed = sum(run["resumed"] for run in runs)
+    n = sum(points.values())
 
     results = check_stores([p for p in ref_paths.values()] + [s for s, _, _ in snapshots]
                            + [f for f, _ in finals])
@@ -271,8 +301,8 @@ def test_sigkill_at_random_points_then_rerun(src, tmp_path):
           f"finished shards reused {reused}, snapshots read {len(snapshots)}, "
           f"failures {len(failures)}")
     assert not failures, "\n".join(failures)
-    if TRIALS_PER_CONFIG >= 2:
-        assert reused >= 1  # --resume kept the shard finished before the kill
+    assert n == sum(len(_kill_points(shards)) for _, shards in CONFIGS)
+    assert reused >= 1  # --resume kept the shards finished before the kill
 
 
 @pytest.mark.parametrize("fmt,shards", [("lmdb", None), ("hdf5", 3)])
