@@ -189,6 +189,33 @@ class RemoteTarget:
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__ | {"_fs": None, "_fs_pid": None}
 
+    def bounded(self, name: str, call: Callable[[dict[str, float]], Any], size: int,
+                local: Callable[[BaseException], str | None] | None = None) -> Any:
+        """``call(timeout)`` retried as :meth:`retry` does; on an asynchronous filesystem
+        (``s3://``, ``gs://``) each attempt gets ``{"timeout": deadline}`` to pass to the fsspec
+        call, which cuts it at :func:`transfer_deadline` of ``size`` bytes (a trickle of bytes
+        never trips a read timeout); a synchronous one cannot be cut short and gets ``{}``."""
+        if not getattr(self.fs, "async_impl", False):
+            return self.retry(name, lambda: call({}), local)
+        deadline = transfer_deadline(size)
+
+        def attempt() -> Any:
+            start = time.monotonic()
+            try:
+                return call({"timeout": deadline})
+            except Exception as exc:  # noqa: BLE001 - fsspec's FSTimeoutError: the deadline
+                # (a read timeout inside the call is an FSTimeoutError too, but sooner)
+                if type(exc).__name__ != "FSTimeoutError" or \
+                        time.monotonic() - start < deadline:
+                    raise
+                raise TransferDeadline(
+                    f"the download did not finish within its deadline of {deadline:g} s "
+                    f"({size} bytes: SHARDKIT_TRANSFER_TIMEOUT plus the size at "
+                    "SHARDKIT_TRANSFER_MIN_RATE bytes/s); check the network and the endpoint, or "
+                    "raise SHARDKIT_TRANSFER_TIMEOUT / lower SHARDKIT_TRANSFER_MIN_RATE") from None
+
+        return self.retry(name, attempt, local)
+
 
 def read_manifest(remote: RemoteTarget) -> bytes:
     """The bytes of ``manifest.json`` under ``remote``: its size is asked first (HEAD) and one
@@ -202,7 +229,8 @@ def read_manifest(remote: RemoteTarget) -> bytes:
                          f"at most {limit} are read)")
     if size == 0:
         return b""
-    raw = remote.retry(name, lambda: remote.fs.cat_file(path, start=0, end=limit + 1))
+    raw = remote.bounded(name, lambda timeout: remote.fs.cat_file(
+        path, start=0, end=limit + 1, **timeout), limit if size is None else size)
     if len(raw) > limit:
         raise StoreError(f"{remote.where(name)}: manifest is implausibly large (over {limit} "
                          "bytes)")
@@ -247,27 +275,8 @@ class RemoteFolder(RemoteTarget):
         (``s3://``, ``gs://``) each attempt is cut at :func:`transfer_deadline` (a trickle of
         bytes never trips a read timeout)."""
         fs, path = self.fs, self.path(name)
-        if not getattr(fs, "async_impl", False):  # no way to cut a synchronous call short
-            self.retry(name, lambda: fs.get_file(path, local_path), local)
-            return
-        if size is None:
+        if size is None and getattr(fs, "async_impl", False):
             size = int(self.retry(name, lambda: fs.size(path)) or 0)
-        deadline = transfer_deadline(size)
-
-        def attempt() -> None:
-            start = time.monotonic()
-            try:
-                fs.get_file(path, local_path, timeout=deadline)
-            except Exception as exc:  # noqa: BLE001 - fsspec's FSTimeoutError: the deadline
-                # (a read timeout inside the call is an FSTimeoutError too, but sooner)
-                if type(exc).__name__ != "FSTimeoutError" or \
-                        time.monotonic() - start < deadline:
-                    raise
-                raise TransferDeadline(
-                    f"the download did not finish within its deadline of {deadline:g} s "
-                    f"({size} bytes: SHARDKIT_TRANSFER_TIMEOUT plus the size at "
-                    "SHARDKIT_TRANSFER_MIN_RATE bytes/s); check the network and the endpoint, or "
-                    "raise SHARDKIT_TRANSFER_TIMEOUT / lower SHARDKIT_TRANSFER_MIN_RATE") from None
-
-        self.retry(name, attempt, local)
+        self.bounded(name, lambda timeout: fs.get_file(path, local_path, **timeout), size or 0,
+                     local)
 

@@ -140,6 +140,18 @@ def test_a_trickling_download_is_cut_at_its_deadline_and_retried(proxy, url, loc
     cache.close()
 
 
+def test_a_trickling_manifest_is_cut_at_its_deadline(proxy, url, short_deadline):
+    """Opening a store whose manifest GET trickles ends with the deadline's error after the
+    retries (3 GETs), not a wait for ever."""
+    proxy.add("GET", key(url, "manifest.json"), "trickle", at=100, times=None)
+    out = guarded(lambda: RemoteFolder(url, TRICKLE))
+    assert isinstance(out.get("error"), StoreError), out
+    assert re.match(f"{url}/manifest.json: the download did not finish within its deadline of "
+                    "1 s .*gave up after 3 attempts", str(out["error"])), out["error"]
+    assert proxy.count("GET", key(url, "manifest.json")) == 3
+    proxy.release()
+
+
 def test_a_shard_that_always_trickles_fails_its_waiters_too(proxy, url, local, tmp_path,
                                                             short_deadline, monkeypatch):
     """The read-ahead's download trickles every time: it gives up after its retries, and the
