@@ -126,6 +126,14 @@ def cached_bytes(ds: ShardDataset) -> int:
         if os.path.isdir(folder) else 0
 
 
+def run_fast_cli(*args: str) -> subprocess.CompletedProcess:
+    """``run_cli`` with remote retries 50 ms apart (fast_retry_cli.py): for calls that fail."""
+    return subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__),
+                                                        "fast_retry_cli.py"), *args],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+
+
 def damage(url: str, name: str) -> None:
     bucket, prefix = url.removeprefix("s3://").split("/", 1)
     client = boto3.client("s3")
@@ -367,7 +375,8 @@ def test_second_epoch_with_the_server_gone_is_served_from_the_cache(s3, local, t
         ShardDataset(url, cache_dir=tmp_path / "cache", storage_options=FAST)
 
 
-def test_damaged_or_missing_object(s3, local, tmp_path):
+def test_damaged_or_missing_object(s3, local, tmp_path, monkeypatch):
+    monkeypatch.setattr(shardkit.remote.access, "RETRY_DELAYS", (0.05, 0.05))
     url = f"s3://{s3.new_bucket()}/train"
     upload_folder_store(local, url)
     names = shard_names(local)
@@ -379,7 +388,7 @@ def test_damaged_or_missing_object(s3, local, tmp_path):
     assert np.array_equal(ds.store.shard(0).labels, want.labels)  # the others read as before
     bucket, prefix = url.removeprefix("s3://").split("/", 1)
     boto3.client("s3").delete_object(Bucket=bucket, Key=f"{prefix}/{names[5]}")
-    proc = run_cli("verify", url, "-q", "--cache-dir", str(tmp_path / "cli-cache"))
+    proc = run_fast_cli("verify", url, "-q", "--cache-dir", str(tmp_path / "cli-cache"))
     assert proc.returncode == 1, proc.stderr
     faults = [line for line in proc.stderr.splitlines() if line.startswith("fault:")]
     assert faults == [f"fault: {url}/{names[2]}: object is damaged or replaced: its size or "
@@ -394,7 +403,7 @@ def test_unreachable_endpoint_is_one_line(s3, src, tmp_path):
     s3.stop()  # nothing listens on that port now
     for args in (("info", url, "--cache-dir", str(tmp_path / "cache")),
                  ("pack", src, url, "--num-shards", "2", "-q")):
-        proc = run_cli(*args)
+        proc = run_fast_cli(*args)
         assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
         assert f"{url}/manifest.json: " in proc.stderr and "gave up after 3 attempts" \
             in proc.stderr
