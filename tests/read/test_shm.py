@@ -2,12 +2,13 @@
 DataLoader with torch's default collate fails: shardkit's worker batches live in memfd memory
 (:mod:`shardkit.read.shipping`, :mod:`shardkit.read.batchpool`), which that mount does not bound.
 
-Each case runs in a mount namespace whose /dev/shm is a fresh 64 MB tmpfs (``unshare -m``, as
-root). Skipped where that is not possible, except under CI (env ``CI`` set), where it fails.
+Every case runs in a mount namespace whose /dev/shm is a fresh 64 MB tmpfs (``unshare -m``, as
+root), all of them in one process per start method (fork, spawn), each reported by name. Skipped where that is not possible, except under CI (env ``CI`` set), where it fails.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -50,37 +51,72 @@ def store(tmp_path_factory) -> str:
     return path
 
 
-def run_in_small_shm(store: str, case: str, context: str) -> subprocess.CompletedProcess:
-    command = " ".join([*program_cmd("shm_loader"), store, case, context])
-    return subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64m tmpfs "
+CASES = ["transform", "crop", "numpy", "target", "single"]
+CONTROL = "plain-transform"
+
+
+def run_in_small_shm(store: str, context: str, cases: list[str]) -> dict[str, dict]:
+    """Read each of ``cases`` in turn, in one process under a 64 MB /dev/shm: {case: its JSON
+    line}; a case with no line (the process died first) gets ``error``: how it ended."""
+    command = " ".join([*program_cmd("shm_loader"), store, context, *cases])
+    done = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64m tmpfs "
                            f"/dev/shm && exec {command}"], capture_output=True, text=True,
                           env=program_env(), timeout=300)
+    got = {}
+    for line in done.stdout.splitlines():
+        entry = json.loads(line)
+        got[entry.pop("case")] = entry
+    for case in cases:
+        got.setdefault(case, {"error": f"no result: exit status {done.returncode}; "
+                                       f"{done.stderr[-3000:]}"})
+    return got
 
 
+@pytest.fixture(scope="module")
+def small_shm_runs(store):
+    """Every case, then the control last, in one process per start method (read on demand)."""
+    runs = {}
+
+    def run(context: str) -> dict[str, dict]:
+        if context not in runs:
+            runs[context] = run_in_small_shm(store, context, [*CASES, CONTROL])
+        return runs[context]
+    return run
+
+
+@functools.lru_cache
 def expected(store: str, case: str) -> list:
-    """The same batches read in this process (no workers, no shared memory)."""
+    """The same batches read in this process (no workers, no shared memory); once per case."""
     ds, batch_size = shm_loader.setup(store, case)
     return shm_loader.describe(ds.loader(batch_size=batch_size, num_workers=0))
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_a_plain_dataloader_fails_there(store, context):
+def test_a_plain_dataloader_fails_there(small_shm_runs, context):
     """The control: with the per-sample float transform a batch is 77 MB; torch's default collate
     stacks each worker batch into /dev/shm, where it does not fit."""
-    done = run_in_small_shm(store, "plain-transform", context)
-    assert done.returncode != 0
-    assert "shared memory" in done.stderr or "shm" in done.stderr, done.stderr[-2000:]
+    got = small_shm_runs(context)[CONTROL]
+    assert "error" in got, "a plain DataLoader read the whole store in a 64 MB /dev/shm"
+    assert "shared memory" in got["error"] or "shm" in got["error"], got["error"][-2000:]
 
 
-@pytest.mark.parametrize("case, context", [
-    ("transform", "fork"), ("transform", "spawn"), ("crop", "fork"), ("crop", "spawn"),
-    ("numpy", "fork"), ("target", "spawn"), ("single", "fork")])
-def test_every_loader_path_works_there(store, case, context):
-    done = run_in_small_shm(store, case, context)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout)
-    assert got == expected(store, case)
-    assert len(got) == (len(ShardDataset(store)) if case == "single" else 512 // shm_loader.BATCH)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_every_loader_path_works_there(store, small_shm_runs, context):
+    """Each path (per-sample transform, batched crop, numpy output, target_transform,
+    batch_size=None) reads the same batches as without workers; a failure names its path."""
+    runs = small_shm_runs(context)
+    failures = []
+    for case in CASES:
+        got = runs[case]
+        if "error" in got:
+            failures.append(f"{case}: {got['error'][-3000:]}")
+            continue
+        if got["batches"] != expected(store, case):
+            failures.append(f"{case}: batches differ from those read without workers")
+        n = len(ShardDataset(store)) if case == "single" else 512 // shm_loader.BATCH
+        if len(got["batches"]) != n:
+            failures.append(f"{case}: {len(got['batches'])} batches, not {n}")
+    assert not failures, "\n".join(failures)
 
 
 # -- where a worker's batch lives, without a mount namespace ---------------------------------------

@@ -1,15 +1,18 @@
 """Read a store through DataLoader workers and print what the batches held (test_shm runs this
 inside a mount namespace whose /dev/shm is a 64 MB tmpfs, as in a Docker container).
 
-argv: STORE CASE CONTEXT. CASE ``plain-*`` is a plain ``DataLoader`` (torch's default collate);
-the others are ``ds.loader``: ``transform`` (a per-sample float transform), ``crop`` (the
-batched decode-crop path), ``numpy`` (``output="numpy"``), ``target`` (with a
-``target_transform``), ``single`` (``batch_size=None``). CONTEXT: the workers' start method.
-Prints JSON ``[[pixel sum, [labels]], ...]`` per batch; a worker that fails makes it exit non-zero.
+argv: STORE CONTEXT CASE... (CONTEXT: the workers' start method). Each CASE is read in turn, in
+this one process: ``plain-*`` is a plain ``DataLoader`` (torch's default collate); the others are
+``ds.loader``: ``transform`` (a per-sample float transform), ``crop`` (the batched decode-crop
+path), ``numpy`` (``output="numpy"``), ``target`` (with a ``target_transform``), ``single``
+(``batch_size=None``). Prints one JSON line per case as soon as it is read:
+``{"case": CASE, "batches": [[pixel sum, [labels]], ...]}``, or ``{"case": CASE, "error": ...}``
+where its loader raised (the next case is read all the same).
 """
 
 import json
 import sys
+import traceback
 
 CROP, BATCH = 224, 128
 
@@ -48,18 +51,27 @@ def describe(batches) -> list:
     return out
 
 
-def main(argv: list[str]) -> None:
+def read(path: str, case: str, context: str) -> list:
     import shardkit
     from torch.utils.data import DataLoader
 
-    path, case, context = argv
     ds, batch_size = setup(path, case)
     kwargs = dict(batch_size=batch_size, num_workers=2, multiprocessing_context=context)
     if case.startswith("plain-"):
         loader = DataLoader(ds, worker_init_fn=shardkit.worker_init_fn, **kwargs)
     else:
         loader = ds.loader(**kwargs)
-    print(json.dumps(describe(loader)))
+    return describe(loader)
+
+
+def main(argv: list[str]) -> None:
+    path, context, *cases = argv
+    for case in cases:
+        try:
+            line = {"case": case, "batches": read(path, case, context)}
+        except Exception:
+            line = {"case": case, "error": traceback.format_exc()}
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":
