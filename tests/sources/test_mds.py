@@ -82,7 +82,9 @@ def test_mds_packs_as_its_folder_and_as_streaming_reads_it(mds_sources, mds_env,
     read = dict(zip(names, json.loads(run_side(mds_env, READ, *(dirs[n] for n in names)))))
     for name in names:
         out = str(tmp_path / f"{name}.lmdb")
-        result = shardkit.pack(dirs[name], out, size=64, workers=2, progress=False)
+        # worker processes for one (gz: for 0 and 3 workers below), this process for the others
+        result = shardkit.pack(dirs[name], out, size=64, workers=2 if name == "zstd" else 0,
+                               progress=False)
         assert result.count == len(jpgs)
         # the pkl column is named in the skip list, never decoded
         assert [(os.path.basename(s["path"]), s["reason"]) for s in result.skipped] == \

@@ -131,11 +131,11 @@ def test_gzipped_tars_pack_the_same(tars, folder_store, tmp_path):
 def test_byte_identical_for_any_workers_and_engine(tars, tmp_path):
     out_dir, _ = tars
     singles = []
-    for workers in (0, 2, 3):
+    for workers in (0, 3):  # in this process, and chunks over 3 worker processes
         out = str(tmp_path / f"w{workers}.lmdb")
         shardkit.pack(out_dir, out, size=48, workers=workers, progress=False)
         singles.append(list(store_files(out).values()))
-    assert singles[0] == singles[1] == singles[2]
+    assert singles[0] == singles[1]
     sharded = []
     for workers, engine in ((1, "local"), (3, "local"), (2, "dask")):
         out = str(tmp_path / f"s{workers}{engine}")
@@ -307,7 +307,8 @@ def test_killed_pack_from_tars_resumes(tars, tmp_path):
     assert not os.path.exists(os.path.join(partial, "shard-00002.done.json"))
     assert cli_main([*args[:2], out, *args[2:], "--resume"]) == 0
     assert {k: os.stat(os.path.join(out, f"shard-{k:05d}.lmdb")).st_ino for k in (0, 1)} == kept
-    assert cli_main([*args[:2], ref, *args[2:]]) == 0
+    # the reference in this process: the same bytes for any workers (test above)
+    assert cli_main([*args[:2], ref, *args[2:], "--workers", "1"]) == 0
     assert store_files(out) == store_files(ref)
 
 
