@@ -10,6 +10,8 @@
   (WebDataset, parquet, MDS, LitData): it owns the shared steps (every shard scanned in order,
   labels to classes, the :class:`ContainerIndex`); a backend fills ``detect``, ``scan_shards``
   and ``read``.
+* :class:`IndexFolderSource` base of the container sources that are a folder with an
+  ``index.json`` (MDS, LitData): it detects and reads the index; a backend parses it.
 
 A scan reads only what decides the plan (member names, offsets, labels); image bytes are read
 later, by the encoding workers, through the small :data:`Item` tuples the plan hands out.
@@ -22,7 +24,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -347,10 +349,73 @@ def pil_as_file(value: bytes) -> bytes:
 class ContainerSource(Source):
     """A source whose images are members of container files (shards): a backend finds the
     shards and scans one (:meth:`scan_shards`) and reads one member (:meth:`read`); this class
-    owns the rest (labels to classes, the plan's index, the fields)."""
+    owns the rest (labels to classes, the plan's index, the fields).
+
+    A backend whose samples are made of named parts (MDS columns, LitData leaves) picks the
+    image and the label part with :meth:`pick_part` (filling :attr:`part`, :attr:`label_names`,
+    :meth:`image_format` and :meth:`check_part`) and adds a shard's samples with
+    :meth:`add_samples`."""
+
+    #: what the format calls one part of a sample and several, as messages name them
+    part: ClassVar[tuple[str, str]] = ("column", "columns")
+    #: the label part's default names, the first present is the label
+    label_names: ClassVar[tuple[str, ...]] = ()
 
     def scan_shards(self, src: str, options: SourceOptions) -> Scanned:
         raise NotImplementedError
+
+    def image_format(self, fmt: str) -> bool:
+        """Whether a part in format ``fmt`` holds an image (the image part's default)."""
+        return False
+
+    def check_part(self, what: str, name: str, fmt: str, where: str) -> None:
+        """Refuse (PackError) the ``what`` (``image``/``label``) part ``name`` in format
+        ``fmt`` that cannot serve as one."""
+
+    def pick_part(self, names: list[str], formats: list[str], given: str | None, where: str,
+                  image: bool) -> int:
+        """The index of the image (``image``) or label part of samples whose parts are
+        ``names`` in ``formats``: the first of ``given``'s ``;`` alternatives present, else the
+        first image part or the first of :attr:`label_names`; PackError (one line) for none,
+        or for one :meth:`check_part` refuses."""
+        what = "image" if image else "label"
+        one, several = self.part
+        if given is not None:
+            wanted = [n.strip() for n in given.split(";") if n.strip()]
+            found = next((names.index(n) for n in wanted if n in names), None)
+            if found is None:
+                raise PackError(f"{where}: no {what} {one} {given!r} ({several}: "
+                                f"{', '.join(names)})")
+        elif image:
+            found = next((i for i, f in enumerate(formats) if self.image_format(f)), None)
+        else:
+            found = next((names.index(n) for n in self.label_names if n in names), None)
+        if found is None:
+            raise PackError(f"{where}: no {what} {one} ({several}: {', '.join(names)}); name it "
+                            f"with `{what}_key`")
+        self.check_part(what, names[found], formats[found], where)
+        return found
+
+    @staticmethod
+    def add_samples(scanned: Scanned, shard: Shard, data: bytes, offsets: np.ndarray,
+                    sample: Callable[[memoryview], tuple[Any, dict[str, Any]]],
+                    refused: tuple[type[Exception], ...] = (MemberError,)) -> None:
+        """Add to ``shard`` each of its samples, the bytes of ``data`` between successive
+        ``offsets`` (sample ``i``: member ``i``, refs ``(i, 0)``); ``sample`` gives one's raw
+        label and typed fields, or raises one of ``refused`` to put it on the skip list."""
+        view = memoryview(data)
+        for i in range(len(offsets) - 1):
+            member = member_name(shard.name, str(i))
+            try:
+                label, values = sample(view[offsets[i]:offsets[i + 1]])
+            except refused as exc:
+                scanned.skipped.append({"path": os.path.join(scanned.root, member),
+                                        "reason": str(exc)})
+                continue
+            shard.members.append(member)
+            shard.refs.append((i, 0))
+            shard.labels.append(label)
+            shard.fields.append(values)
 
     def scan(self, options: SourceOptions) -> Scan:
         src = os.fspath(options.src)
@@ -387,3 +452,46 @@ class ContainerSource(Source):
         fields = ContainerFields(rows, scanned.root, len(samples)) if rows else None
         return Scan(scanned.root, labels.classes, dict(labels.index), samples, skipped, fields,
                     index)
+
+
+class IndexFolderSource(ContainerSource):
+    """A container source that is a folder whose ``index.json`` lists its shards (MDS,
+    LitData): this class detects and reads the index; a backend fills :attr:`kinds`,
+    :meth:`is_index` and :meth:`parse_index`."""
+
+    #: what messages call the folder and its index (``"an MDS folder"``, ``"an MDS v2 index"``)
+    kinds: ClassVar[tuple[str, str]] = ("", "")
+
+    def is_index(self, index: Any) -> bool:
+        """Whether a parsed ``index.json`` is in this format (AttributeError: it is not)."""
+        return False
+
+    def parse_index(self, index: Any) -> Any:
+        """What the scan needs of a parsed ``index.json`` (ValueError, KeyError, TypeError or
+        AttributeError for one that is not this format's)."""
+        return index
+
+    def detect(self, src: str) -> bool:
+        index = os.path.join(src, "index.json")
+        if not os.path.isfile(index):
+            return False
+        try:
+            with open(index, "rb") as f:
+                return self.is_index(json.loads(f.read()))
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def read_index(self, src: str) -> tuple[str, str, Any]:
+        """SRC's absolute folder, its ``index.json`` path and :meth:`parse_index` of it;
+        PackError (one line) for a missing or unreadable index."""
+        folder = os.path.abspath(src)
+        where = os.path.join(folder, "index.json")
+        try:
+            with open(where, "rb") as f:
+                index = json.loads(f.read())
+            parsed = self.parse_index(index)
+        except FileNotFoundError:
+            raise PackError(f"{src}: no index.json (not {self.kinds[0]})") from None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise PackError(f"{where}: not {self.kinds[1]} ({exc})") from None
+        return folder, where, parsed

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import PackError
-from .base import (ContainerSource, MemberError, Scanned, Shard, SourceOptions, inside_folder,
-                   member_name, pil_as_file)
+from .base import (IndexFolderSource, MemberError, Scanned, Shard, SourceOptions, inside_folder,
+                   pil_as_file)
 from .files import open_cached
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm")
@@ -77,35 +77,35 @@ def _item_leaves(item: bytes | memoryview, count: int) -> list[tuple[int, int]]:
     return out
 
 
-class LitDataSource(ContainerSource):
+def _item_values(item: memoryview, formats: list[str], names: list[str], label: int,
+                 extra: list[int]) -> tuple[Any, dict[str, Any]]:
+    """One item's raw label and its other leaves' values (MemberError for a broken one)."""
+    leaves = _item_leaves(item, len(formats))
+    a, b = leaves[label]
+    value = _leaf_value(formats[label], bytes(item[a:b]))
+    return value, {names[c]: _leaf_value(formats[c], bytes(item[s:e]))
+                   for c in extra for s, e in [leaves[c]]}
+
+
+class LitDataSource(IndexFolderSource):
     name = "litdata"
     summary = "a LitData optimized folder (index.json with chunk-*.bin files)"
+    part = ("leaf", "leaves")
+    kinds = ("a LitData folder", "a LitData index")
+    label_names = LABEL_LEAVES
 
-    def detect(self, src: str) -> bool:
-        index = os.path.join(src, "index.json")
-        if not os.path.isfile(index):
-            return False
-        try:
-            with open(index, "rb") as f:
-                data = json.loads(f.read())
-            return isinstance(data.get("chunks"), list) and isinstance(data.get("config"), dict)
-        except (OSError, ValueError, AttributeError):
-            return False
+    def is_index(self, index: Any) -> bool:
+        return isinstance(index.get("chunks"), list) and isinstance(index.get("config"), dict)
+
+    def parse_index(self, index: Any) -> tuple[dict[str, Any], list[Any], list[str]]:
+        config, chunks = index["config"], index["chunks"]
+        formats = [str(s) for s in config["data_format"]]
+        if not isinstance(chunks, list):
+            raise ValueError("'chunks' is not a list")
+        return config, chunks, formats
 
     def scan_shards(self, src: str, options: SourceOptions) -> Scanned:
-        folder = os.path.abspath(src)
-        where = os.path.join(folder, "index.json")
-        try:
-            with open(where, "rb") as f:
-                index = json.loads(f.read())
-            config, chunks = index["config"], index["chunks"]
-            formats = [str(s) for s in config["data_format"]]
-            if not isinstance(chunks, list):
-                raise ValueError("'chunks' is not a list")
-        except FileNotFoundError:
-            raise PackError(f"{src}: no index.json (not a LitData folder)") from None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise PackError(f"{where}: not a LitData index ({exc})") from None
+        folder, where, (config, chunks, formats) = self.read_index(src)
         for key, allowed in (("compression", (None,)), ("encryption", (None,)),
                              ("item_loader", (None, "PyTreeLoader"))):
             if config.get(key) not in allowed:
@@ -118,8 +118,8 @@ class LitDataSource(ContainerSource):
                 raise PackError(f"{where}: leaf {name!r} uses the {serializer!r} serializer, "
                                 "which shardkit does not read (never unpickled); only images "
                                 "(jpeg, pil, image, file), int, float and str leaves are")
-        image = self._leaf(names, formats, options.image_key, where, image=True)
-        label = self._leaf(names, formats, options.label_key, where, image=False)
+        image = self.pick_part(names, formats, options.image_key, where, image=True)
+        label = self.pick_part(names, formats, options.label_key, where, image=False)
         extra = [c for c in range(len(formats)) if c not in (image, label)]
         scanned = Scanned(folder, [])
         for k, info in enumerate(chunks):
@@ -139,49 +139,20 @@ class LitDataSource(ContainerSource):
                 scanned.skipped.append({"path": path, "reason": "cannot read LitData chunk: "
                                                                 f"{exc.strerror or exc}"})
                 continue
-            offsets = _offsets(data, count, path)
-            for i in range(count):
-                item = memoryview(data)[offsets[i]:offsets[i + 1]]
-                try:
-                    leaves = _item_leaves(item, len(formats))
-                    a, b = leaves[label]
-                    value = _leaf_value(formats[label], bytes(item[a:b]))
-                    values = {names[c]: _leaf_value(formats[c], bytes(item[s:e]))
-                              for c in extra for s, e in [leaves[c]]}
-                except MemberError as exc:
-                    scanned.skipped.append({"path": os.path.join(folder, member_name(rel, str(i))),
-                                            "reason": str(exc)})
-                    continue
-                shard.members.append(member_name(rel, str(i)))
-                shard.refs.append((i, 0))
-                shard.labels.append(value)
-                shard.fields.append(values)
+            self.add_samples(scanned, shard, data, _offsets(data, count, path),
+                             lambda item: _item_values(item, formats, names, label, extra))
         return scanned
 
-    @staticmethod
-    def _leaf(names: list[str], formats: list[str], given: str | None, where: str,
-              image: bool) -> int:
-        what = "image" if image else "label"
-        if given is not None:
-            wanted = [n.strip() for n in given.split(";") if n.strip()]
-            found = next((names.index(n) for n in wanted if n in names), None)
-            if found is None:
-                raise PackError(f"{where}: no {what} leaf {given!r} (leaves: {', '.join(names)})")
-        elif image:
-            found = next((i for i, s in enumerate(formats) if is_image(s)), None)
-        else:
-            found = next((names.index(n) for n in LABEL_LEAVES if n in names), None)
-        if found is None:
-            raise PackError(f"{where}: no {what} leaf (leaves: {', '.join(names)}); name it with "
-                            f"`{what}_key`")
-        serializer = formats[found]
-        if image and not (is_image(serializer) or serializer == "bytes"):
-            raise PackError(f"{where}: image leaf {names[found]!r} uses the {serializer!r} "
-                            "serializer, not an image one (jpeg, pil, image, file)")
-        if not image and serializer not in ("int", "str"):
-            raise PackError(f"{where}: label leaf {names[found]!r} uses the {serializer!r} "
-                            "serializer, not int or str")
-        return found
+    def image_format(self, fmt: str) -> bool:
+        return is_image(fmt)
+
+    def check_part(self, what: str, name: str, fmt: str, where: str) -> None:
+        if what == "image" and not (is_image(fmt) or fmt == "bytes"):
+            raise PackError(f"{where}: image leaf {name!r} uses the {fmt!r} serializer, not an "
+                            "image one (jpeg, pil, image, file)")
+        if what == "label" and fmt not in ("int", "str"):
+            raise PackError(f"{where}: label leaf {name!r} uses the {fmt!r} serializer, not int "
+                            "or str")
 
     @staticmethod
     def read(file: str, a: int, b: int, limit: int | None) -> bytes:

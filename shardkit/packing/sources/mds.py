@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import PackError
-from .base import (ContainerSource, MemberError, Scanned, Shard, SourceOptions, inside_folder,
+from .base import (IndexFolderSource, MemberError, Scanned, Shard, SourceOptions, inside_folder,
                    member_name, pil_as_file)
 from .fields import FieldRejected, decode_mds, is_mds_field
 from .files import open_cached
@@ -79,6 +79,19 @@ def _label(encoding: str, raw: bytes) -> Any:
     return text
 
 
+def _sample_values(sample: memoryview, sizes: list[int | None], encodings: list[str],
+                   names: list[str], label: int, extra: list[int]) -> tuple[Any, dict[str, Any]]:
+    """One sample's raw label and its field columns' values (MemberError, FieldRejected)."""
+    columns = _sample_columns(sample, sizes)
+    start, end = columns[label]
+    value = _label(encodings[label], bytes(sample[start:end]))
+    values = {}
+    for c in extra:
+        a, b = columns[c]
+        values[names[c]] = decode_mds(encodings[c], bytes(sample[a:b]))
+    return value, values
+
+
 class _Spec:
     """What a worker needs to find one column in a shard's samples (sent as ``Item.file``)."""
 
@@ -111,33 +124,23 @@ def _offsets(data: bytes | memoryview, expected: int, where: str) -> np.ndarray:
     return offsets
 
 
-class MDSSource(ContainerSource):
+class MDSSource(IndexFolderSource):
     name = "mds"
     summary = "MosaicML Streaming MDS (a folder with index.json)"
+    label_names = LABEL_COLUMNS
+    kinds = ("an MDS folder", "an MDS v2 index")
 
-    def detect(self, src: str) -> bool:
-        index = os.path.join(src, "index.json")
-        if not os.path.isfile(index):
-            return False
-        try:
-            with open(index, "rb") as f:
-                return isinstance(json.loads(f.read()).get("shards"), list)
-        except (OSError, ValueError, AttributeError):
-            return False
+    def is_index(self, index: Any) -> bool:
+        return isinstance(index.get("shards"), list)
+
+    def parse_index(self, index: Any) -> list[Any]:
+        shards = index["shards"]
+        if index.get("version") != 2 or not isinstance(shards, list):
+            raise ValueError(f"version {index.get('version')!r}, expected 2")
+        return shards
 
     def scan_shards(self, src: str, options: SourceOptions) -> Scanned:
-        folder = os.path.abspath(src)
-        where = os.path.join(folder, "index.json")
-        try:
-            with open(where, "rb") as f:
-                index = json.loads(f.read())
-            shards = index["shards"]
-            if index.get("version") != 2 or not isinstance(shards, list):
-                raise ValueError(f"version {index.get('version')!r}, expected 2")
-        except FileNotFoundError:
-            raise PackError(f"{src}: no index.json (not an MDS folder)") from None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise PackError(f"{where}: not an MDS v2 index ({exc})") from None
+        folder, where, shards = self.read_index(src)
         scanned = Scanned(folder, [])
         refused: set[str] = set()
         for k, info in enumerate(shards):
@@ -153,8 +156,8 @@ class MDSSource(ContainerSource):
             except (KeyError, TypeError, ValueError) as exc:
                 raise PackError(f"{where}: shard {k} is not described as an MDS shard ({exc})"
                                 ) from None
-            image = self._column(names, encodings, options.image_key, where, image=True)
-            label = self._column(names, encodings, options.label_key, where, image=False)
+            image = self.pick_part(names, encodings, options.image_key, where, image=True)
+            label = self.pick_part(names, encodings, options.label_key, where, image=False)
             for name, enc in zip(names, encodings):
                 if enc == "pkl" and name not in refused:
                     refused.add(name)
@@ -174,59 +177,28 @@ class MDSSource(ContainerSource):
                                         "reason": f"cannot read MDS shard: {exc}"})
                 scanned.shards.append(shard)
                 continue
-            offsets = _offsets(data, count, os.path.join(folder, rel))
-            view = memoryview(data)
             extra = [c for c, enc in enumerate(encodings)
                      if c not in (image, label) and is_mds_field(enc)]
-            for i in range(count):
-                sample = view[offsets[i]:offsets[i + 1]]
-                try:
-                    columns = _sample_columns(sample, sizes)
-                    start, end = columns[label]
-                    value = _label(encodings[label], bytes(sample[start:end]))
-                    values = {}
-                    for c in extra:
-                        a, b = columns[c]
-                        values[names[c]] = decode_mds(encodings[c], bytes(sample[a:b]))
-                except (MemberError, FieldRejected) as exc:
-                    scanned.skipped.append({"path": os.path.join(folder, member_name(rel, str(i))),
-                                            "reason": str(exc)})
-                    continue
-                shard.members.append(member_name(rel, str(i)))
-                shard.refs.append((i, 0))
-                shard.labels.append(value)
-                shard.fields.append(values)
+            self.add_samples(scanned, shard, data, _offsets(data, count, os.path.join(folder, rel)),
+                             lambda sample: _sample_values(sample, sizes, encodings, names, label,
+                                                           extra),
+                             (MemberError, FieldRejected))
             scanned.shards.append(shard)
         return scanned
 
-    @staticmethod
-    def _column(names: list[str], encodings: list[str], given: str | None, where: str,
-                image: bool) -> int:
-        what = "image" if image else "label"
-        if given is not None:
-            wanted = [n.strip() for n in given.split(";") if n.strip()]
-            found = next((names.index(n) for n in wanted if n in names), None)
-            if found is None:
-                raise PackError(f"{where}: no {what} column {given!r} (columns: "
-                                f"{', '.join(names)})")
-        elif image:
-            found = next((i for i, e in enumerate(encodings) if e in IMAGE_ENCODINGS), None)
-        else:
-            found = next((names.index(n) for n in LABEL_COLUMNS if n in names), None)
-        if found is None:
-            raise PackError(f"{where}: no {what} column (columns: {', '.join(names)}); name it "
-                            f"with `{what}_key`")
-        enc = encodings[found]
-        if enc == "pkl":
-            raise PackError(f"{where}: {what} column {names[found]!r} is pickled (pkl); "
-                            "refusing to load it")
-        if image and enc not in IMAGE_ENCODINGS + ("bytes",):
-            raise PackError(f"{where}: image column {names[found]!r} is {enc!r}, not one of "
+    def image_format(self, fmt: str) -> bool:
+        return fmt in IMAGE_ENCODINGS
+
+    def check_part(self, what: str, name: str, fmt: str, where: str) -> None:
+        if fmt == "pkl":
+            raise PackError(f"{where}: {what} column {name!r} is pickled (pkl); refusing to load "
+                            "it")
+        if what == "image" and fmt not in IMAGE_ENCODINGS + ("bytes",):
+            raise PackError(f"{where}: image column {name!r} is {fmt!r}, not one of "
                             f"{', '.join(IMAGE_ENCODINGS)}")
-        if not image and enc not in INT_ENCODINGS and enc not in ("str", "str_int"):
-            raise PackError(f"{where}: label column {names[found]!r} is {enc!r}, not an "
-                            "integer or str column")
-        return found
+        if what == "label" and fmt not in INT_ENCODINGS and fmt not in ("str", "str_int"):
+            raise PackError(f"{where}: label column {name!r} is {fmt!r}, not an integer or str "
+                            "column")
 
     @staticmethod
     def read(file: str, a: int, b: int, limit: int | None) -> bytes:
