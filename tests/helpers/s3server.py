@@ -3,7 +3,8 @@ and SeaweedFS (``SeaweedServer``), a second implementation that checks signature
 
 The log records every request the server receives (method, path), so tests count downloads and
 uploads from the server's side. ``hold(path)`` makes GETs of that object wait until
-``release()``, so a test can keep a download in flight while it checks what other processes do.
+``release()``, so a test can keep a download in flight while it checks what other processes do;
+each callable in ``put_hooks`` is called with every PUT's path before it is served.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class S3Server:
         self._go = threading.Event()
         self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.stopped = False
+        self.put_hooks: list = []  # called with each PUT's path before it is served
 
     def start(self) -> "S3Server":
         self._moto.start()
@@ -51,6 +53,9 @@ class S3Server:
 
         def app(environ, start_response):
             method, path = environ["REQUEST_METHOD"], environ["PATH_INFO"]
+            if method == "PUT":
+                for hook in list(self.put_hooks):
+                    hook(path)
             with self._log_lock:
                 self.requests.append((method, path))
             if method == "GET" and path == self._held:

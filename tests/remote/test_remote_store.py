@@ -38,29 +38,10 @@ FAST = {"config_kwargs": {"connect_timeout": 1, "read_timeout": 1,
                           "retries": {"total_max_attempts": 1}}}
 
 
-class Server(S3Server):
-    """``S3Server`` that also calls ``put_hooks`` with each PUT's path before serving it."""
-
-    def start(self) -> "Server":
-        super().start()
-        self.put_hooks: list = []
-        wsgi = self._moto._server
-        inner = wsgi.app
-
-        def app(environ, start_response):
-            if environ["REQUEST_METHOD"] == "PUT":
-                for hook in list(self.put_hooks):
-                    hook(environ["PATH_INFO"])
-            return inner(environ, start_response)
-
-        wsgi.app = app
-        return self
-
-
 def _serve(mp: pytest.MonkeyPatch, cache: str):
     use_dummy_credentials(mp)
     mp.setenv("SHARDKIT_CACHE_DIR", cache)  # pack staging, and any default cache
-    server = Server().start()
+    server = S3Server().start()
     mp.setenv("AWS_ENDPOINT_URL", server.endpoint)  # inherited by workers and the CLI
     return server
 

@@ -31,29 +31,10 @@ USER = {"shard-000017.tar": b"a webdataset shard\n", "labels.csv": b"cat,0\ndog,
         "notes.txt": b"keep me"}
 
 
-class Server(S3Server):
-    """``S3Server`` that also calls ``put_hooks`` with each PUT's path before serving it."""
-
-    def start(self) -> "Server":
-        super().start()
-        self.put_hooks: list = []
-        wsgi = self._moto._server
-        inner = wsgi.app
-
-        def app(environ, start_response):
-            if environ["REQUEST_METHOD"] == "PUT":
-                for hook in list(self.put_hooks):
-                    hook(environ["PATH_INFO"])
-            return inner(environ, start_response)
-
-        wsgi.app = app
-        return self
-
-
 @pytest.fixture(scope="module")
 def server(s3_env, tmp_path_factory):
     s3_env.setenv("SHARDKIT_CACHE_DIR", str(tmp_path_factory.mktemp("upload-safety-cache")))
-    with Server() as s3:
+    with S3Server() as s3:
         s3_env.setenv("AWS_ENDPOINT_URL", s3.endpoint)  # inherited by the CLI
         yield s3
 
