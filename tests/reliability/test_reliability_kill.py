@@ -378,16 +378,51 @@ def _mount_small(folder: str) -> tuple[bool, list[str] | None]:
     return False, None
 
 
-def _disk_report(src: str, tmp_path, prefix: list[str], inject: bool) -> dict[str, dict]:
-    """Run ``helpers.programs.disk_driver`` (under ``prefix``) on ``tmp_path/disk``; its report."""
-    small = str(tmp_path / "small")
+def _start_disk_driver(src: str, base, prefix: list[str], inject: bool) -> subprocess.Popen:
+    """Start ``helpers.programs.disk_driver`` (under ``prefix``) on ``base/disk``."""
+    small = str(base / "small")
     os.makedirs(os.path.join(small, "a"))
     Image.fromarray(np.zeros((20, 20, 3), np.uint8)).save(os.path.join(small, "a", "x.png"))
-    cmd = prefix + [*program_cmd("disk_driver"), src, small, str(tmp_path / "disk"),
+    cmd = prefix + [*program_cmd("disk_driver"), src, small, str(base / "disk"),
                     "1" if inject else "0"]
-    proc = subprocess.run(cmd, env=program_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.splitlines()[-1])
+    return subprocess.Popen(cmd, env=program_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _disk_report(proc: subprocess.Popen) -> dict[str, dict]:
+    """The driver's report, once it has finished."""
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    return json.loads(stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def disk_drivers(src, tmp_path_factory):
+    """Both full-disk drivers, started together (each pack is mostly one busy process starting
+    up): on a real 1 MiB tmpfs where one can be mounted (mounted here as root, or in a private
+    user and mount namespace with ``unshare -rm``), and with writers that raise ENOSPC."""
+    real = tmp_path_factory.mktemp("real-disk")
+    disk = str(real / "disk")
+    os.makedirs(disk)
+    mounted, prefix = _mount_small(disk)
+    drivers = {"mounted": mounted, "disk": disk, "real": None}
+    injected = tmp_path_factory.mktemp("injected-disk")
+    os.makedirs(injected / "disk")
+    try:
+        if mounted or prefix is not None:
+            drivers["real"] = _start_disk_driver(src, real, prefix or [], inject=False)
+        drivers["injected"] = _start_disk_driver(src, injected, [], inject=True)
+        yield drivers
+    finally:
+        for key in ("real", "injected"):
+            if drivers.get(key) is not None:
+                drivers[key].kill()
+                drivers[key].wait()
+        if mounted:
+            subprocess.run(["umount", disk], capture_output=True)
 
 
 def _check_disk_report(report: dict[str, dict]) -> None:
@@ -416,29 +451,20 @@ def _check_disk_report(report: dict[str, dict]) -> None:
             assert r["listing"] == [], (key, r)
 
 
-def test_full_disk_on_a_real_small_filesystem(src, tmp_path):
+def test_full_disk_on_a_real_small_filesystem(disk_drivers):
     """The filesystem really fills up: a 1 MiB tmpfs, mounted here (as root) or in a private
     user and mount namespace (``unshare -rm``)."""
-    disk = str(tmp_path / "disk")
-    os.makedirs(disk)
-    mounted, prefix = _mount_small(disk)
-    if not mounted and prefix is None:
+    if disk_drivers["real"] is None:
         pytest.skip("cannot mount a 1 MiB tmpfs here (needs root or unprivileged user "
                     "namespaces); test_full_disk_injected_enospc runs the same checks with "
                     "writers that raise ENOSPC")
-    try:
-        if mounted:  # the premise: this disk really is that small
-            st = os.statvfs(disk)
-            assert st.f_blocks * st.f_frsize == 1 << 20
-        report = _disk_report(src, tmp_path, prefix or [], inject=False)
-    finally:
-        if mounted:
-            subprocess.run(["umount", disk], capture_output=True)
-    _check_disk_report(report)
+    if disk_drivers["mounted"]:  # the premise: this disk really is that small
+        st = os.statvfs(disk_drivers["disk"])
+        assert st.f_blocks * st.f_frsize == 1 << 20
+    _check_disk_report(_disk_report(disk_drivers["real"]))
 
 
-def test_full_disk_injected_enospc(src, tmp_path):
+def test_full_disk_injected_enospc(disk_drivers):
     """No real filesystem fills up here: the format writers raise ENOSPC once 1 MiB is written,
     the only change (the rest of the pack, and every other write, is real)."""
-    os.makedirs(tmp_path / "disk")
-    _check_disk_report(_disk_report(src, tmp_path, [], inject=True))
+    _check_disk_report(_disk_report(disk_drivers["injected"]))

@@ -2,7 +2,8 @@
 
 Runs inside the small filesystem (or with writers that raise ENOSPC). argv: BIG source, SMALL
 source, DISK folder, ``1`` to use ``helpers.programs.enospc_cli`` instead of the real CLI. For
-each format, packs BIG as one file and as 3 shards, then packs SMALL and overwrites it with BIG;
+each format, packs BIG as one file and as 3 shards, then packs SMALL (in this process) and
+overwrites it with BIG;
 prints JSON per case: exit status, stderr, the disk's listing, whether the partial output opens,
 how many shards it holds finished, and (overwrite) whether the old store still verifies.
 """
@@ -28,6 +29,7 @@ def main(argv: list[str]) -> None:
     def listing():
         return sorted(os.listdir(disk))
 
+    import shardkit
     from shardkit import ShardDataset, ShardkitError
     from shardkit.read.inspect import verify
     for fmt in ("lmdb", "hdf5"):
@@ -46,7 +48,12 @@ def main(argv: list[str]) -> None:
                                         "partial_opens": partial_opens, "done": len(done)}
             subprocess.run(["rm", "-rf", out, partial])
         # An existing store survives a failed --overwrite.
-        rc0, err0 = pack(small, os.path.join(disk, "old"), fmt)
+        try:  # the old store, packed here (no CLI start: it is not what is tested)
+            shardkit.pack(small, os.path.join(disk, "old"), format=fmt, size=0, encoding="raw",
+                          workers=1, progress=False)
+            rc0, err0 = 0, ""
+        except ShardkitError as exc:
+            rc0, err0 = 1, str(exc)
         rc, err = pack(big, os.path.join(disk, "old"), fmt, "--overwrite")
         rep = verify(os.path.join(disk, "old"))
         report[f"{fmt}-overwrite"] = {"rc0": rc0, "err0": err0, "rc": rc, "stderr": err,
