@@ -306,48 +306,45 @@ def test_pack_into_a_read_only_folder_is_one_line(src, tmp_path, kind):
     assert os.listdir(ro) == []
 
 
-def test_pack_into_a_folder_without_write_permission_is_one_line(src, tmp_path):
+@pytest.fixture
+def locked(tmp_path):
+    """A mode-555 folder that ``_run_unprivileged`` processes cannot write in (the test is
+    skipped where no such process can run)."""
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    os.chmod(folder, 0o555)
+    try:
+        probe = _run_unprivileged("-c", f"open({str(folder / 'probe')!r}, 'w')")
+        if probe.returncode == 97 or "PermissionError" not in probe.stderr:
+            pytest.skip("cannot run a process that a mode-555 folder refuses here "
+                        f"(rc {probe.returncode}: {probe.stderr[-200:]!r})")
+        yield folder
+    finally:
+        os.chmod(folder, 0o755)
+
+
+def test_pack_into_a_folder_without_write_permission_is_one_line(src, locked):
     """Mode 555, packed by a process without root's file-permission override."""
-    folder = tmp_path / "locked"
-    folder.mkdir()
-    os.chmod(folder, 0o555)
-    try:
-        probe = _run_unprivileged("-c", f"open({str(folder / 'probe')!r}, 'w')")
-        if probe.returncode == 97 or "PermissionError" not in probe.stderr:
-            pytest.skip("cannot run a process that a mode-555 folder refuses here "
-                        f"(rc {probe.returncode}: {probe.stderr[-200:]!r})")
-        for name, extra in (("out.lmdb", []), ("out", ["--num-shards", "2"])):
-            out = folder / name
-            proc = _run_unprivileged("-m", "shardkit.cli", "pack", src, str(out), "--size", "16",
-                                     "--workers", "1", "-q", *extra)
-            assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
-            assert proc.stderr.strip() == (f"shardkit pack: error: cannot write {out}: folder "
-                                           f"{folder} is not writable; no output written")
-        assert os.listdir(folder) == []
-    finally:
-        os.chmod(folder, 0o755)
-
-
-def test_pack_never_creates_folders_under_an_unwritable_ancestor(src, tmp_path):
-    """A missing OUT folder under a mode-555 one: refused naming that ancestor, nothing made."""
-    folder = tmp_path / "locked"
-    folder.mkdir()
-    os.chmod(folder, 0o555)
-    try:
-        probe = _run_unprivileged("-c", f"open({str(folder / 'probe')!r}, 'w')")
-        if probe.returncode == 97 or "PermissionError" not in probe.stderr:
-            pytest.skip("cannot run a process that a mode-555 folder refuses here "
-                        f"(rc {probe.returncode}: {probe.stderr[-200:]!r})")
-        out = folder / "stores" / "train"
+    for name, extra in (("out.lmdb", []), ("out", ["--num-shards", "2"])):
+        out = locked / name
         proc = _run_unprivileged("-m", "shardkit.cli", "pack", src, str(out), "--size", "16",
-                                 "--workers", "1", "-q", "--num-shards", "2")
+                                 "--workers", "1", "-q", *extra)
         assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
-        assert proc.stderr.strip() == (
-            f"shardkit pack: error: cannot write {out}: folder {out.parent} does not exist and "
-            f"cannot be created in {folder} (not writable); no output written")
-        assert os.listdir(folder) == []
-    finally:
-        os.chmod(folder, 0o755)
+        assert proc.stderr.strip() == (f"shardkit pack: error: cannot write {out}: folder "
+                                       f"{locked} is not writable; no output written")
+    assert os.listdir(locked) == []
+
+
+def test_pack_never_creates_folders_under_an_unwritable_ancestor(src, locked):
+    """A missing OUT folder under a mode-555 one: refused naming that ancestor, nothing made."""
+    out = locked / "stores" / "train"
+    proc = _run_unprivileged("-m", "shardkit.cli", "pack", src, str(out), "--size", "16",
+                             "--workers", "1", "-q", "--num-shards", "2")
+    assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+    assert proc.stderr.strip() == (
+        f"shardkit pack: error: cannot write {out}: folder {out.parent} does not exist and "
+        f"cannot be created in {locked} (not writable); no output written")
+    assert os.listdir(locked) == []
 
 
 def test_sharded_pack_that_finished_no_shard_claims_none(src, tmp_path):
