@@ -26,7 +26,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -36,20 +35,17 @@ except ImportError:  # run from a source checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import shardkit
 import shardkit.packing.encoding as encoding
-from shardkit import ShardDataset, codec, collate
+from shardkit import ShardDataset, codec
 from shardkit.bench.sample import make_sample
+
+from reports import time_rounds  # beside this script
 
 BATCH = 64
 CROP = 224
 
 
-def epoch(ds: ShardDataset, seed: int) -> tuple[float, float, torch.Tensor]:
-    torch.manual_seed(seed)
-    n = len(ds)
-    t0, c0 = time.perf_counter(), time.process_time()
-    for start in range(0, n, BATCH):
-        images, _ = collate(ds.__getitems__(list(range(start, min(n, start + BATCH)))))
-    return time.perf_counter() - t0, time.process_time() - c0, images
+def check_crop(images: torch.Tensor) -> None:
+    assert images.shape[1:] == (3, CROP, CROP)
 
 
 def record_bytes(path: str) -> int:
@@ -102,16 +98,7 @@ def main() -> int:
             configs[f"{mode}, decoded by rows"] = ShardDataset(rows, fast_decode=fast, **opts)
             configs[f"{mode}, decoded whole (no markers)"] = ShardDataset(old, fast_decode=fast,
                                                                           **opts)
-        for ds in configs.values():
-            epoch(ds, 0)
-        wall = {name: [] for name in configs}
-        cpu = {name: [] for name in configs}
-        for r in range(args.rounds):
-            for name, ds in configs.items():
-                seconds, cpu_seconds, images = epoch(ds, r)
-                assert images.shape[1:] == (3, CROP, CROP)
-                wall[name].append(len(ds) / seconds)
-                cpu[name].append(cpu_seconds / len(ds) * 1e3)
+        wall, cpu = time_rounds(configs, args.rounds, BATCH, check_crop)
         count = len(a)
 
     print(f"# python benchmarks/partial_decode.py {' '.join(sys.argv[1:])}".rstrip())

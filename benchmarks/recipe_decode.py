@@ -29,7 +29,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 import torch
@@ -40,10 +39,12 @@ try:
 except ImportError:  # run from a source checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import shardkit
-from shardkit import ShardDataset, collate
+from shardkit import ShardDataset
 from shardkit.bench import systems
 from shardkit.bench.sample import make_sample, photo_like
 from shardkit.read import augment
+
+from reports import time_rounds  # beside this script
 
 BATCH = 64
 CROP = 224
@@ -59,14 +60,8 @@ def large_folder(root: str, count: int) -> None:
                                                           quality=90)
 
 
-def epoch(ds: ShardDataset, seed: int) -> tuple[float, float, torch.Tensor]:
-    """Every record once, in batches: (wall seconds, CPU seconds, the images of the last batch)."""
-    torch.manual_seed(seed)
-    n = len(ds)
-    t0, c0 = time.perf_counter(), time.process_time()
-    for start in range(0, n, BATCH):
-        images, _ = collate(ds.__getitems__(list(range(start, min(n, start + BATCH)))))
-    return time.perf_counter() - t0, time.process_time() - c0, images
+def check_crop(images: torch.Tensor) -> None:
+    assert images.shape[1:] == (3, CROP, CROP) and images.dtype == torch.uint8
 
 
 def dct_difference(path: str, fast: bool) -> tuple[float, float, int]:
@@ -126,16 +121,7 @@ def main() -> int:
             "photos packed at 256, random crop at decode (no resize)":
                 ShardDataset(packed256, crop=CROP, crop_mode="random", fast_decode=fast),
         }
-        for ds in configs.values():  # warm-up: page cache, scratch buffers, imports
-            epoch(ds, 0)
-        wall: dict[str, list[float]] = {name: [] for name in configs}
-        cpu: dict[str, list[float]] = {name: [] for name in configs}
-        for r in range(args.rounds):
-            for name, ds in configs.items():
-                seconds, cpu_seconds, images = epoch(ds, r)
-                assert images.shape[1:] == (3, CROP, CROP) and images.dtype == torch.uint8
-                wall[name].append(len(ds) / seconds)
-                cpu[name].append(cpu_seconds / len(ds) * 1e3)
+        wall, cpu = time_rounds(configs, args.rounds, BATCH, check_crop)
         diff_mean, diff_worst, scaled = dct_difference(large, fast)
         counts = {name: len(ds) for name, ds in configs.items()}
 

@@ -1,4 +1,5 @@
-"""The tail every benchmark script shares: print its report, and write it to ``--out`` as well.
+"""What the benchmark scripts share: the tail (print the report, and write it to ``--out`` as
+well), and timing datasets' epochs in rounds (:func:`time_rounds`).
 
 Imported by the scripts beside it (``python benchmarks/<script>.py`` puts this folder first on
 ``sys.path``). The files written are the ones benchmarks/results/ holds and the docs link to.
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Callable
+from typing import Any
 
 
 def command_line() -> str:
@@ -24,3 +28,39 @@ def emit(lines: list[str], out: str | None, command: str | None = None) -> None:
     if out:
         with open(out, "w") as f:
             f.write((f"$ {command}\n" if command else "") + report)
+
+
+def epoch(ds: Any, seed: int, batch: int) -> tuple[float, float, Any]:
+    """Every record of the ``ShardDataset`` ``ds`` once, in batches of ``batch``, torch seeded
+    with ``seed``: (wall seconds, CPU seconds, the images of the last batch)."""
+    import torch
+
+    from shardkit import collate
+
+    torch.manual_seed(seed)
+    n = len(ds)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for start in range(0, n, batch):
+        images, _ = collate(ds.__getitems__(list(range(start, min(n, start + batch)))))
+    return time.perf_counter() - t0, time.process_time() - c0, images
+
+
+def time_rounds(configs: dict[str, Any], rounds: int, batch: int,
+                check: Callable[[Any], None] | None = None
+                ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each dataset of ``configs`` read once to warm up (page cache, scratch buffers, imports),
+    then ``rounds`` times, in turn (round ``r``: :func:`epoch` seeded ``r``): per config, the
+    records per second and the CPU milliseconds per record of each round. ``check`` is given
+    each timed epoch's last batch of images."""
+    for ds in configs.values():
+        epoch(ds, 0, batch)
+    wall: dict[str, list[float]] = {name: [] for name in configs}
+    cpu: dict[str, list[float]] = {name: [] for name in configs}
+    for r in range(rounds):
+        for name, ds in configs.items():
+            seconds, cpu_seconds, images = epoch(ds, r, batch)
+            if check is not None:
+                check(images)
+            wall[name].append(len(ds) / seconds)
+            cpu[name].append(cpu_seconds / len(ds) * 1e3)
+    return wall, cpu

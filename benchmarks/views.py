@@ -24,7 +24,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -33,9 +32,11 @@ try:
 except ImportError:  # run from a source checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import shardkit
-from shardkit import ShardDataset, View, collate
+from shardkit import ShardDataset, View
 from shardkit.bench import systems
 from shardkit.bench.sample import make_sample
+
+from reports import time_rounds  # beside this script
 
 BATCH = 64
 GLOBAL = View(224, scale=(0.32, 1.0))
@@ -55,16 +56,6 @@ class EachView:
 
     def __call__(self, img: torch.Tensor) -> list[torch.Tensor]:
         return [step(img) for step in self.steps]
-
-
-def epoch(ds: ShardDataset, seed: int) -> tuple[float, float, object]:
-    """Every record once, in batches: (wall seconds, CPU seconds, the last batch's images)."""
-    torch.manual_seed(seed)
-    n = len(ds)
-    t0, c0 = time.perf_counter(), time.process_time()
-    for start in range(0, n, BATCH):
-        images, _ = collate(ds.__getitems__(list(range(start, min(n, start + BATCH)))))
-    return time.perf_counter() - t0, time.process_time() - c0, images
 
 
 def main() -> int:
@@ -94,15 +85,7 @@ def main() -> int:
         if tv is not None:
             configs["torchvision per sample: DINO 2 x 224 + 6 x 96"] = ShardDataset(
                 store, transform=EachView(DINO))
-        for ds in configs.values():  # warm-up: page cache, scratch buffers, imports
-            epoch(ds, 0)
-        wall: dict[str, list[float]] = {name: [] for name in configs}
-        cpu: dict[str, list[float]] = {name: [] for name in configs}
-        for r in range(args.rounds):
-            for name, ds in configs.items():
-                seconds, cpu_seconds, _ = epoch(ds, r)
-                wall[name].append(len(ds) / seconds)
-                cpu[name].append(cpu_seconds / len(ds) * 1e3)
+        wall, cpu = time_rounds(configs, args.rounds, BATCH)
         count = len(next(iter(configs.values())))
 
     def per_cpu(name: str) -> float:
