@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -45,11 +47,17 @@ def _refused_everywhere(path: str, where: str) -> None:
     assert TOO_DEEP in str(info.value) and where in str(info.value)
     with pytest.raises(StoreError, match=TOO_DEEP):
         shardkit.ShardDataset(path)
-    for command in ("info", "verify"):
-        proc = run_cli(command, path)
+    for command, proc in _info_and_verify(path).items():
         assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr[-2000:]
         assert proc.stderr.startswith(f"shardkit {command}: error: {where}") and \
             TOO_DEEP in proc.stderr, proc.stderr
+
+
+def _info_and_verify(path: str) -> dict[str, subprocess.CompletedProcess]:
+    """``shardkit info PATH`` and ``shardkit verify PATH``, run at the same time."""
+    with ThreadPoolExecutor(2) as pool:
+        done = pool.map(lambda command: run_cli(command, path), ("info", "verify"))
+        return dict(zip(("info", "verify"), done))
 
 
 def test_deep_manifest_is_a_store_error(src, tmp_path):
@@ -163,8 +171,7 @@ def test_deep_remote_manifest_is_a_store_error(src, tmp_path, monkeypatch):
         with pytest.raises(StoreError) as info:
             Store(url)
         assert TOO_DEEP in str(info.value) and "manifest.json" in str(info.value)
-        for command in ("info", "verify"):
-            proc = run_cli(command, url)
+        for command, proc in _info_and_verify(url).items():
             assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr[-2000:]
             assert proc.stderr.startswith(f"shardkit {command}: error: ") and \
                 TOO_DEEP in proc.stderr and "manifest.json" in proc.stderr, proc.stderr
