@@ -395,26 +395,30 @@ def test_unreachable_endpoint_is_one_line(s3, src, tmp_path):
 
 # -- the command line -------------------------------------------------------------------------
 
-def test_cli_pack_info_verify_with_a_url(s3, src, local, tmp_path):
+def test_cli_pack_info_verify_with_a_url(s3, src, local, tmp_path, capsys):
+    from shardkit.cli import main as cli_main
+
     url = f"s3://{s3.new_bucket()}/train"
     proc = run_cli("pack", src, url, "--shard-size", "60KB", "-q")
     assert proc.returncode == 0, proc.stderr
     assert f"packed 32 images into {url} (" in proc.stderr
     remote = RemoteFolder(url)
     assert len(remote.meta["shards"]) > 1
-    proc = run_cli("info", url, "--json", "--cache-dir", str(tmp_path / "cache"))
-    assert proc.returncode == 0, proc.stderr
+    # info, verify and the refused pack in this process (the packs in a fresh one each): the
+    # same command line without an interpreter starting for each
+    capsys.readouterr()
+    assert cli_main(["info", url, "--json", "--cache-dir", str(tmp_path / "cache")]) == 0
     import json
 
-    summary = json.loads(proc.stdout)
+    summary = json.loads(capsys.readouterr().out)
     assert summary["count"] == 32 and summary["path"] == url
     assert summary["bytes_on_disk"] == sum(len(v) for v in objects(url).values())
-    proc = run_cli("verify", url, "-q", "--cache-dir", str(tmp_path / "cache"))
-    assert proc.returncode == 0 and proc.stdout.strip() == f"ok: 32 records verified in {url}"
-    proc = run_cli("pack", src, url, "--shard-size", "60KB", "-q")
-    assert proc.returncode == 1 and one_line_error(proc.stderr)
-    assert f"{url} already holds a store (manifest.json); pass --overwrite to replace it" \
-        in proc.stderr
+    assert cli_main(["verify", url, "-q", "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert capsys.readouterr().out.strip() == f"ok: 32 records verified in {url}"
+    assert cli_main(["pack", src, url, "--shard-size", "60KB", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert one_line_error(err)
+    assert f"{url} already holds a store (manifest.json); pass --overwrite to replace it" in err
     proc = run_cli("pack", src, url, "--num-shards", str(SHARDS), "--overwrite", "-q")
     assert proc.returncode == 0, proc.stderr
     assert objects(url) == files(local)

@@ -44,7 +44,8 @@ def test_parquet_packs_as_its_folder_and_as_datasets_reads_it(hub_folder, folder
                    for n in os.listdir(os.path.join(hub_folder, "data")))
     assert pq.ParquetFile(files[0]).metadata.num_row_groups > 1  # read row group by row group
     out = str(tmp_path / "pq.lmdb")
-    result = shardkit.pack(hub_folder, out, size=64, workers=2, progress=False)
+    # in this process: worker processes give the same bytes (test_byte_identical_for_any_workers)
+    result = shardkit.pack(hub_folder, out, size=64, workers=1, progress=False)
     assert result.count == 24 and result.skipped == []
     got = store_records(out)
     assert [r[:4] for r in got] == [r[:4] for r in store_records(folder_store(64))]
