@@ -29,6 +29,7 @@ import shutil
 import struct
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -46,7 +47,7 @@ from helpers.damage import STORES, pack_pristine, run_batch, source_tree, vouch_
 SEED = int(os.environ.get("SHARDKIT_FUZZ_SEED", "20240501"))
 N_SINGLE = int(os.environ.get("SHARDKIT_FUZZ_N", "40"))  # per format, single-file stores
 N_SHARDED = max(1, N_SINGLE * 3 // 4)  # per format, two-shard folder stores
-BATCH = 30  # damaged stores per child process (one interpreter start per batch)
+BATCH = 50  # damaged stores per child process (one interpreter start per batch)
 
 
 # -- the stores ----------------------------------------------------------------------------------
@@ -266,10 +267,11 @@ def test_damaged_and_foreign_stores_fail_cleanly(pristine, tmp_path):
     describe = {path: (name, what) for path, name, what in cases}
     paths = [c[0] for c in cases] + foreign
     results: dict[str, dict] = {}
-    for i in range(0, len(paths), BATCH):
-        got, died = run_batch(paths[i:i + BATCH], str(tmp_path))
-        results.update(got)
-        fatal.update(died)
+    with ThreadPoolExecutor(2) as pool:  # two children at a time
+        batches = [paths[i:i + BATCH] for i in range(0, len(paths), BATCH)]
+        for got, died in pool.map(lambda batch: run_batch(batch, str(tmp_path)), batches):
+            results.update(got)
+            fatal.update(died)
 
     failures = [f"{describe.get(p, ('foreign', p))}: {why}" for p, why in fatal.items()]
     counts = {"error": 0, "intact": 0}
