@@ -58,8 +58,13 @@ class Uploader:
         """Upload one finished shard file; False when ``resume`` found it uploaded already."""
         if self.resume and self.uploaded(name, sha256, size):
             return False
-        put_verified(self.remote, local_path, name, size, sha256)
         record = self._record(name)
+        # The record first says the upload started: a pack killed while the PUT is in flight
+        # (which may still complete on the server) leaves an object this prefix can tell is
+        # its own, so `resume` replaces it instead of refusing it as the user's.
+        self.remote.retry(record, lambda: self.remote.fs.pipe_file(
+            self.remote.path(record), json.dumps({"file": name, "uploading": True}).encode()))
+        put_verified(self.remote, local_path, name, size, sha256)
         self.remote.retry(record, lambda: self.remote.fs.pipe_file(
             self.remote.path(record), _record_bytes(name, sha256, size)))
         return True
