@@ -52,7 +52,7 @@ def header(data, scan_start: int) -> Header:
         return found
     frame = parse_header(key + b"\xff\xd9")
     if frame is None or frame.scan_start != scan_start or frame.restart != frame.mcus_per_row:
-        raise RecordDecodeError("JPEG record does not match its row index")
+        raise RecordDecodeError("JPEG record does not decode: it does not match its row index")
     context = frame.mcu_height > 8  # some component has fewer rows than the MCU: upsampled
     found = Header(frame.sof_height, frame.height, frame.width, frame.mcu_height, context)
     if len(_HEADERS) >= MAX_HEADERS:
@@ -90,7 +90,7 @@ def decode_rows(data, starts: np.ndarray, top: int, bottom: int, fast: bool = Fa
                                 f"{size[1]}x{size[0]}")
     mh, rows = head.mcu_height, len(starts) - 1
     if rows != -(-head.height // mh):
-        raise RecordDecodeError("JPEG record does not match its row index")
+        raise RecordDecodeError("JPEG record does not decode: it does not match its row index")
     m0, m1 = window(top, bottom, head.height, mh, head.vertical_context and not fast)
     if m1 <= m0:
         raise ValueError(f"no rows in [{top}, {bottom}) of a {head.height}-row image")
@@ -118,13 +118,13 @@ def cut(data, starts: np.ndarray, scan: int, head: Header, m0: int, m1: int,
     at = starts[m0:m1 + 1].tolist()  # row m0's start, the markers between the rows, the end
     view = memoryview(data)
     if not (scan <= at[0] and at[-1] <= len(data) and all(a < b for a, b in zip(at, at[1:]))):
-        raise RecordDecodeError("JPEG record does not match its row index")
+        raise RecordDecodeError("JPEG record does not decode: it does not match its row index")
     sof = head.sof_height
     pieces = [view[:sof], struct.pack(">H", kept), view[sof + 2:scan]]
     begin = at[0] + (2 if m0 else 0)  # after row m0's RST marker
     for j, marker in enumerate(at[1:-1]):
         if view[marker] != 0xFF or view[marker + 1] != 0xD0 + (m0 + j) % 8:
-            raise RecordDecodeError("JPEG record does not match its row index")
+            raise RecordDecodeError("JPEG record does not decode: it does not match its row index")
         pieces += (view[begin:marker], _RST[j % 8])
         begin = marker + 2
     pieces += (view[begin:at[-1]], b"\xff\xd9")
