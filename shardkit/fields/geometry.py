@@ -39,10 +39,15 @@ class Move(NamedTuple):
     left: int
     height: int
     width: int
-    out: int
+    out: int | tuple[int, int]  # the output size: square, or (height, width)
     flip: bool
     box_origin: tuple[int, int]
     clamp: bool = True
+
+    @property
+    def out_size(self) -> tuple[int, int]:
+        """The output's (height, width)."""
+        return (self.out, self.out) if isinstance(self.out, int) else self.out
 
 
 def center_anchor(height: int, width: int, crop: int) -> tuple[int, int]:
@@ -113,22 +118,23 @@ def move_boxes(boxes: np.ndarray, move: Move) -> np.ndarray:
         xs, ys = out[:, 0::2], out[:, 1::2]  # views: clamped in place
         np.minimum(np.maximum(xs, 0, out=xs), move.width, out=xs)
         np.minimum(np.maximum(ys, 0, out=ys), move.height, out=ys)
-    if (move.out, move.out) != (move.height, move.width):
+    out_h, out_w = move.out_size
+    if (out_h, out_w) != (move.height, move.width):
         # torch.tensor(ratios) is in the default dtype: the product is rounded through it.
         wide = np.float64 if torch.get_default_dtype() == torch.float64 else np.float32
-        w_ratio, h_ratio = move.out / move.width, move.out / move.height
+        w_ratio, h_ratio = out_w / move.width, out_h / move.height
         ratios = np.array([w_ratio, h_ratio, w_ratio, h_ratio], dtype=wide)
         out = (out.astype(wide) * ratios).astype(np.float32)
     if move.flip:
-        x1 = np.float32(move.out) - out[:, 2]
-        out[:, 2] = np.float32(move.out) - out[:, 0]
+        x1 = np.float32(out_w) - out[:, 2]
+        out[:, 2] = np.float32(out_w) - out[:, 0]
         out[:, 0] = x1
     return out
 
 
 def move_masks(masks: torch.Tensor, move: Move) -> torch.Tensor:
     masks = crop_masks(masks, move.top, move.left, move.height, move.width)
-    masks = resize_masks(masks, (move.out, move.out))
+    masks = resize_masks(masks, move.out_size)
     return masks.flip(-1) if move.flip else masks
 
 
@@ -165,12 +171,13 @@ def move_boxes_cat(boxes: list[np.ndarray], moves: list[Move]) -> np.ndarray:
         clamped = np.minimum(np.maximum(out[:, cols], 0), limit)
         out[:, cols] = clamped if clamp.all() else np.where(clamp[:, None], clamped, out[:, cols])
     wide = np.float64 if torch.get_default_dtype() == torch.float64 else np.float32
-    ratios = np.array([(m.out / m.width, m.out / m.height) if (m.out, m.out) != (m.height, m.width)
-                       else (1.0, 1.0) for m in moves], dtype=wide)[rows]
+    sizes = [m.out_size for m in moves]
+    ratios = np.array([(ow / m.width, oh / m.height) if (oh, ow) != (m.height, m.width)
+                       else (1.0, 1.0) for m, (oh, ow) in zip(moves, sizes)], dtype=wide)[rows]
     out = (out.astype(wide) * ratios[:, [0, 1, 0, 1]]).astype(np.float32)
     flip = np.array([m.flip for m in moves], dtype=bool)[rows]
     if flip.any():
-        size = np.array([m.out for m in moves], dtype=np.float32)[rows][flip]
+        size = np.array([ow for _, ow in sizes], dtype=np.float32)[rows][flip]
         x1 = size - out[flip, 2]
         x2 = size - out[flip, 0]
         out[flip, 0], out[flip, 2] = x1, x2

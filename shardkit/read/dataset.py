@@ -170,10 +170,6 @@ class ShardDataset(OpenedInWorkers, Dataset):
         self._targets = None if fields is None else targetmod.Targets(
             targetmod.store_schema(self.store), fields, sanitize=sanitize,
             tv_tensors=tv_tensors, multi_hot=multi_hot, ragged=ragged)
-        if views is not None and self._targets is not None and self._targets.geometric \
-                and any(v.size[0] != v.size[1] for v in views):
-            raise OptionError("views: boxes and masks (fields) follow square views only, got "
-                              f"sizes {[v.size for v in views]}")
         self.transforms = transforms
 
     def _set_recipes(self, recipe: augment.Recipe | None, views: tuple | None,
@@ -309,7 +305,7 @@ class ShardDataset(OpenedInWorkers, Dataset):
         height, width = int(shard.heights[local]), int(shard.widths[local])
         if self.views is not None:
             return [self._targets.build(shard, local, targetmod.move_for(
-                plan, "random_resized", size[0], height, width))
+                plan, "random_resized", size, height, width))
                 for plan, size in zip(plans, self._sizes)]
         move = (None if self.output == "bytes" else targetmod.move_for(
             plans[0], self.crop_mode, self.crop, height, width))
@@ -412,7 +408,7 @@ class ShardDataset(OpenedInWorkers, Dataset):
                 self._fanout.run(self._decoder.into, jobs)
             if self._targets is not None:  # boxes of the whole shard's part moved at once
                 mode = "random_resized" if views is not None else self.crop_mode
-                for v, (size, _) in enumerate(sizes):
+                for v, size in enumerate(sizes):
                     built = self._targets.build_batch(shard, local_list,
                                                       [plans[p][v] for p in positions.tolist()],
                                                       mode, size)

@@ -92,7 +92,7 @@ class Targets:
         """Record ``local`` of ``shard``'s target, moved by ``move`` (None: as stored);
         ``moved``: its boxes fields already moved (:meth:`build_batch`)."""
         height, width = int(shard.heights[local]), int(shard.widths[local])
-        canvas = (move.out, move.out) if move is not None else (height, width)
+        canvas = move.out_size if move is not None else (height, width)
         moved = moved or {}
         raw = {n: moved[n] if n in moved else shard.fields.value(n, local) for n in self.fields}
         out: dict[str, Any] = {}
@@ -134,12 +134,13 @@ class Targets:
             counts[name] = [len(p) for p in parts]
             flat[name] = (geometry.move_boxes_cat(parts, moves) if f.kind == "boxes"
                           else np.concatenate(parts))
+        canvas = (crop, crop) if isinstance(crop, int) else tuple(crop)  # the output's (h, w)
         keeps: dict[str, list[torch.Tensor]] = {}  # boxes field -> each sample's kept boxes
         if self.sanitize:
             for name, f in ragged.items():
                 if f.kind != "boxes":
                     continue
-                keep = geometry.sanitize_keep(torch.from_numpy(flat[name]), (crop, crop)).numpy()
+                keep = geometry.sanitize_keep(torch.from_numpy(flat[name]), canvas).numpy()
                 if keep.all():
                     continue
                 keeps[name] = list(torch.from_numpy(keep).split(counts[name]))
@@ -163,7 +164,7 @@ class Targets:
                 value = self._convert(f, shard.fields.value(name, i), move)
                 of = getattr(f, "of", None)
                 target[name] = value[keeps[of][j]] if of in keeps else value
-            out.append(self._wrap(target, (crop, crop)))
+            out.append(self._wrap(target, canvas))
         return out
 
     def _convert(self, f: kinds.Field, value: Any, move: geometry.Move | None) -> Any:
@@ -258,10 +259,11 @@ def split_targets(targets: dict[str, Any], count: int) -> list[dict[str, Any]]:
             for i in range(count)]
 
 
-def move_for(plan: Any, mode: str, crop: int | None, height: int, width: int
+def move_for(plan: Any, mode: str, crop: int | tuple[int, int] | None, height: int, width: int
              ) -> geometry.Move | None:
     """The geometry of one sample from its decode plan (:class:`shardkit.read.augment.Plan`, or
-    None for a plain centre crop), or None when the image is returned whole."""
+    None for a plain centre crop), or None when the image is returned whole; ``crop`` is the
+    output size (a view's may be (height, width))."""
     if crop is None:
         return None
     if plan is None:  # a plain centre crop

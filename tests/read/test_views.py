@@ -148,22 +148,23 @@ def test_fields_follow_every_view(tmp_path):
             w.add(rng.integers(0, 255, (h, wd, 3), dtype=np.uint8), 0,
                   boxes=np.array([[0, 0, wd, h], [1, 1, 2.5, 3]], np.float32),
                   labels=np.array([1, 2]))
-    views = [View(24, scale=(0.3, 1.0)), View(12, scale=(0.05, 0.3), flip=1.0)]
+    views = [View(24, scale=(0.3, 1.0)), View(12, scale=(0.05, 0.3), flip=1.0),
+             View((10, 18), scale=(0.3, 1.0))]  # (height, width): boxes scale per axis
     ds = ShardDataset(path, views=views, fields=["boxes", "labels"], tv_tensors=False)
     torch.manual_seed(0)
     items = _items(ds, range(3))
     torch.manual_seed(0)
     images, targets = shardkit.collate(ds.__getitems__([0, 1, 2]))
-    assert len(targets) == 2 and [tuple(t.shape) for t in images] == [(3, 3, 24, 24),
-                                                                      (3, 3, 12, 12)]
+    assert len(targets) == 3 and [tuple(t.shape) for t in images] == [
+        (3, 3, 24, 24), (3, 3, 12, 12), (3, 3, 10, 18)]
     for i, (views_i, per_view) in enumerate(items):
-        assert len(per_view) == 2
+        assert len(per_view) == 3
         for v, view in enumerate(views):
-            size = view.size[0]
+            height, width = view.size
             # (float32 arithmetic as v2's: the exact bits are checked against v2 itself in
             # test_torchvision_parity.py)
-            assert torch.allclose(per_view[v]["boxes"][0], torch.tensor([0., 0., size, size]),
-                                  atol=1e-4)
+            assert torch.allclose(per_view[v]["boxes"][0],
+                                  torch.tensor([0., 0., width, height]), atol=1e-4)
             assert torch.equal(targets[v]["boxes"][i], per_view[v]["boxes"])
             assert torch.equal(targets[v]["labels"][i], per_view[v]["labels"])
             assert torch.equal(images[v][i], views_i[v])

@@ -153,11 +153,10 @@ def check_views(cfg: dict) -> dict:
     out = {name: tally.result() for name, tally in tallies.items()}
     out["views"] = len(views)
     fields = ["boxes", "labels", "masks"]
-    # boxes and masks follow square views (the non-square ones left out)
-    square = [i for i, v in enumerate(views) if v.size[0] == v.size[1]]
+    # boxes and masks follow every view, the (height, width) ones too
     raw = ShardDataset(path, fields=fields)
-    ds = ShardDataset(path, fields=fields, views=[views[i] for i in square], sanitize=True)
-    steps = [v2.Compose([transforms[i], v2.SanitizeBoundingBoxes()]) for i in square]
+    ds = ShardDataset(path, fields=fields, views=views, sanitize=True)
+    steps = [v2.Compose([t, v2.SanitizeBoundingBoxes()]) for t in transforms]
     m = len(raw)
     compared, differing, dropped = 0, [], 0
     for seed in cfg["seeds"]:
