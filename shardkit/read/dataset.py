@@ -409,9 +409,10 @@ class ShardDataset(OpenedInWorkers, Dataset):
             if self._targets is not None:  # boxes of the whole shard's part moved at once
                 mode = "random_resized" if views is not None else self.crop_mode
                 for v, size in enumerate(sizes):
+                    # a view's output may be (height, width); a crop is its side
                     built = self._targets.build_batch(shard, local_list,
                                                       [plans[p][v] for p in positions.tolist()],
-                                                      mode, size)
+                                                      mode, size if views is not None else size[0])
                     for pos, target in zip(positions.tolist(), built):
                         target_lists[v][pos] = target
         batch = Batch()
