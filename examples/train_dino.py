@@ -66,19 +66,26 @@ class DINOLoss(nn.Module):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("store", help="a shardkit store (file, folder or URL)")
-    parser.add_argument("--global-size", type=int, default=224)
-    parser.add_argument("--local-size", type=int, default=96)
+    parser.add_argument("--global-size", type=int, default=224,
+                        help="side of the 2 global views")
+    parser.add_argument("--local-size", type=int, default=96, help="side of the local views")
     parser.add_argument("--locals", type=int, default=6, help="local views per sample")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per step")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
+    parser.add_argument("--steps", type=int, default=10, help="training steps")
+    parser.add_argument("--lr", type=float, default=1e-3, help="student learning rate")
     parser.add_argument("--momentum", type=float, default=0.996, help="teacher EMA")
-    parser.add_argument("--out-dim", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out-dim", type=int, default=128, help="projection head size")
+    parser.add_argument("--seed", type=int, default=0, help="torch seed (model, loader)")
     args = parser.parse_args(argv)
+    for name in ("global_size", "local_size", "batch_size", "steps", "out_dim"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.locals < 0 or args.workers < 0:
+        parser.error("--locals and --workers must be >= 0")
     torch.manual_seed(args.seed)
 
     views = [View(args.global_size, scale=(0.32, 1.0))] * 2 \
