@@ -31,7 +31,8 @@ ROW_ARRAYS: dict[str, str] = {"row_offsets": "<i8", "row_starts": "<u4"}
 MCU_HEIGHT_420 = 16
 _SOFS = (0xC0, 0xC1)  # baseline and extended sequential, Huffman-coded: one scan of all rows
 _NO_LENGTH = frozenset([0x01, *range(0xD0, 0xDA)])
-_RST = [bytes([0xFF, 0xD0 + k]) for k in range(8)]
+#: RST0..RST7, the restart markers, in the order they cycle.
+RST_MARKERS = [bytes([0xFF, 0xD0 + k]) for k in range(8)]
 
 
 def encode_rows(pixels: np.ndarray, quality: int) -> bytes:
@@ -59,7 +60,7 @@ def encode_rows(pixels: np.ndarray, quality: int) -> bytes:
             header = bytes(head) + b"\xff\xdd\x00\x04" + struct.pack(">H", mcus) + \
                 strip[frame.sos:frame.scan_start]
         else:
-            parts.append(_RST[(k - 1) % 8])
+            parts.append(RST_MARKERS[(k - 1) % 8])
         parts.append(strip[frame.scan_start:frame.scan_end])
     return header + b"".join(parts) + b"\xff\xd9"
 

@@ -25,7 +25,7 @@ import simplejpeg
 
 from .. import codec
 from ..codec import RecordDecodeError
-from ..jpegrows import parse_header
+from ..jpegrows import RST_MARKERS, parse_header
 
 
 class Header(NamedTuple):
@@ -125,13 +125,10 @@ def cut(data, starts: np.ndarray, scan: int, head: Header, m0: int, m1: int,
     for j, marker in enumerate(at[1:-1]):
         if view[marker] != 0xFF or view[marker + 1] != 0xD0 + (m0 + j) % 8:
             raise RecordDecodeError("JPEG record does not decode: it does not match its row index")
-        pieces += (view[begin:marker], _RST[j % 8])
+        pieces += (view[begin:marker], RST_MARKERS[j % 8])
         begin = marker + 2
     pieces += (view[begin:at[-1]], b"\xff\xd9")
     return b"".join(pieces)
-
-
-_RST = [bytes([0xFF, 0xD0 + k]) for k in range(8)]
 
 
 def record_rows(shard, local: int) -> np.ndarray | None:
