@@ -299,9 +299,9 @@ class Decoded(NamedTuple):
 
 def decode_boxes(data, encoding: str, height: int, width: int, plans: Sequence[Plan],
                  fast: bool = False, bgr: bool = False, rows: np.ndarray | None = None) -> Decoded:
-    """Decode one record once for all of a sample's ``plans`` (their boxes are known: a decode
-    of only the rows they cover may replace this). DCT-scaled by the smallest scale any plan
-    allows; in this thread's scratch buffer."""
+    """Decode one record once for all of a sample's ``plans``: with ``rows`` (a record with row
+    markers) and no DCT scaling, only the MCU rows their boxes cover (:mod:`.partial`); else
+    whole, DCT-scaled by the smallest scale any plan allows. In this thread's scratch buffer."""
     k = min(p.dct for p in plans) if encoding == "jpeg" else 1
     sh, sw = -(-height // k), -(-width // k)
     buffer = codec.scratch(sh * sw * 3) if encoding == "jpeg" else None
