@@ -42,6 +42,20 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _buckets(text: str) -> int | list[tuple[int, int]]:
+    """'1024' -> 1024; '768x1344,1024x1024' -> [(768, 1344), (1024, 1024)] (height x width)."""
+    if re.fullmatch(r"\s*\d+\s*", text):
+        return int(text)
+    sizes = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", part)
+        if not m:
+            raise argparse.ArgumentTypeError(f"not a side or HEIGHTxWIDTH list: {text!r} "
+                                             "(examples: 1024, 768x1344,1024x1024)")
+        sizes.append((int(m.group(1)), int(m.group(2))))
+    return sizes
+
+
 _SUFFIXES = " / ".join(formats.SUFFIXES.values())
 _LABELS = "/".join(formats.backend(f).label for f in formats.FORMATS)
 _SUFFIX_HELP = ", ".join(f"{'/'.join(formats.backend(f).suffixes)} is {formats.backend(f).label}"
@@ -68,8 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "when sharded; a URL such as s3://bucket/prefix when sharded)")
     p.add_argument("--format", choices=formats.FORMATS,
                    help=f"store format (default: from OUT's suffix; {_SUFFIX_HELP})")
-    p.add_argument("--size", type=_positive_int, default=256,
+    p.add_argument("--size", type=_positive_int, default=None,
                    help="resize the shorter side to this (never upscale; 0 keeps size) [256]")
+    p.add_argument("--buckets", type=_buckets, metavar="SIDE|HxW,...",
+                   help="aspect-ratio buckets instead of --size: SDXL/kohya's set on an area of "
+                   "SIDE x SIDE (e.g. 1024), or a list of HEIGHTxWIDTH sizes; each image is "
+                   "resized to cover its nearest bucket and centre-cropped to it")
+    p.add_argument("--bucket-step", type=_positive_int, default=None, metavar="N",
+                   help="bucket sides in steps of N [64]")
+    p.add_argument("--bucket-upscale", action="store_true",
+                   help="upscale an image smaller than its bucket (default: keep its own size "
+                   "cut to multiples of the step, a bucket of its own)")
     p.add_argument("--quality", type=_positive_int, default=90, help="JPEG quality [90]")
     p.add_argument("--encoding", choices=ENCODINGS, default=ENCODINGS[0],
                    help="record encoding: %(choices)s [%(default)s]")
@@ -180,7 +203,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
                   shard_size=args.shard_size, num_shards=args.num_shards, resume=args.resume,
                   engine=args.engine, scheduler=args.scheduler, num_nodes=args.num_nodes,
                   node_rank=args.node_rank, progress=not args.quiet, order=args.order,
-                  layout_seed=args.layout_seed)
+                  layout_seed=args.layout_seed, buckets=args.buckets,
+                  bucket_step=args.bucket_step, bucket_upscale=args.bucket_upscale)
     if args.num_nodes > 1:
         print(f"node {args.node_rank}/{args.num_nodes}: packed {result.count} images; run "
               f"'shardkit merge {args.out}' when every node is done", file=sys.stderr)
@@ -256,7 +280,25 @@ def _cmd_info(args: argparse.Namespace) -> int:
         from .fields import Schema
 
         print("fields:\n" + Schema.from_json(summary["fields"]).describe())
+    if summary.get("buckets"):
+        _report_buckets(summary["buckets"])
     return EXIT_OK
+
+
+def _report_buckets(buckets: dict) -> None:
+    """The bucket histogram: one line per bucket (height x width: records), the fullest first
+    past 40 buckets."""
+    rows = list(zip(buckets["sizes"], buckets["counts"]))
+    shown = rows if len(rows) <= 40 else sorted(rows, key=lambda r: -r[1])[:40]
+    rule = (f"area {buckets['side']}x{buckets['side']}" if buckets["rule"] == "kohya"
+            else f"{len(buckets['candidates'])} listed sizes")
+    print(f"buckets:    {len(rows)} ({rule}, step {buckets['step']}, "
+          f"{'upscaled' if buckets['upscale'] else 'no upscaling'}); height x width: records")
+    for (h, w), n in shown:
+        print(f"  {h}x{w}: {n}")
+    if len(shown) < len(rows):
+        print(f"  ... and {len(rows) - len(shown)} more buckets ('shardkit info --json' lists "
+              "them)")
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -309,7 +351,7 @@ def _one_line(exc: BaseException) -> str:
 # Library errors name parameters as `name` or `name=value`; the command's users see flags.
 _PARAMETER = re.compile(r"`(size|quality|encoding|format|workers|strict|overwrite|max_pixels|"
                         r"allow_empty|file_list|source_format|image_key|label_key|to|shard_size|num_shards|resume|engine|scheduler|"
-                        r"num_nodes|node_rank|order|layout_seed)(?:=('[^'`]*'|True))?`")
+                        r"num_nodes|node_rank|order|layout_seed|buckets|bucket_step|bucket_upscale)(?:=('[^'`]*'|True))?`")
 
 
 def _as_flags(message: str) -> str:

@@ -1,6 +1,7 @@
 """A store's metadata parsed and checked in full: what :mod:`shardkit.metadata` checks (format,
 version, index arrays, shard entries), then the typed fields' declarations and columns
-(:func:`shardkit.fields.check_meta`). ``metadata`` sits below ``fields`` (which uses its
+(:func:`shardkit.fields.check_meta`) and a bucketed store's ``buckets``
+(:func:`shardkit.bucketmeta.check`). ``metadata`` sits below ``fields`` (which uses its
 checksums), so the two checks meet here, above both; every reader of a store parses through
 this module.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import metadata
+from . import bucketmeta, metadata
 from .fields import check_meta
 
 
@@ -18,6 +19,7 @@ def parse_shard_meta(raw: bytes | str, where: str) -> dict[str, Any]:
     one shardkit can read."""
     obj = metadata.parse_shard_meta(raw, where)
     check_meta(obj, where)
+    bucketmeta.check(obj, where)
     return obj
 
 
@@ -26,4 +28,5 @@ def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
     shardkit can read."""
     obj = metadata.parse_manifest(raw, where)
     check_meta(obj, where)
+    bucketmeta.check(obj, where)
     return obj

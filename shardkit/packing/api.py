@@ -17,6 +17,7 @@ from ..errors import Interrupted, PackError, PackOptionError
 from ..fileutil import check_parent, make_parent, remove, replace_atomic
 from ..formats import format_for_path
 from ..urls import is_url
+from .buckets import BucketFields, make_spec
 from .imaging import PILLOW_PIXEL_LIMIT
 from .install import install, install_finished, partial_path
 from .local import run_local, upload_shard
@@ -139,7 +140,7 @@ class Run:
 
 
 def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None = None,
-         size: int = 256, quality: int = 90, encoding: str = "jpeg", workers: int | None = None,
+         size: int | None = None, quality: int = 90, encoding: str = "jpeg", workers: int | None = None,
          strict: bool = False, overwrite: bool = False, max_pixels: int = PILLOW_PIXEL_LIMIT,
          allow_empty: bool = False, file_list: str | None = None,
          coco: str | os.PathLike | None = None, coco_masks: bool | None = None,
@@ -151,7 +152,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
          source_format: str | None = None, image_key: str | None = None,
          label_key: str | None = None,
          storage_options: dict[str, Any] | None = None, order: str = "mixed",
-         layout_seed: int = 0) -> PackResult:
+         layout_seed: int = 0, buckets: int | list[tuple[int, int]] | None = None,
+         bucket_step: int | None = None, bucket_upscale: bool = False) -> PackResult:
     """Pack an ImageFolder-layout folder (or a file list) into an LMDB or HDF5 store.
 
     Without ``shard_size``/``num_shards`` OUT is one file; with them, a folder of shard files and
@@ -169,7 +171,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         format: a backend from ``shardkit.formats.FORMATS``; default from OUT's name
             (``.h5``/``.hdf5``: HDF5, else LMDB).
         size: resize so the shorter side is ``size`` pixels (bicubic, antialiased; never
-            upscaled); 0 keeps the original sizes.
+            upscaled); 0 keeps the original sizes. Default 256; not with ``buckets``.
         quality: JPEG quality of the re-encoded records, 1-100.
         encoding: record encoding, a name from ``shardkit.codec.ENCODINGS`` (``jpeg``, ``raw``).
         workers: encoding processes; default: the CPUs this process may run on. 0 or 1 encode
@@ -221,6 +223,16 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
             ``source_path(i)`` keep the sources' order; ``"source"``: shards hold the sources
             in order (see :mod:`shardkit.packing.layout`).
         layout_seed: the seed of the ``"mixed"`` layout (an integer >= 0).
+        buckets: aspect-ratio buckets instead of ``size``: a side ``N`` (kohya's / SDXL's
+            bucket set on an area of ``N * N``: sides in steps of ``bucket_step``, aspect ratios
+            1:4..4:1) or a list of ``(height, width)`` sizes. Each image is resized to cover the
+            bucket nearest its aspect ratio (never squashed) and centre-cropped to it; records
+            carry ``original_size``, ``crop_top_left`` and ``target_size`` fields, and boxes and
+            masks move with the pixels (:mod:`shardkit.packing.buckets`).
+        bucket_step: the buckets' side step (default 64), and what a small source's own size is
+            cut down to.
+        bucket_upscale: upscale a source smaller than its bucket to cover it (default: keep
+            it at its own size cut down to multiples of ``bucket_step``, a bucket of its own).
 
     Returns:
         a :class:`PackResult`. Raises PackError (one line, naming the parameter) for bad
@@ -236,7 +248,13 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     check_options(out, shard_size is not None or num_shards is not None, resume, engine,
                   scheduler, num_nodes, node_rank)
     check_order(order, layout_seed)
-    settings = PackSettings(size, quality, encoding, format or format_for_path(out), max_pixels)
+    spec = make_spec(buckets, bucket_step, bucket_upscale)
+    if spec is not None and size is not None:
+        raise PackOptionError("give `buckets` or `size`, not both (a bucketed pack sizes each "
+                              "image to its bucket)")
+    size = 0 if spec is not None else 256 if size is None else size
+    settings = PackSettings(size, quality, encoding, format or format_for_path(out), max_pixels,
+                            spec)
     settings.validate()
     options = SourceOptions(src, source_format, image_key, label_key, file_list,
                             None if coco is None else os.fspath(coco), coco_masks,
@@ -244,7 +262,10 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
                             captions, schema, allow_empty)
     source = resolve(options)
     check_out(src, out, overwrite, storage_options)
-    plan = make_plan(source.scan(options), settings, shard_size=shard_size,
+    scan = source.scan(options)
+    if spec is not None:  # the bucket fields, and the source's boxes and masks cropped with it
+        scan.fields = BucketFields(scan.fields)
+    plan = make_plan(scan, settings, shard_size=shard_size,
                      num_shards=num_shards, strict=strict, order=order, layout_seed=layout_seed)
     run = Run(out, staging_path(out, storage_options) if is_url(out) else partial_path(out),
               default_workers() if workers is None else workers, strict, overwrite, progress,

@@ -6,10 +6,10 @@ in how they read the bytes.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..codec import encode
-from .imaging import ImageRejected, load_rgb
+from .imaging import ImageRejected, load_bucketed, load_rgb
 from .settings import PackSettings
 
 
@@ -20,6 +20,8 @@ class Encoded(NamedTuple):
     height: int
     width: int
     reason: str | None
+    #: A bucketed pack's :class:`.buckets.Placement` of the source (None: not bucketed).
+    place: Any = None
 
     @classmethod
     def rejected(cls, reason: str) -> Encoded:
@@ -29,9 +31,14 @@ class Encoded(NamedTuple):
 def encode_data(data: bytes, settings: PackSettings) -> Encoded:
     """One encoded source image decoded, resized and encoded (or rejected, with the reason)."""
     try:
-        pixels = load_rgb(data, settings.size, settings.max_pixels)
+        place = None
+        if settings.buckets is not None:
+            pixels, place = load_bucketed(data, settings.buckets, settings.max_pixels)
+        else:
+            pixels = load_rgb(data, settings.size, settings.max_pixels)
         height, width = pixels.shape[:2]
-        return Encoded(encode(pixels, settings.encoding, settings.quality), height, width, None)
+        return Encoded(encode(pixels, settings.encoding, settings.quality), height, width, None,
+                       place)
     except ImageRejected as exc:
         return Encoded.rejected(str(exc))
     except MemoryError:  # in an encoding worker: more than limit_memory allows

@@ -32,11 +32,15 @@ from __future__ import annotations
 import io
 import re
 import warnings
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import simplejpeg
 
 from .resize import resize_rgb, target_size
+
+if TYPE_CHECKING:
+    from .buckets import BucketSpec, Placement
 
 try:
     from PIL import Image
@@ -158,13 +162,16 @@ def decode_rgb(data: bytes, size: int = 0, max_pixels: int = PILLOW_PIXEL_LIMIT)
     return decode_sized(data, size, max_pixels)[0]
 
 
-def decode_sized(data: bytes, size: int = 0, max_pixels: int = PILLOW_PIXEL_LIMIT
+def decode_sized(data: bytes, size: int = 0, max_pixels: int = PILLOW_PIXEL_LIMIT,
+                 size_for: Callable[[int, int], int] | None = None
                  ) -> tuple[np.ndarray, tuple[int, int]]:
     """:func:`decode_rgb`'s pixels and the file's own (width, height) after EXIF orientation.
 
     The resize target comes from that size, never from the DCT-scaled decode: libjpeg rounds a
     scaled side up (a 671x625 photo at 3/8 is 252x235), and the rule applied to the rounded
-    sides can differ by a pixel from the rule applied to the file's.
+    sides can differ by a pixel from the rule applied to the file's. ``size_for(width,
+    height)``, given the header's size, replaces ``size`` (a bucketed pack's target depends on
+    it).
     """
     if not data:
         raise ImageRejected("empty file (0 bytes)")
@@ -186,6 +193,8 @@ def decode_sized(data: bytes, size: int = 0, max_pixels: int = PILLOW_PIXEL_LIMI
         if max_pixels and width * height > max_pixels:
             raise ImageRejected(
                 f"{width}x{height} = {width * height} pixels exceeds --max-pixels {max_pixels}")
+        if size_for is not None:
+            size = size_for(width, height)
         try:
             pixels = None
             if im.format == "JPEG" and im.mode in ("RGB", "L"):
@@ -219,3 +228,26 @@ def load_rgb(data: bytes, size: int, max_pixels: int = PILLOW_PIXEL_LIMIT) -> np
         return resize_rgb(pixels, new_w, new_h)
     except RuntimeError as exc:  # torch's allocator failing on a huge image
         raise ImageRejected(f"cannot resize image: {exc}") from None
+
+
+def load_bucketed(data: bytes, spec: BucketSpec, max_pixels: int = PILLOW_PIXEL_LIMIT
+                  ) -> tuple[np.ndarray, Placement]:
+    """Rules 1-5, then a bucketed pack's rule 6 (:mod:`.buckets`): resized to cover the bucket
+    nearest the oriented image's aspect ratio and centre-cropped to it (or, too small and not
+    upscaled, cropped to its own size in steps). Returns the pixels (C-contiguous) and where
+    the source landed."""
+    from .buckets import TooSmall
+
+    pixels, (width, height) = decode_sized(data, 0, max_pixels, spec.decode_size)
+    try:
+        place = spec.place(height, width)
+    except TooSmall as exc:
+        raise ImageRejected(str(exc)) from None
+    rh, rw = place.resized
+    if pixels.shape[:2] != (rh, rw):
+        try:
+            pixels = resize_rgb(pixels, rw, rh)
+        except RuntimeError as exc:  # torch's allocator failing on a huge image
+            raise ImageRejected(f"cannot resize image: {exc}") from None
+    (bh, bw), top, left = place.size, place.top, place.left
+    return np.ascontiguousarray(pixels[top:top + bh, left:left + bw]), place

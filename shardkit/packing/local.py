@@ -33,8 +33,7 @@ def add_source(writer: StoreWriter, plan: Plan, i: int, result: Encoded, crc: in
     fields = {}
     try:
         if plan.fields is not None:  # the record's typed fields, on its stored pixels
-            fields = plan.fields.fields_at(plan.source_index(i), path, result.height,
-                                           result.width)
+            fields = plan.fields.record_at(plan.source_index(i), path, result)
         writer.add_encoded(result.data, plan.labels[i], result.height, result.width, path, crc,
                            **fields)
     except FieldError as exc:  # checked before anything is appended

@@ -92,7 +92,8 @@ class Plan:
                            shard_index=k, first_source=self.bounds[k],
                            skipped=() if self.sharded else self.discovery_skipped,
                            schema=self.fields.schema if self.fields else None,
-                           extra_meta=self.fields.meta() if self.fields else None)
+                           extra_meta=self.fields.meta() if self.fields else None,
+                           buckets=s.buckets)
 
 
 def shard_bounds(n: int, num_shards: int | None, per_shard: int | None) -> list[int]:

@@ -31,5 +31,10 @@ class RecordFields:
         a source whose records may share a path (COCO) tells them apart here."""
         return self.fields(path, height, width)
 
+    def record_at(self, index: int, path: str, result: Any) -> dict[str, Any]:
+        """The values of source ``index`` for its encoded record ``result`` (an
+        :class:`.encoding.Encoded`: its stored size, and where a bucketed pack placed it)."""
+        return self.fields_at(index, path, result.height, result.width)
+
 
 __all__ = ["RecordFields"]

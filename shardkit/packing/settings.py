@@ -10,6 +10,7 @@ from typing import Any, Literal, NamedTuple
 from ..codec import ENCODINGS
 from ..errors import PackOptionError
 from ..formats import DEFAULT_FORMAT, FORMATS
+from .buckets import BucketSpec
 from .imaging import PILLOW_PIXEL_LIMIT
 
 Engine = Literal["local", "dask"]
@@ -29,11 +30,14 @@ class PackSettings:
     encoding: str = "jpeg"  # a name in shardkit.codec.ENCODINGS
     format: str = DEFAULT_FORMAT  # a name in shardkit.formats.FORMATS
     max_pixels: int = PILLOW_PIXEL_LIMIT
+    #: Aspect-ratio buckets (:mod:`.buckets`; ``size`` is then 0), or None.
+    buckets: BucketSpec | None = None
 
     def as_meta(self) -> dict[str, Any]:
-        return {"size": self.size, "quality": self.quality, "encoding": self.encoding,
+        meta = {"size": self.size, "quality": self.quality, "encoding": self.encoding,
                 "format": self.format, "max_pixels": self.max_pixels, "resample": "bicubic",
                 "alpha_background": "white", "chroma_subsampling": "4:2:0"}
+        return meta | ({"buckets": self.buckets.as_meta()} if self.buckets is not None else {})
 
     def validate(self) -> None:
         """Raise PackOptionError (a PackError and ValueError) naming the parameter that is out

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .. import metadata, storemeta
+from .. import bucketmeta, metadata, storemeta
 from ..errors import PackError
 from ..fileutil import fsync_dir, remove, replace_atomic, sha256_file
 from ..formats import open_reader
@@ -222,6 +222,10 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
                          "labels": {"file": "labels.npy", "sha256": sha256_file(labels_path)}}
     if layout is not None:
         manifest |= {"layout": layout, "format_version": metadata.LAYOUT_VERSION}
+    spec = common["settings"].get(bucketmeta.KEY)
+    if spec is not None:  # the shards' bucket counts summed
+        manifest[bucketmeta.KEY] = bucketmeta.merge(spec, (e.get(bucketmeta.KEY)
+                                                          for e in entries))
     manifest = metadata.seal(manifest)
     replace_atomic(os.path.join(partial, metadata.MANIFEST_NAME), metadata.dumps(manifest))
     if publish is not None:

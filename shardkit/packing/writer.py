@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .. import metadata
+from .. import bucketmeta, metadata
 from .._version import __version__
 from .. import fields as fieldstore
 from ..codec import encode
@@ -99,6 +99,9 @@ class StoreWriter:
             :class:`shardkit.fields.Schema`, a list of field kinds, or a schema JSON file. None:
             inferred from the first record's fields (if it has any).
         extra_meta: more JSON-able metadata shared by every shard (e.g. COCO's categories).
+        buckets: the :class:`shardkit.packing.buckets.BucketSpec` the records were sized with
+            (the packer's); the metadata then lists the buckets the records' sizes fill
+            (``buckets``: :mod:`shardkit.bucketmeta`).
     """
 
     def __init__(self, path: str | os.PathLike, classes: Iterable[str], *,
@@ -108,11 +111,11 @@ class StoreWriter:
                  kind: Kind = "single", overwrite: bool = False, install: bool = True,
                  shard_index: int = 0, first_source: int = 0,
                  skipped: Iterable[Skipped | dict[str, str]] = (), schema: Any = None,
-                 extra_meta: dict[str, Any] | None = None) -> None:
+                 extra_meta: dict[str, Any] | None = None, buckets: Any = None) -> None:
         self.path = os.fspath(path)
         self.classes = list(classes)
         self.settings = PackSettings(size, quality, encoding, format or format_for_path(self.path),
-                                     max_pixels)
+                                     max_pixels, buckets)
         self.settings.validate()
         if kind not in KINDS:
             raise PackOptionError(f"`kind` must be {' or '.join(map(repr, KINDS))}, not {kind!r}")
@@ -267,6 +270,11 @@ class StoreWriter:
                       "sources": [self.first_source, self.first_source + sources]},
             "arrays": described,
         } | ({"row_markers": marked} if marked else {})
+        held = None
+        if self.settings.buckets is not None:  # every record is at its bucket's size
+            held = bucketmeta.histogram(self.settings.buckets.as_meta(), self.heights,
+                                        self.widths)
+            meta[bucketmeta.KEY] = held
         self._writer.finish(arrays, metadata.dumps(metadata.seal(meta)))
         entry = {"file": os.path.basename(self.path), "format": self.settings.format,
                  "count": n, "bytes": os.path.getsize(self.file), "skipped": skipped,
@@ -274,6 +282,8 @@ class StoreWriter:
                  "skipped_slots": self._skipped_slots}
         if marked:
             entry["row_markers"] = marked
+        if held is not None:  # the manifest's buckets are the shards' summed
+            entry[bucketmeta.KEY] = {k: held[k] for k in ("sizes", "counts")}
         if self.kind == "shard":  # the manifest's checksum (a single-file store has no manifest)
             entry["sha256"] = sha256_file(self.file)
         return entry

@@ -56,6 +56,8 @@ def info(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
         "fields": store.meta.get("fields", []),  # typed fields: name, kind, parameters
         # JPEG records with a restart marker before every MCU row (rows decoded on their own)
         "row_markers": row_markers(meta),
+        # A bucketed store's buckets: sizes (height, width) held, records in each, the rule
+        "buckets": meta.get("buckets"),
     }
 
 

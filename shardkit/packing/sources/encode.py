@@ -1,10 +1,10 @@
 """One container sample through the folder pipeline: read its bytes, then exactly what a
 folder's file goes through (:func:`shardkit.packing.encoding.encode_data`).
 
-With ``size=0`` and ``encoding='jpeg'`` a source JPEG that decodes cleanly is kept byte for
-byte: baseline or progressive YCbCr/grey, decoded by libjpeg-turbo without a warning, no EXIF
-rotation, within ``max_pixels``. Its pixels are then the ones the pipeline would have encoded,
-without a second lossy step.
+With ``size=0`` and ``encoding='jpeg'`` (and no buckets) a source JPEG that decodes cleanly is
+kept byte for byte: baseline or progressive YCbCr/grey, decoded by libjpeg-turbo without a
+warning, no EXIF rotation, within ``max_pixels``. Its pixels are then the ones the pipeline
+would have encoded, without a second lossy step.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def encode_item(item: Item, settings: PackSettings) -> Encoded:
         return Encoded.rejected(str(exc))
     except MemoryError:
         return Encoded.rejected("out of memory while reading the member")
-    if settings.size == 0 and settings.encoding == "jpeg":
+    if settings.size == 0 and settings.encoding == "jpeg" and settings.buckets is None:
         kept = clean_jpeg(data, settings.max_pixels)
         if kept is not None:
             return Encoded(data, kept[0], kept[1], None)
