@@ -15,6 +15,7 @@ _EXPORTS = {
     "ShardDataset": "read.dataset", "Batch": "read.dataset", "collate": "read.dataset",
     "worker_init_fn": "read.dataset", "normalize": "read.augment", "View": "read.augment",
     "ShardSampler": "read.sampler", "MixSampler": "read.mix", "Mix": "read.mix",
+    "BucketSampler": "read.buckets",
     "ShardLoader": "integrations.loader",
     "pack": "packing.api", "merge": "packing.api", "PackResult": "packing.api",
     "StoreWriter": "packing.writer",

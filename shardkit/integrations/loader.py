@@ -172,8 +172,9 @@ class ShardLoader(DataLoader):
     def _index_sampler(self) -> Any:
         return _Resuming(super()._index_sampler, self._progress, self._samplers())
 
-    def _samplers(self) -> tuple[Any, Any]:
-        return self.sampler, getattr(self.batch_sampler, "sampler", None)
+    def _samplers(self) -> tuple[Any, ...]:
+        # the batch sampler itself may be an OrderedSampler (a BucketSampler, counted in batches)
+        return self.sampler, self.batch_sampler, getattr(self.batch_sampler, "sampler", None)
 
     def _ordered(self) -> OrderedSampler | None:
         """The ShardSampler (or other OrderedSampler) this loader draws from, if any."""
@@ -226,6 +227,8 @@ class ShardLoader(DataLoader):
             return progress.base_samples
         if done > len(progress.sizes):  # cannot happen: a batch is indexed before it is yielded
             raise RuntimeError("ShardLoader lost count of its batches")
+        if self.batch_sampler is not None and self._ordered() is self.batch_sampler:
+            return progress.base_samples + done  # a BucketSampler's state counts batches
         return progress.base_samples + progress.sizes[done - 1]
 
     def state_dict(self) -> dict[str, Any]:

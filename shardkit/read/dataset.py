@@ -247,6 +247,24 @@ class ShardDataset(OpenedInWorkers, Dataset):
         return self.store.labels
 
     @property
+    def bucket_sizes(self) -> np.ndarray | None:
+        """A store packed with ``buckets=``: each aspect-ratio bucket's (height, width), a
+        ``(K, 2)`` int64 array (``docs/buckets.md``); None for a store packed without."""
+        from .buckets import bucket_sizes
+
+        return bucket_sizes(self.store)
+
+    @property
+    def buckets(self) -> np.ndarray | None:
+        """Each record's bucket (an index into ``bucket_sizes``), an int64 array in this
+        dataset's order (a subset: its records); None for a store packed without buckets.
+        Computed on each access from the shards' memory-mapped heights and widths: keep it."""
+        from .buckets import record_buckets
+
+        sizes = self.bucket_sizes
+        return None if sizes is None else record_buckets(self.store, sizes)
+
+    @property
     def encoding(self) -> str:
         return self.store.encoding
 
