@@ -19,6 +19,13 @@ When every buffer is in use (a consumer that keeps many batches), a fresh one is
 ``MAX_SLOTS``; past that, batches fall back to one-off memory (a memfd in a worker, never
 ``/dev/shm``: see :mod:`shardkit.read.shipping`). A buffer is never reused while anything can
 still read it.
+
+A thread of the thread engine (:mod:`shardkit.integrations.thread_engine`) that pins its batches
+(``pin_memory=True`` with CUDA) asks for them with :func:`pinned`: its batches are then decoded
+straight into page-locked memory from torch's caching host allocator, which reuses a freed block
+only once the copies queued from it have finished (a slot reused as soon as its tensor is
+dropped could be overwritten while a ``non_blocking`` copy still reads it), so nothing is copied
+to pin them. Many threads take buffers at once: the pools are taken under locks.
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ import sys
 import tempfile
 import threading
 import weakref
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -103,7 +111,13 @@ class BatchPool:
         self.shared = shared
         self.pid = os.getpid()
         self.slots: list[Slot] = []
+        self.limit = MAX_SLOTS[shared]  # slots kept (see reserve)
         self._lock = threading.Lock()  # a free slot is handed to one caller only
+
+    def reserve(self, slots: int) -> None:
+        """Keep up to ``slots`` buffers: the thread engine has that many batches in flight."""
+        with self._lock:
+            self.limit = max(self.limit, int(slots))
 
     def take(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, Slot | None]:
         """A uint8 tensor of ``shape`` and the slot it lives in (None: one-off memory)."""
@@ -112,7 +126,7 @@ class BatchPool:
             for slot in self.slots:
                 if slot.nbytes >= nbytes and not slot.in_use():
                     return slot.tensor(shape), slot
-            if len(self.slots) < MAX_SLOTS[self.shared]:
+            if len(self.slots) < self.limit:
                 slot = Slot(nbytes, self.shared)
                 self.slots.append(slot)
                 return slot.tensor(shape), slot
@@ -231,15 +245,52 @@ def _rebuild(pid: int, fd_number: int, inode: int, handle: Any, size: int,
     return [images, labels]
 
 
+class PinnedPool:
+    """Page-locked batches from torch's caching host allocator (see the module docstring): a
+    block comes back to be reused once freed and once the copies queued from it are done."""
+
+    def take(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, None]:
+        return torch.empty(shape, dtype=torch.uint8, pin_memory=True), None
+
+
 _POOLS: dict[tuple[int, bool], BatchPool] = {}
+_POOLS_LOCK = threading.Lock()
 
 
-def pool(shared: bool) -> BatchPool:
-    """This process's pool (shared-memory buffers in DataLoader workers, private ones elsewhere)."""
+def _new_pools_lock() -> None:
+    global _POOLS_LOCK
+    _POOLS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_pools_lock)
+_PINNED = PinnedPool()
+_THREAD = threading.local()  # .pinned: this thread's batches go to pinned memory
+
+
+@contextmanager
+def pinned(on: bool = True) -> Iterator[None]:
+    """Within the block, :func:`pool` gives this thread page-locked buffers (needs CUDA)."""
+    before = getattr(_THREAD, "pinned", False)
+    _THREAD.pinned = on
+    try:
+        yield
+    finally:
+        _THREAD.pinned = before
+
+
+def pool(shared: bool) -> BatchPool | PinnedPool:
+    """This process's pool (shared-memory buffers in DataLoader workers, private ones elsewhere,
+    page-locked ones in a thread that asked for them with :func:`pinned`)."""
+    if not shared and getattr(_THREAD, "pinned", False):
+        return _PINNED
     key = (os.getpid(), shared)
     found = _POOLS.get(key)
     if found is None:
-        for stale in [k for k in _POOLS if k[0] != key[0]]:
-            del _POOLS[stale]  # inherited over fork: those buffers belong to the parent
-        found = _POOLS[key] = BatchPool(shared)
+        with _POOLS_LOCK:
+            found = _POOLS.get(key)
+            if found is None:
+                for stale in [k for k in _POOLS if k[0] != key[0]]:
+                    del _POOLS[stale]  # inherited over fork: those buffers are the parent's
+                found = _POOLS[key] = BatchPool(shared)
     return found

@@ -14,6 +14,15 @@ first; by default a quarter of the open-file limit), one descriptor each. Index 
 memory-mapped views of the shard file, never Python objects: a worker's private memory does not
 grow with the number of records. Opening and checking one shard file is :mod:`shardkit.read.shard`.
 
+Many threads may read one store at once (``ds.loader(engine="threads")``): the open shards and
+their LRU order change under one lock, and a shard is opened by one thread while the others
+wait for it (only those: a download of a remote shard does not stop reads of open ones). The
+LRU *retires* a shard rather than closing it: the store lets go of it, and its reader closes
+when the last batch still reading it (in another thread) lets go too, by reference count (at
+once when none does, so one thread reads exactly as before). Closing it under a reader would
+leave that reader's LMDB transaction reading unmapped memory. ``close()`` closes every shard at
+once, as before.
+
 A URL (``s3://bucket/prefix``, any fsspec URL) is a folder store in object storage, read through
 a local :class:`shardkit.remote.ShardCache`: the manifest and ``labels.npy`` are fetched at
 construction; a shard is downloaded (once per machine, SHA-256 checked) when a process first
@@ -31,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -41,6 +51,20 @@ from ..errors import OptionError, StoreError
 from ..fileutil import file_size, sha256_file
 from ..urls import is_url
 from .shard import OpenShard, ShardEntry, checked_array, open_pinned
+
+
+# Serialises each store's first use in a process (threads may start it together); made again in
+# a forked child, where a thread of the parent may have held it.
+_CLAIMING = threading.Lock()
+
+
+def _new_claiming_lock() -> None:
+    global _CLAIMING
+    _CLAIMING = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_claiming_lock)
 
 
 def default_max_open_shards() -> int:
@@ -134,6 +158,8 @@ class Store:
         self._pid: int | None = None
         self._pin: swap.Pin | None = None
         self._open: OrderedDict[int, OpenShard] = OrderedDict()
+        self._lock = threading.RLock()  # per process: made again by _claim after a fork
+        self._opening: dict[int, threading.Lock] = {}  # shard -> held by the thread opening it
 
     def _init_single(self) -> None:
         try:
@@ -296,20 +322,32 @@ class Store:
         pid = os.getpid()
         if self._pid == pid:
             return
-        inherited, self._open = self._open, OrderedDict()
-        for shard in inherited.values():
-            shard.close()
-        if self._pin is not None and not self._pin.adopt():
-            self._pin = None
-        self._limit = self.max_open_shards or default_max_open_shards()
-        self._last_opened: int | None = None  # a remote store prefetches while this goes k-1, k
-        self._pid = pid
+        with _CLAIMING:
+            if self._pid == pid:  # another thread claimed it meanwhile
+                return
+            # A lock inherited over fork may be held by a thread that does not exist here.
+            self._lock = threading.RLock()
+            self._opening = {}
+            inherited, self._open = self._open, OrderedDict()
+            for shard in inherited.values():
+                shard.close()
+            if self._pin is not None and not self._pin.adopt():
+                self._pin = None
+            self._limit = self.max_open_shards or default_max_open_shards()
+            self._last_opened: int | None = None  # a remote store prefetches while it goes k-1, k
+            self._pid = pid  # last: another thread sees the store claimed only when it is
 
     def attach(self) -> None:
         """Pin, in this process, the store this metadata came from (done by the first use), or
         raise ``StoreError`` if it was replaced since."""
         self._claim()
         if self._pin is not None or self.cache is not None:
+            return
+        with self._lock:  # one pin per process, whichever threads get here together
+            self._attach()
+
+    def _attach(self) -> None:
+        if self._pin is not None:
             return
         pin = None
         try:
@@ -333,32 +371,54 @@ class Store:
         self._pin = pin
 
     def shard(self, k: int) -> OpenShard:
-        """Shard ``k`` opened in this process (opened now if needed, closing the least recently
-        used one when ``max_open_shards`` are open)."""
+        """Shard ``k`` opened in this process (opened now if needed, retiring the least recently
+        used one when ``max_open_shards`` are open: see the module docstring)."""
         if self._pid != os.getpid():
             self._claim()
-        shard = self._open.get(k)
-        if shard is not None:
-            self._open.move_to_end(k)
+        with self._lock:
+            shard = self._open.get(k)
+            if shard is not None:
+                self._open.move_to_end(k)
+                return shard
+            gate = self._opening.setdefault(k, threading.Lock())
+        with gate:  # one thread opens shard k; the others asking for it wait here
+            with self._lock:
+                shard = self._open.get(k)
+                if shard is not None:  # opened by the thread this one waited for
+                    self._open.move_to_end(k)
+                    return shard
+                self.attach()
+            shard = self._open_shard(k)  # outside the lock: a remote shard may download
+            with self._lock:
+                while len(self._open) >= self._limit:
+                    self._retire(*self._open.popitem(last=False))
+                self._open[k] = shard
+                self._opening.pop(k, None)
             return shard
-        self.attach()
-        while len(self._open) >= self._limit:
-            self._close_shard(*self._open.popitem(last=False))
+
+    def _open_shard(self, k: int) -> OpenShard:
         if self._labels_file is None:
-            shard = OpenShard(self.shards[k], k, self.meta, self._pin)
-        elif self.cache is not None:
-            shard = self._open_cached(k)
-        else:
-            entry = self.shards[k]
-            shard = OpenShard(dataclasses.replace(entry, path=self._here(entry.path)), k,
-                              self.meta)
-        self._open[k] = shard
-        return shard
+            return OpenShard(self.shards[k], k, self.meta, self._pin)
+        if self.cache is not None:
+            return self._open_cached(k)
+        entry = self.shards[k]
+        return OpenShard(dataclasses.replace(entry, path=self._here(entry.path)), k, self.meta)
+
+    def _retire(self, k: int, shard: OpenShard) -> None:
+        """The LRU lets go of shard ``k``: its reader closes with the last reference to it (a
+        batch in another thread may still read it); a remote shard may be evicted now (a
+        reader's map keeps its bytes)."""
+        del shard
+        if self.cache is not None:
+            self.cache.release(k)
 
     @property
     def open_shards(self) -> list[int]:
         """Shards open in this process, least recently used first."""
-        return list(self._open) if self._pid == os.getpid() else []
+        if self._pid != os.getpid():
+            return []
+        with self._lock:
+            return list(self._open)
 
     def _open_cached(self, k: int) -> OpenShard:
         """Shard ``k`` of a remote store: fetched into the cache (in use until closed), opened."""
@@ -374,11 +434,12 @@ class Store:
         return shard
 
     def _close_lru(self) -> bool:
-        """Close this process's least recently used shard (False when none is open)."""
-        if not self._open:
-            return False
-        self._close_shard(*self._open.popitem(last=False))
-        return True
+        """Retire this process's least recently used shard (False when none is open)."""
+        with self._lock:
+            if not self._open:
+                return False
+            self._retire(*self._open.popitem(last=False))
+            return True
 
     def prefetch(self, k: int) -> None:
         """Start downloading shard ``k`` of a remote store into the machine's cache, in the
@@ -405,21 +466,24 @@ class Store:
     def close(self) -> None:
         """Release every descriptor and lock this process holds for the store."""
         self._claim()
-        for k, shard in self._open.items():
-            self._close_shard(k, shard)
-        self._open = OrderedDict()
-        if self._pin is not None:
-            self._pin.close()
-            self._pin = None
-        if self._labels_file is not None:
-            self._labels = None  # a map of labels.npy (a descriptor); loaded again when needed
-        self._pid = None
+        with self._lock:
+            for k, shard in self._open.items():
+                self._close_shard(k, shard)
+            self._open = OrderedDict()
+            if self._pin is not None:
+                self._pin.close()
+                self._pin = None
+            if self._labels_file is not None:
+                self._labels = None  # a map of labels.npy (a descriptor); loaded again when needed
+            self._pid = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_open"] = OrderedDict()
         state["_pid"] = None
         state["_pin"] = None
+        for key in ("_lock", "_opening"):  # made again by the first use (_claim)
+            state.pop(key, None)
         state.pop("_labels", None)
         state.pop("_limit", None)  # per process: the receiver's own open-file limit
         state.pop("_last_opened", None)

@@ -1,5 +1,6 @@
 """The ``threads=N`` fan-out of ``ShardDataset``: one batch's records decoded by N threads, the
-calling thread being one of them."""
+calling thread being one of them. Several threads may run batches at once (the thread engine,
+:mod:`shardkit.integrations.thread_engine`): they share the helper threads."""
 
 from __future__ import annotations
 
@@ -20,14 +21,19 @@ class Fanout:
             raise OptionError(f"threads must be an integer >= 0, got {threads!r}")
         self.threads = threads
         self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._lock = threading.Lock()  # one pool, however many threads start it together
 
     def _executor(self) -> ThreadPoolExecutor:
         """``threads - 1`` helper threads (the calling thread decodes a share too)."""
         pid = os.getpid()
-        if self._pool is None or self._pool[0] != pid:
-            self._pool = (pid, ThreadPoolExecutor(max(1, self.threads - 1),
-                                                  thread_name_prefix="shardkit"))
-        return self._pool[1]
+        pool = self._pool
+        if pool is not None and pool[0] == pid:
+            return pool[1]
+        with self._lock:
+            if self._pool is None or self._pool[0] != pid:
+                self._pool = (pid, ThreadPoolExecutor(max(1, self.threads - 1),
+                                                      thread_name_prefix="shardkit"))
+            return self._pool[1]
 
     def run(self, fn: Callable, jobs: Sequence[tuple]) -> list:
         """``fn(*job)`` for every job, results in order. Each thread takes the next job until
@@ -65,4 +71,9 @@ class Fanout:
         self._pool = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pool": None}
+        return {key: value for key, value in self.__dict__.items() if key != "_lock"} | {
+            "_pool": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()

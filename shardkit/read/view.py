@@ -129,7 +129,11 @@ class StoreView:
             return shard
         held = self._relabelled.get(k)
         if held is None or held._shard is not shard:  # remapped once per opening of the shard
-            held = self._relabelled[k] = _Relabelled(shard, self.label_map)
+            held = _Relabelled(shard, self.label_map)
+            # Without the shards the base store has retired: this must not keep them open.
+            still = set(self.base.open_shards)
+            self._relabelled = {j: r for j, r in self._relabelled.items() if j in still}
+            self._relabelled[k] = held
         return held
 
     def groups(self) -> Groups:

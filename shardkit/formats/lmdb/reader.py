@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from contextlib import contextmanager
 from typing import Iterator
@@ -20,6 +21,18 @@ MAX_READERS = 2048
 # too), so each process keeps one environment per file and shares it between readers. Files are
 # told apart by inode, not name: a store replaced under the same name is a different file.
 _ENVS: dict[tuple[int, int], tuple[int, lmdb.Environment, int]] = {}
+# Threads of one process open and close readers at once (``ds.loader(engine="threads")``): two
+# opening one file must share its environment. Made again in a forked child.
+_ENVS_LOCK = threading.RLock()  # re-entrant: a finalizer may release a reader mid-open
+
+
+def _new_envs_lock() -> None:
+    global _ENVS_LOCK
+    _ENVS_LOCK = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_envs_lock)
 
 
 def _env_key(path: str) -> tuple[int, int]:
@@ -28,6 +41,11 @@ def _env_key(path: str) -> tuple[int, int]:
 
 
 def _acquire_env(path: str) -> lmdb.Environment:
+    with _ENVS_LOCK:
+        return _acquire_env_locked(path)
+
+
+def _acquire_env_locked(path: str) -> lmdb.Environment:
     key = _env_key(path)
     pid = os.getpid()
     for other, (owner, env, _) in list(_ENVS.items()):
@@ -47,6 +65,11 @@ def _acquire_env(path: str) -> lmdb.Environment:
 
 
 def _release_env(env: lmdb.Environment) -> None:
+    with _ENVS_LOCK:
+        _release_env_locked(env)
+
+
+def _release_env_locked(env: lmdb.Environment) -> None:
     key = next((k for k, v in _ENVS.items() if v[1] is env), None)
     entry = _ENVS.get(key) if key is not None else None
     if entry is None:
