@@ -27,27 +27,20 @@ from typing import Any, Iterator, Sized
 
 import numpy as np
 
+from .. import bucketmeta
 from ..errors import OptionError, StoreError
 from .order import Groups, rng
 from .sampler import OrderedSampler, fingerprint, shard_groups
 
 
 def bucket_sizes(store: Any) -> np.ndarray | None:
-    """The store's bucket sizes as a ``(K, 2)`` int64 array of (height, width), or None for a
-    store packed without buckets; ``StoreError`` if the metadata's list is malformed."""
-    info = store.meta.get("buckets")
-    if info is None:
+    """The store's bucket sizes (its metadata's, checked as the store opened:
+    :mod:`shardkit.bucketmeta`) as a ``(K, 2)`` int64 array of (height, width), sorted; None for
+    a store packed without buckets."""
+    held = bucketmeta.sizes_counts(store.meta)
+    if held is None:
         return None
-    sizes = info.get("sizes") if isinstance(info, dict) else None
-    ok = isinstance(sizes, list) and all(
-        isinstance(s, list) and len(s) == 2 and all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 31 for v in s)
-        for s in sizes)
-    arr = np.asarray(sizes if ok else [], dtype=np.int64).reshape(-1, 2)
-    if not ok or len(np.unique(_keys(arr))) != len(arr):
-        raise StoreError(f"{store.path}: the metadata's bucket sizes are not a list of distinct "
-                         "[height, width] pairs (damaged store)")
-    return arr
+    return np.asarray(held[0], dtype=np.int64).reshape(-1, 2)
 
 
 def _keys(hw: np.ndarray) -> np.ndarray:

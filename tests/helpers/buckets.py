@@ -12,33 +12,27 @@ SIZES = ((24, 64), (32, 48), (40, 40), (48, 32))
 COUNTS = (11, 20, 9, 13)
 
 
-def write_sources(root: str, seed: int = 0) -> list[tuple[int, int]]:
-    """PNGs at exactly the bucket sizes, interleaved over 2 classes with captions; returns each
-    image's (height, width) in ImageFolder order (c0 first, then c1, by name)."""
+def write_sources(root: str, seed: int = 0) -> None:
+    """PNGs a little larger than the bucket sizes (each bucket's aspect ratio, a few pixels off),
+    shuffled over 2 classes."""
     rng = np.random.default_rng(seed)
     order = [b for b, c in enumerate(COUNTS) for _ in range(c)]
     rng.shuffle(order)
-    made = []
     for i, b in enumerate(order):
         h, w = SIZES[b]
+        grow = 1 + rng.random()  # 1x..2x the bucket, then a few pixels more on one side
+        h, w = int(h * grow) + int(rng.integers(0, 3)), int(w * grow)
         folder = os.path.join(root, f"c{i % 2}")
         os.makedirs(folder, exist_ok=True)
         arr = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
         Image.fromarray(arr).save(os.path.join(folder, f"{i:03d}.png"))
-        made.append((f"c{i % 2}/{i:03d}.png", (h, w)))
-    return [hw for _, hw in sorted(made)]
 
 
-def bucketed_store(root: str, out: str) -> str:
-    """A store whose records are each one of ``SIZES``, with the ``buckets`` metadata a bucketed
-    pack writes (packed at the sources' own sizes, the metadata key added as ``pack`` adds it)."""
+def bucketed_store(root: str, out: str, **options) -> str:
+    """The sources packed with ``buckets=SIZES`` (raw records: pixels compare exactly)."""
     import shardkit
 
-    from . import rewrite_metadata
-
     write_sources(root)
-    shardkit.pack(root, out, size=0, workers=1, progress=False, encoding="raw")
-    rewrite_metadata(out, lambda meta: meta.update(buckets={
-        "sizes": sorted(list(s) for s in SIZES), "area": 1600, "step": 8, "upscale": False,
-        "counts": [COUNTS[SIZES.index(s)] for s in sorted(SIZES)]}))
+    shardkit.pack(root, out, buckets=list(SIZES), bucket_step=8, workers=1, progress=False,
+                  encoding="raw", **options)
     return out
