@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from .. import codec
 from ..errors import OptionError
 from ..integrations.loader import ShardLoader
+from ..integrations.thread_engine import check_engine, engine_loader
 from . import augment, batchpool, lifetime, shipping
 from . import targets as targetmod
 from .batching import Batch, collate
@@ -489,7 +490,9 @@ class ShardDataset(OpenedInWorkers, Dataset):
         new._fanout = Fanout(self.threads)
         return new
 
-    def loader(self, batch_size: int | None = 1, **kwargs: Any) -> DataLoader:
+    def loader(self, batch_size: int | None = 1, *, engine: str = "processes",
+               num_threads: int | None = None, prefetch: int | None = None,
+               **kwargs: Any) -> DataLoader:
         """A ``torch.utils.data.DataLoader`` over this dataset, set up as documented:
         ``collate_fn=shardkit.collate``, ``worker_init_fn=shardkit.worker_init_fn`` (then yours,
         if you pass one) and ``persistent_workers=True`` when ``num_workers > 0``.
@@ -508,7 +511,14 @@ class ShardDataset(OpenedInWorkers, Dataset):
         ``load_state_dict()`` resume mid-epoch (Lightning does it from its checkpoints), and
         ``normalize=(mean, std)`` (with ``device``, ``dtype``, ``memory_format``) yields
         normalised float batches, contiguous NCHW by default.
+
+        ``engine="threads"``: no worker process; ``num_threads`` threads of this process read,
+        decode and collate up to ``prefetch`` batches ahead of the loop (defaults: the CPUs this
+        process may use, twice that); worker options (``num_workers > 0``,
+        ``multiprocessing_context``, ...) are refused. See
+        :mod:`shardkit.integrations.thread_engine`.
         """
+        check_engine(engine, num_threads, prefetch, kwargs)
         if batch_size is None and kwargs.get("batch_sampler") is None:
             kwargs.setdefault("collate_fn", shipping.convert)  # one sample at a time
         kwargs.setdefault("collate_fn", collate if self._targets is None
@@ -523,7 +533,8 @@ class ShardDataset(OpenedInWorkers, Dataset):
             kwargs["worker_init_fn"] = worker_init_fn
         else:
             kwargs["worker_init_fn"] = functools.partial(init_then, user_init)
-        return lifetime.track(ShardLoader(self, batch_size=batch_size, **kwargs))
+        return lifetime.track(engine_loader(self, batch_size, engine, num_threads, prefetch,
+                                            kwargs))
 
     def __repr__(self) -> str:
         return (f"ShardDataset({self.root!r}, records={len(self)}, classes={len(self.classes)}, "

@@ -78,17 +78,21 @@ class Mix(ConcatDataset):
             return batch
         return samples
 
-    def loader(self, batch_size: int | None = 1, **kwargs: Any) -> Any:
+    def loader(self, batch_size: int | None = 1, *, engine: str = "processes",
+               num_threads: int | None = None, prefetch: int | None = None,
+               **kwargs: Any) -> Any:
         """A DataLoader over the mix set up as ``ShardDataset.loader`` sets one up
         (``shardkit.collate``, ``shardkit.worker_init_fn`` for every part, persistent workers;
         without ``shuffle``, ``sampler`` or ``batch_sampler``: each part in its store's order,
-        shard after shard, as :class:`shardkit.read.sampler.StoreOrderSampler` reads it)."""
-        from ..integrations.loader import ShardLoader
+        shard after shard, as :class:`shardkit.read.sampler.StoreOrderSampler` reads it;
+        ``engine``, ``num_threads``, ``prefetch`` as there)."""
+        from ..integrations.thread_engine import check_engine, engine_loader
         from . import shipping
         from .batching import collate
         from .sampler import StoreOrderSampler
         from .workers import init_then, worker_init_fn
 
+        check_engine(engine, num_threads, prefetch, kwargs)
         if not kwargs.get("shuffle") and kwargs.get("sampler") is None \
                 and kwargs.get("batch_sampler") is None:
             kwargs.pop("shuffle", None)
@@ -101,7 +105,7 @@ class Mix(ConcatDataset):
         user_init = kwargs.get("worker_init_fn")
         kwargs["worker_init_fn"] = (worker_init_fn if user_init in (None, worker_init_fn)
                                     else functools.partial(init_then, user_init))
-        return ShardLoader(self, batch_size=batch_size, **kwargs)
+        return engine_loader(self, batch_size, engine, num_threads, prefetch, kwargs)
 
 
 def _largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
