@@ -151,6 +151,12 @@ class BucketSampler(OrderedSampler):
         self._fingerprint = h.hexdigest()
         self._members_cache: tuple[int, np.ndarray] | None = None
 
+    @property
+    def sampler(self) -> BucketSampler:
+        """Itself, where a ``BatchSampler`` has its sampler: Lightning calls ``set_epoch`` on
+        ``loader.sampler`` and ``loader.batch_sampler.sampler``, not on the batch sampler."""
+        return self
+
     def _groups(self, epoch: int) -> Groups:
         return Groups(np.array([0, self.total], dtype=np.int64))  # one group: all batches mix
 

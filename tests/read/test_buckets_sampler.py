@@ -3,11 +3,14 @@ sample once an epoch over the ranks (padding only to even them out; ``drop_last`
 twice, the dropped count said); equal batches per rank; a pure function of (seed, epoch) with
 buckets interleaved; exact resume 4 -> 2 and 2 -> 4 (also through ``ShardLoader``); a foreign
 state refused; the same batches in fork and spawn workers, stacked at the bucket's size; crops
-and flips at decode within a bucket."""
+and flips at decode within a bucket; DDP under torchrun (gloo, 2 ranks) and Lightning
+(``use_distributed_sampler=False``) use it as given."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
@@ -17,6 +20,7 @@ import torch
 import shardkit
 from shardkit import BucketSampler, OptionError
 
+from helpers import program_env
 from helpers.buckets import COUNTS, SIZES, bucketed_store
 
 N = sum(COUNTS)
@@ -231,3 +235,55 @@ def test_crops_and_flips_within_a_bucket(store, ds):
             assert bool(same.any() or mirrored.any())  # a window of its own image
             flipped += bool(mirrored.any() and not same.any())
     assert 0 < flipped < N  # some flipped, some not
+
+
+def test_ddp_under_torchrun_every_rank_takes_the_same_steps(store, ds, tmp_path):
+    out = str(tmp_path / "ranks.json")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", "2", "-m", "helpers.programs.bucket_ddp", store,
+                           out], env=program_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out) as f:
+        ranks = sorted(json.load(f)["ranks"], key=lambda g: g["rank"])
+    reference = [BucketSampler(ds, 4, num_replicas=2, rank=r, seed=1) for r in range(2)]
+    sizes, buckets = ds.bucket_sizes, ds.buckets
+    for got, sampler in zip(ranks, reference):
+        assert got["batches"] == list(sampler)  # world and rank from torch.distributed
+        assert got["shapes"] == [[len(b), 3, *sizes[buckets[b[0]]].tolist()]
+                                 for b in got["batches"]]
+    assert len(ranks[0]["shapes"]) == len(ranks[1]["shapes"])
+    assert {i for g in ranks for b in g["batches"] for i in b} == set(range(N))
+
+
+def test_lightning_uses_the_bucket_sampler_as_given_and_sets_its_epoch(ds, tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+
+    class Recorder(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+            self.seen: dict[int, list] = {}
+
+        def training_step(self, batch, batch_idx):
+            images, labels = batch
+            self.seen.setdefault(self.current_epoch, []).append(
+                (labels.tolist(), list(images.shape[2:])))
+            return (self.weight * images.float().mean()).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    sampler = BucketSampler(ds, 4, num_replicas=1, rank=0, seed=4)
+    model = Recorder()
+    trainer = pl.Trainer(max_epochs=2, use_distributed_sampler=False, accelerator="cpu",
+                         devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=str(tmp_path))
+    trainer.fit(model, train_dataloaders=ds.loader(batch_sampler=sampler))
+    sizes, buckets, labels = ds.bucket_sizes, ds.buckets, ds.targets
+    for epoch in range(2):
+        reference = BucketSampler(ds, 4, num_replicas=1, rank=0, seed=4)
+        reference.set_epoch(epoch)
+        assert model.seen[epoch] == [(labels[b].tolist(), sizes[buckets[b[0]]].tolist())
+                                     for b in reference], epoch
+    assert model.seen[0] != model.seen[1]  # Lightning called set_epoch

@@ -1,0 +1,49 @@
+"""Run under torchrun (gloo): train a tiny DDP model one epoch over a bucketed store with a
+``BucketSampler`` (world and rank from torch.distributed).
+
+Usage: torchrun --standalone --nproc_per_node N -m helpers.programs.bucket_ddp STORE OUT
+
+Every rank takes the same number of steps (else DDP's all-reduce would hang); rank 0 writes
+each rank's batches (indices, image shapes) to OUT (JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import shardkit
+
+
+def main(store: str, out: str) -> None:
+    dist.init_process_group("gloo")
+    try:
+        ds = shardkit.ShardDataset(store)
+        sampler = shardkit.BucketSampler(ds, 4, seed=1)
+        sampler.set_epoch(0)
+        expect = list(sampler)
+        model = DistributedDataParallel(torch.nn.Linear(3, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        seen = []
+        for images, _ in ds.loader(batch_sampler=sampler):
+            loss = model(images.float().mean((2, 3)) / 255).mean()
+            opt.zero_grad()
+            loss.backward()  # an all-reduce: every rank must take this step
+            opt.step()
+            seen.append(list(images.shape))
+        got: list = [None] * dist.get_world_size()
+        dist.all_gather_object(got, {"rank": dist.get_rank(), "batches": expect,
+                                     "shapes": seen})
+        if dist.get_rank() == 0:
+            with open(out, "w") as f:
+                json.dump({"ranks": got}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
