@@ -12,9 +12,9 @@ SIZES = ((24, 64), (32, 48), (40, 40), (48, 32))
 COUNTS = (11, 20, 9, 13)
 
 
-def write_sources(root: str, seed: int = 0) -> None:
+def write_sources(root: str, seed: int = 0, captions: bool = False) -> None:
     """PNGs a little larger than the bucket sizes (each bucket's aspect ratio, a few pixels off),
-    shuffled over 2 classes."""
+    shuffled over 2 classes; with ``captions``, a ``<stem>.txt`` caption beside each."""
     rng = np.random.default_rng(seed)
     order = [b for b, c in enumerate(COUNTS) for _ in range(c)]
     rng.shuffle(order)
@@ -26,13 +26,17 @@ def write_sources(root: str, seed: int = 0) -> None:
         os.makedirs(folder, exist_ok=True)
         arr = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
         Image.fromarray(arr).save(os.path.join(folder, f"{i:03d}.png"))
+        if captions:
+            with open(os.path.join(folder, f"{i:03d}.txt"), "w") as f:
+                f.write(f"photo {i} of class {i % 2}, {h} by {w}")
 
 
 def bucketed_store(root: str, out: str, **options) -> str:
-    """The sources packed with ``buckets=SIZES`` (raw records: pixels compare exactly)."""
+    """The sources packed with ``buckets=SIZES`` (raw records: pixels compare exactly);
+    ``captions=True`` writes and packs captions too."""
     import shardkit
 
-    write_sources(root)
+    write_sources(root, captions=options.get("captions", False))
     shardkit.pack(root, out, buckets=list(SIZES), bucket_step=8, workers=1, progress=False,
                   encoding="raw", **options)
     return out
