@@ -16,7 +16,8 @@ EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "train_buckets.
 
 def test_bucket_example_trains_on_captions_and_buckets(tmp_path):
     store = bucketed_store(str(tmp_path / "src"), str(tmp_path / "c.lmdb"), captions=True)
-    done = subprocess.run([sys.executable, EXAMPLE, store, "--batch-size", "4", "--steps", "3"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, EXAMPLE, store, "--batch-size", "4", "--steps", "3"],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     steps = [json.loads(line) for line in done.stdout.splitlines()]
     assert [s["step"] for s in steps] == [0, 1, 2]
