@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import random
 import statistics
 import sys
@@ -73,6 +74,7 @@ class GilReading:
     wait_share: float
     median_late_us: float
     p90_late_us: float
+    cpu_wait_share: float = 0.0  # the probe's time runnable without a CPU, over the wall time
 
 
 class GilProbe:
@@ -91,6 +93,7 @@ class GilProbe:
         self.limit = wakes
         self.seed = seed
         self._late: list[float] = []
+        self._queued: list[float] = []  # of each wait, the time runnable but without a CPU
         self._stop = threading.Event()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -105,15 +108,22 @@ class GilProbe:
         _fine_timer_slack()
         draw = random.Random(self.seed).uniform
         low, high = self.interval
-        late, clock, sleep, stop = self._late, time.perf_counter, time.sleep, self._stop.is_set
+        late, queued = self._late, self._queued
+        clock, sleep, stop, runqueue = time.perf_counter, time.sleep, self._stop.is_set, _runqueue()
         start = clock()
-        while not stop() and (self.limit is None or len(late) < self.limit):
-            pause = draw(low, high)
-            t0 = clock()
-            sleep(pause)
-            late.append(clock() - t0 - pause)
-        self._span = (start, clock())
-        self._done.set()
+        try:
+            while not stop() and (self.limit is None or len(late) < self.limit):
+                pause = draw(low, high)
+                q0 = runqueue()
+                t0 = clock()
+                sleep(pause)
+                t1 = clock()
+                late.append(t1 - t0 - pause)
+                queued.append(runqueue() - q0)
+        finally:
+            runqueue.close()
+            self._span = (start, clock())
+            self._done.set()
 
     @property
     def ident(self) -> int | None:
@@ -131,27 +141,55 @@ class GilProbe:
         return self.reading()
 
     def lateness_us(self) -> list[float]:
-        return [x * 1e6 for x in self._late]
+        """How late each wake was, µs, less the time the OS kept the thread waiting for a CPU
+        (where Linux says: ``/proc/thread-self/schedstat``): what the GIL and the timer cost."""
+        return [(x - q) * 1e6 for x, q in zip(self._late, self._queued)]
 
     def reading(self) -> GilReading:
         late = self.lateness_us()
         seconds = self._span[1] - self._span[0]
         if not late:
-            return GilReading(seconds, 0, 0.0, 0.0, 0.0, 0.0)
+            return GilReading(seconds, 0, 0.0, 0.0, 0.0, 0.0, 0.0)
         cal = self.calibration or Calibration(0.0, 0.0, 0.0)
         found = sum(x > cal.threshold_us for x in late) / len(late)
         held = max(0.0, (found - cal.false_share) / (1.0 - cal.false_share))
         waited = sum(max(0.0, x - cal.median_us) for x in late) * 1e-6
         deciles = statistics.quantiles(late, n=10) if len(late) > 1 else late * 9
-        return GilReading(seconds, len(late), min(1.0, held),
-                          waited / seconds if seconds > 0 else 0.0,
-                          statistics.median(late), deciles[8])
+        share = (lambda v: v / seconds if seconds > 0 else 0.0)
+        return GilReading(seconds, len(late), min(1.0, held), share(waited),
+                          statistics.median(late), deciles[8], share(sum(self._queued)))
 
     def __enter__(self) -> GilProbe:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+class _Runqueue:
+    """This thread's time spent runnable but not running (seconds, a running total), from
+    ``/proc/thread-self/schedstat`` (Linux with schedstats); 0.0 where it cannot be read."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            self()
+        except (OSError, ValueError, IndexError):
+            self.close()
+
+    def __call__(self) -> float:
+        if self.fd is None:
+            return 0.0
+        return int(os.pread(self.fd, 128, 0).split()[1]) * 1e-9
+
+    def close(self) -> None:
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)
+        self.fd = None
+
+
+def _runqueue() -> _Runqueue:
+    return _Runqueue()
 
 
 def calibrate(wakes: int = 400, interval: tuple[float, float] = INTERVAL) -> Calibration:
