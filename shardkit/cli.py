@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local process pool, or one task per shard on a Dask cluster [local]")
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="Dask scheduler address (default: start a local cluster)")
+    p.add_argument("--retries", type=_positive_int, default=None, metavar="N",
+                   help="--engine dask: run a shard whose task failed again, up to N times, "
+                   "before stopping [3]")
     p.add_argument("--num-nodes", type=_positive_int, default=1,
                    help="static split over N nodes: this run packs its share of the shards")
     p.add_argument("--node-rank", type=_positive_int, default=0, help="this node's rank")
@@ -201,7 +204,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
                   source_format=args.source_format, image_key=args.image_key,
                   label_key=args.label_key,
                   shard_size=args.shard_size, num_shards=args.num_shards, resume=args.resume,
-                  engine=args.engine, scheduler=args.scheduler, num_nodes=args.num_nodes,
+                  engine=args.engine, scheduler=args.scheduler, retries=args.retries,
+                  num_nodes=args.num_nodes,
                   node_rank=args.node_rank, progress=not args.quiet, order=args.order,
                   layout_seed=args.layout_seed, buckets=args.buckets,
                   bucket_step=args.bucket_step, bucket_upscale=args.bucket_upscale)
@@ -350,7 +354,7 @@ def _one_line(exc: BaseException) -> str:
 
 # Library errors name parameters as `name` or `name=value`; the command's users see flags.
 _PARAMETER = re.compile(r"`(size|quality|encoding|format|workers|strict|overwrite|max_pixels|"
-                        r"allow_empty|file_list|source_format|image_key|label_key|to|shard_size|num_shards|resume|engine|scheduler|"
+                        r"allow_empty|file_list|source_format|image_key|label_key|to|shard_size|num_shards|resume|engine|scheduler|retries|"
                         r"num_nodes|node_rank|order|layout_seed|buckets|bucket_step|bucket_upscale)(?:=('[^'`]*'|True))?`")
 
 

@@ -129,6 +129,7 @@ class Run:
     node_rank: int = 0
     resume: bool = False
     storage_options: dict[str, Any] | None = None
+    retries: int | None = None
     started: list[float] = field(default_factory=list)
 
     @property
@@ -148,7 +149,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
          schema: Any = None,
          shard_size: int | None = None, num_shards: int | None = None, resume: bool = False,
          engine: Engine = "local", scheduler: str | None = None, num_nodes: int = 1,
-         node_rank: int = 0, progress: bool = True,
+         node_rank: int = 0, progress: bool = True, retries: int | None = None,
          source_format: str | None = None, image_key: str | None = None,
          label_key: str | None = None,
          storage_options: dict[str, Any] | None = None, order: str = "mixed",
@@ -212,6 +213,9 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
             shard on a Dask cluster; needs a sharded OUT on a filesystem the workers share).
         scheduler: address of a running Dask scheduler (``engine="dask"``); default: a local
             cluster for the duration of the pack.
+        retries: ``engine="dask"``: how many times a shard whose task raised (a transient read
+            error, a full disk on one node) is run again before the pack stops with one line
+            naming it (default 3; a lost worker is rescheduled by Dask itself; docs/cluster.md).
         num_nodes: split a sharded pack over this many machines sharing OUT's filesystem; each
             packs its share, then :func:`merge` writes the manifest.
         node_rank: this machine's number, ``0 <= node_rank < num_nodes``.
@@ -242,7 +246,10 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     t0 = time.perf_counter()
     src, out = os.fspath(src), os.fspath(out).rstrip("/") or "/"
     check_integers(workers=workers, shard_size=shard_size, num_shards=num_shards,
-                   num_nodes=num_nodes, node_rank=node_rank)
+                   num_nodes=num_nodes, node_rank=node_rank, retries=retries)
+    if retries is not None and (engine != "dask" or retries < 0):
+        raise PackOptionError("`retries` needs `engine='dask'`" if engine != "dask" else
+                              "`retries` must be >= 0")
     if shard_size is not None and num_shards is not None:
         raise PackOptionError("give `shard_size` or `num_shards`, not both")
     check_options(out, shard_size is not None or num_shards is not None, resume, engine,
@@ -269,7 +276,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
                      num_shards=num_shards, strict=strict, order=order, layout_seed=layout_seed)
     run = Run(out, staging_path(out, storage_options) if is_url(out) else partial_path(out),
               default_workers() if workers is None else workers, strict, overwrite, progress,
-              allow_empty, engine, scheduler, num_nodes, node_rank, resume, storage_options)
+              allow_empty, engine, scheduler, num_nodes, node_rank, resume, storage_options,
+              retries)
     if not run.remote:
         make_parent(out, PackError)  # `mkdir -p` OUT's folder
     count, skipped, sources = (_pack_sharded if plan.sharded else _pack_single)(plan, run)
@@ -386,7 +394,8 @@ def _pack_sharded(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]
 
             run_dask(plan, mine, dest, scheduler=run.scheduler, workers=run.workers,
                      progress=run.progress, on_shard_done=on_done, strict=run.strict,
-                     on_start=run.on_start, upload=uploader)
+                     on_start=run.on_start, upload=uploader,
+                     **({} if run.retries is None else {"retries": run.retries}))
         else:
             run_local(plan, mine, dest, workers=run.workers, strict=run.strict,
                       progress=run.progress, on_shard_done=on_done, on_start=run.on_start)

@@ -55,6 +55,9 @@ class NoProgress:
     def update(self, n: int = 1) -> None:
         pass
 
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

@@ -14,17 +14,26 @@ default engine.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
+import statistics
+import sys
+import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from ..errors import PackError
-from ..urls import is_url
 from .console import progress as progress_bar
+from .faults import inject as inject_fault
 from .local import ShardDone, pack_shard
 from .plan import Plan
+
+#: Times a shard whose task raised is submitted again (``pack(retries=...)``, ``--retries``).
+DEFAULT_RETRIES = 3
+#: A shard running this many times the median shard time is named on stderr (once).
+STRAGGLER_FACTOR = 4.0
+STRAGGLER_MIN_DONE = 3  # shards finished before their median means anything
+POLL_SECONDS = 1.0  # how often the client looks at running tasks (stragglers)
+T = TypeVar("T")
 
 
 def _import_dask() -> Any:
@@ -36,86 +45,240 @@ def _import_dask() -> Any:
     return dd
 
 
-def _absolute(plan: Plan) -> Plan:
-    """The same plan with absolute source paths, so workers with another cwd find the files.
+class DaskSession:
+    """A client on the cluster for the whole pack: listing tasks (:meth:`lister`), shard tasks
+    (:func:`run_dask`) and merge tasks share it. Without a scheduler address, a ``LocalCluster``
+    of ``workers`` single-threaded processes on 127.0.0.1, closed with the session."""
 
-    Paths stored in shards are relative to the root, so the output does not change.
-    """
-    if is_url(plan.root):  # tars at a URL: every worker reads them there
-        return plan
-    root = os.path.abspath(plan.root)
-    return dataclasses.replace(plan, root=root,
-                               paths=[os.path.join(root, plan.relpath(p)) for p in plan.paths])
+    def __init__(self, scheduler: str | None = None, workers: int = 1) -> None:
+        dd = _import_dask()
+        self.cluster = None
+        if scheduler is None:
+            self.cluster = dd.LocalCluster(n_workers=max(1, workers), threads_per_worker=1,
+                                           processes=True, host="127.0.0.1",
+                                           dashboard_address=None,
+                                           silence_logs=logging.CRITICAL)  # failures: our lines
+            self.client = dd.Client(self.cluster)
+        else:
+            try:
+                self.client = dd.Client(scheduler, timeout="60s")
+            except OSError as exc:
+                raise PackError(f"cannot reach the Dask scheduler at {scheduler}: {exc}"
+                                ) from None
+
+    def lister(self, fn: Callable[..., T], args: list[tuple[Any, ...]]) -> list[T]:
+        """``[fn(*a) for a in args]``, one task each on the cluster (listing, merging): small
+        arguments and results only."""
+        if not args:
+            return []
+        futures = [self.client.submit(fn, *a, pure=False) for a in args]
+        try:
+            return self.client.gather(futures)
+        finally:
+            self.client.cancel(futures)
+
+    def close(self) -> None:
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+    def __enter__(self) -> "DaskSession":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: str | None = None,
              workers: int = 1, progress: bool = True, on_shard_done: ShardDone,
              strict: bool = False, on_start: Callable[[], None] = lambda: None,
-             upload: Any = None) -> None:
+             upload: Any = None, retries: int = DEFAULT_RETRIES,
+             session: DaskSession | None = None) -> None:
     """Pack ``shards`` of ``plan`` on a Dask cluster, one task per shard.
 
     Args:
-        plan: the pack plan (sources, shard bounds, settings); sent to each worker once.
+        plan: the pack plan (its folder holds the sources: :mod:`.plan_store`, on a filesystem
+            every worker shares); a task receives the folder and its shard number, O(1) in
+            sources, and reads its own shard's slice (typed fields, when there are some, are
+            sent to each worker once).
         shards: shard numbers to pack.
         dest: shard number -> absolute path of its file (on the shared filesystem).
         scheduler: address of a running Dask scheduler (``tcp://host:8786``); ``None`` starts a
             ``LocalCluster`` of ``workers`` single-threaded processes on 127.0.0.1.
         workers: worker processes of the local cluster (ignored with ``scheduler``).
-        progress: show a progress bar (images, advanced as each shard finishes).
+        progress: show a progress bar (shards and images done, images/s, ETA) and the Dask
+            dashboard's address when the scheduler has one.
         on_shard_done: called in this process with ``(k, entry)`` as each shard finishes, in
             completion order.
         strict: fail on the first unusable image instead of skipping it.
         on_start: called once the tasks are submitted.
         upload: a :class:`shardkit.remote.Uploader` for a URL OUT: each task uploads its shard.
+        retries: how many times a shard whose task raised is submitted again (a PackError, a
+            fault of the data such as ``strict``'s, is not retried).
+        session: the pack's :class:`DaskSession` (else one is opened for this call, from
+            ``scheduler`` and ``workers``).
 
-    A failing task (or a worker lost more often than Dask's retry limit: ``KilledWorker``, raised
-    as a one-line PackError) cancels the remaining tasks and raises; shards that finished stay
-    recorded, so ``--resume`` continues from there.
+    A worker that dies (SIGKILL, a preempted node) costs its tasks' time only: Dask runs them
+    again elsewhere, up to ``distributed.scheduler.allowed-failures`` lost workers per task
+    (then ``KilledWorker``). A task that raises is submitted again, ``retries`` times; each
+    attempt rewrites its shard file from the start, and only a finished attempt's entry is
+    recorded (``on_shard_done``), so a failed attempt's partial file is never installed.
+    After that the pack stops with one line naming the shard and the cause (a PackError); the
+    remaining tasks are cancelled and finished shards stay recorded for ``--resume``. A shard
+    running over :data:`STRAGGLER_FACTOR` times the median shard time is named on stderr once.
     """
     if not shards:
         on_start()
         return
     dd = _import_dask()
-    plan = _absolute(plan)
-    cluster = None
-    if scheduler is None:
-        cluster = dd.LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
-                                  host="127.0.0.1", dashboard_address=None,
-                                  silence_logs=logging.ERROR)
-        client = dd.Client(cluster)
-    else:
-        try:
-            client = dd.Client(scheduler, timeout="60s")
-        except OSError as exc:
-            raise PackError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+    owned = session is None
+    session = session or DaskSession(scheduler, workers)
+    client = session.client
     sizes = {k: plan.bounds[k + 1] - plan.bounds[k] for k in shards}
     bar = progress_bar(sum(sizes.values()), progress, "pack (dask)")
-    futures: list[Any] = []
+    def say(line: str) -> None:  # above the bar, if there is one
+        if hasattr(bar, "write"):
+            bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    current: dict[int, Any] = {}  # shard -> the future of its latest attempt
     try:
-        # One copy of the (possibly large) plan per worker instead of one per task.
-        [plan_future] = client.scatter([plan], broadcast=True, hash=False)
+        link = _dashboard(client)
+        if progress and link:
+            say(f"shardkit: Dask dashboard at {link}")
+        # A plan pickles as its folder (O(1) in sources); typed fields (COCO annotations, a
+        # metadata table) travel with it: then one copy per worker instead of one per task.
+        plan_future = plan if plan.fields is None else \
+            client.scatter([plan], broadcast=True, hash=False)[0]
         token = uuid.uuid4().hex[:12]
-        futures = [client.submit(pack_shard, plan_future, k, dest[k], strict=strict,
-                                 upload=upload, key=f"shardkit-shard-{k:05d}-{token}",
-                                 pure=False)
-                   for k in shards]
-        shard_of = {future.key: k for future, k in zip(futures, shards)}
+        attempts: dict[int, int] = {}
+        shard_of: dict[str, int] = {}
+
+        def submit(k: int) -> Any:
+            attempts[k] = attempts.get(k, 0) + 1
+            future = client.submit(_attempt, k, pack_shard, plan_future, k, dest[k],
+                                   strict=strict, upload=upload, pure=False,
+                                   key=f"shardkit-shard-{k:05d}-{token}-{attempts[k]}")
+            shard_of[future.key] = k
+            current[k] = future
+            return future
+
+        pending = {submit(k) for k in shards}
         on_start()
-        for future in dd.as_completed(futures):
-            k = shard_of[future.key]
+        watch = _Stragglers(say)
+        finished = 0
+        bar.set_postfix_str(f"shards 0/{len(shards)}")
+        while pending:
             try:
-                entry = future.result()  # re-raises the task's exception here
-            except dd.KilledWorker:
-                raise PackError(f"the Dask worker packing shard {k} died (more often than "
-                                "Dask's distributed.scheduler.allowed-failures); finished "
-                                "shards are kept: rerun with `resume=True` to continue"
-                                ) from None
-            on_shard_done(k, entry)
-            bar.update(sizes[k])
+                done, pending = dd.wait(pending, timeout=POLL_SECONDS,
+                                        return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                done = set()
+            except Exception as exc:  # noqa: BLE001 - FuturesCancelledError (or CancelledError)
+                if "Cancelled" not in type(exc).__name__:
+                    raise
+                raise PackError(f"the Dask scheduler cancelled the pack's tasks (lost "
+                                f"connection?); finished shards are kept: rerun with "
+                                f"`resume=True` to continue") from None
+            watch.running(client, shard_of)
+            for future in done:
+                k = shard_of[future.key]
+                if future.status == "error":
+                    retry = _failed(dd, future, k, attempts[k], retries)
+                    say(retry)
+                    pending.add(submit(k))
+                    continue
+                entry, seconds = future.result()
+                watch.finished(future.key, seconds)
+                on_shard_done(k, entry)
+                finished += 1
+                bar.set_postfix_str(f"shards {finished}/{len(shards)}", refresh=False)
+                bar.update(sizes[k])
     finally:
         bar.close()
-        if futures:
-            client.cancel(futures)
-        client.close()
-        if cluster is not None:
-            cluster.close()
+        if current:
+            client.cancel(list(current.values()))
+        if owned:
+            session.close()
+
+
+def _attempt(k: int, task: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, float]:
+    """One attempt at shard ``k`` on a worker: ``task(*args, **kwargs)`` (after any fault a test
+    asked for: :mod:`.faults`) and the seconds it took."""
+    start = time.perf_counter()
+    inject_fault(k)
+    return task(*args, **kwargs), time.perf_counter() - start
+
+
+def _failed(dd: Any, future: Any, k: int, attempt: int, retries: int) -> str:
+    """The line that says shard ``k``'s attempt failed and is retried; raises the pack's one-line
+    PackError when it is not retried (a PackError of the task, a lost worker, no retry left)."""
+    exc = future.exception()
+    if isinstance(exc, dd.KilledWorker):
+        raise PackError(f"the Dask worker packing shard {k} died (more often than Dask's "
+                        "distributed.scheduler.allowed-failures); finished shards are kept: "
+                        "rerun with `resume=True` to continue") from None
+    if isinstance(exc, PackError):  # a fault of the data (strict) or of the options
+        raise exc.with_traceback(None) from None
+    cause = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    if attempt > retries:
+        tries = f"{attempt} attempt{'s' if attempt != 1 else ''}"
+        raise PackError(f"shard {k} failed after {tries} (`retries` is {retries}); last: "
+                        f"{cause}; finished shards are kept: rerun with `resume=True` to "
+                        "continue") from None
+    return f"shardkit: shard {k} failed ({cause}); running it again ({attempt} of {retries})"
+
+
+def _dashboard(client: Any) -> str | None:
+    """The address of the scheduler's dashboard, None without one (its HTTP server runs without
+    bokeh or with ``--no-dashboard`` too, answering 404 there: so the page is asked for)."""
+    import urllib.request
+
+    try:
+        if "dashboard" not in (client.scheduler_info(n_workers=0).get("services") or {}):
+            return None
+        link = client.dashboard_link
+        with urllib.request.urlopen(link, timeout=2) as page:
+            return link if page.status == 200 else None
+    except Exception:  # noqa: BLE001 - only a convenience: no dashboard, or not reachable here
+        return None
+
+
+class _Stragglers:
+    """Names, once each, a shard that runs over ``STRAGGLER_FACTOR`` times the median time of
+    the shards finished so far (after ``STRAGGLER_MIN_DONE`` of them; each measured by its
+    task). A running task's time counts from when the scheduler is first seen to have it
+    processing on a worker (polled every ``POLL_SECONDS``), so it may include a wait behind one
+    task queued on the same worker."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.started: dict[str, tuple[float, str]] = {}
+        self.times: list[float] = []
+        self.reported: set[str] = set()
+
+    def running(self, client: Any, shard_of: dict[str, int]) -> None:
+        now = time.monotonic()
+        try:
+            processing = client.processing()
+        except Exception:  # noqa: BLE001 - a report only
+            return
+        for worker, keys in processing.items():
+            for key in keys:
+                if key in shard_of:
+                    self.started.setdefault(key, (now, worker))
+        if len(self.times) < STRAGGLER_MIN_DONE:
+            return
+        median = statistics.median(self.times)
+        for key, (start, worker) in self.started.items():
+            took = now - start
+            if key not in self.reported and took > max(STRAGGLER_FACTOR * median, 1.0):
+                self.reported.add(key)
+                self.say(f"shardkit: shard {shard_of[key]} is slow: running {took:.0f} s on "
+                         f"{worker}, over {STRAGGLER_FACTOR:g}x the median shard time "
+                         f"({median:.1f} s)")
+
+    def finished(self, key: str, seconds: float) -> None:
+        self.started.pop(key, None)
+        self.times.append(seconds)

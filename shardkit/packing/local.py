@@ -77,10 +77,11 @@ def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False,
         os.makedirs(os.path.dirname(dest), exist_ok=True)
     # Left by an attempt that was killed (a lost Dask worker, say).
     remove_store_files([dest], plan.settings.format)
+    first, end = plan.bounds[k], plan.bounds[k + 1]
+    records = encoders.encode_many([plan.item(i) for i in range(first, end)], plan.settings)
     with plan.shard_writer(k, dest) as writer:
-        for i in range(plan.bounds[k], plan.bounds[k + 1]):
-            add_source(writer, plan, i, encoders.encode_file(plan.item(i), plan.settings), None,
-                       strict)
+        for i, record in zip(range(first, end), records):
+            add_source(writer, plan, i, record, None, strict)
     return writer.entry if upload is None else upload_shard(upload, dest, writer.entry)
 
 

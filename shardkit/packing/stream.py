@@ -242,5 +242,5 @@ def encoded_stream(paths: list[str], settings: PackSettings, workers: int):
         with sigint_deferred() as resume_sigint:
             resize.prepare()
         resume_sigint()
-        return ((r, None) for r in (encoders.encode_file(p, settings) for p in paths))
+        return ((r, None) for r in encoders.encode_many(paths, settings))
     return WorkerStream(paths, settings, workers)

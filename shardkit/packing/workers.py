@@ -13,9 +13,10 @@ import sys
 import threading
 import time
 import zlib
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 from ..fileutil import NotRegularFile, open_regular
+from ..urls import is_url
 from . import resize
 from .encoding import Encoded, encode_data
 from .settings import PackSettings
@@ -23,28 +24,56 @@ from .settings import PackSettings
 
 def encode_file(path: Any, settings: PackSettings) -> Encoded:
     """One source file read, decoded, resized and encoded (or rejected, with the reason);
-    ``path`` may also be a container member (a :class:`shardkit.packing.sources.Item`)."""
+    ``path`` may also be a container member (a :class:`shardkit.packing.sources.Item`) or an
+    image at a URL (:mod:`shardkit.packing.sources.url_folder`)."""
     if not isinstance(path, str):
         from .sources.encode import encode_item
 
         return encode_item(path, settings)
+    return _encoded(read_source(path, settings), settings)
+
+
+def encode_many(paths: Sequence[Any], settings: PackSettings) -> Iterator[Encoded]:
+    """:func:`encode_file` of each source, in order; images at URLs are read a few ahead on
+    threads (``url_folder.read_ahead``), so the core decodes while the next are on the wire."""
+    if not (paths and isinstance(paths[0], str) and is_url(paths[0])):
+        return (encode_file(p, settings) for p in paths)
+    from .sources.url_folder import read_ahead
+
+    return (_encoded(data, settings)
+            for data in read_ahead(paths, lambda p: read_source(p, settings)))
+
+
+def _encoded(data: bytes | Encoded, settings: PackSettings) -> Encoded:
+    return data if isinstance(data, Encoded) else encode_data(data, settings)
+
+
+def read_source(path: str, settings: PackSettings) -> bytes | Encoded:
+    """The bytes of the source file ``path`` (a local path or a URL), or its rejection."""
+    # No image within --max-pixels needs more than 8 bytes a pixel (16-bit RGBA).
+    limit = settings.max_pixels * 8 + (64 << 20) if settings.max_pixels else None
+    if is_url(path):
+        from .sources import MemberError
+        from .sources.url_folder import read_url
+
+        try:
+            return read_url(path, limit)
+        except MemberError as exc:
+            return Encoded.rejected(str(exc))
     try:
         # Only regular files are read: a FIFO blocks, a device such as /dev/zero never ends.
         fd, st = open_regular(path)
         with open(fd, "rb") as f:
-            # No image within --max-pixels needs more than 8 bytes a pixel (16-bit RGBA).
-            limit = settings.max_pixels * 8 + (64 << 20) if settings.max_pixels else None
             if limit is not None and st.st_size > limit:
                 return Encoded.rejected(f"file of {st.st_size} bytes is larger than any image "
                                         f"within --max-pixels {settings.max_pixels} can be")
-            data = f.read()
+            return f.read()
     except NotRegularFile:
         return Encoded.rejected("not a regular file (FIFO, device or socket)")
     except OSError as exc:
         return Encoded.rejected(f"cannot read file: {exc.strerror or exc}")
     except MemoryError:
         return Encoded.rejected("out of memory while reading the file")
-    return encode_data(data, settings)
 
 
 _worker_settings: PackSettings | None = None  # set in each encoding worker by worker_init
@@ -53,8 +82,7 @@ _worker_settings: PackSettings | None = None  # set in each encoding worker by w
 def encode_chunk(paths: list[str]) -> list[tuple[Encoded, int]]:
     """An encoding worker's task: each record with its CRC32 (so the writing process need not)."""
     out = []
-    for path in paths:
-        result = encode_file(path, _worker_settings)
+    for result in encode_many(paths, _worker_settings):
         out.append((result, zlib.crc32(result.data) if result.data is not None else 0))
     return out
 

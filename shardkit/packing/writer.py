@@ -21,6 +21,7 @@ from ..errors import PackError, PackOptionError
 from ..fileutil import remove, sha256_file
 from ..formats import format_for_path, open_writer, remove_shard_file
 from ..jpegrows import row_index, row_starts
+from ..urls import is_url
 from .imaging import PILLOW_PIXEL_LIMIT
 from .install import install, partial_path
 from .settings import KINDS, Kind, PackSettings, Skipped
@@ -52,7 +53,8 @@ def common_meta(classes: list[str], class_to_idx: dict[str, int], settings: Pack
     (``schema``, a :class:`shardkit.fields.Schema`) declares them and is format version 2."""
     meta = {"format": metadata.FORMAT_TAG, "format_version": metadata.FORMAT_VERSION,
             "shardkit_version": __version__, "classes": classes, "class_to_idx": class_to_idx,
-            "settings": settings.as_meta(), "source_root": os.path.abspath(source_root)}
+            "settings": settings.as_meta(),
+            "source_root": source_root if is_url(source_root) else os.path.abspath(source_root)}
     if schema is not None and len(schema):
         meta |= {"format_version": metadata.FIELDS_VERSION, "fields": schema.as_json()}
     return meta | (extra or {})

@@ -61,6 +61,12 @@ class ObjectNotFound(StoreError):
     code: str | None = None
 
 
+class RetriesExhausted(StoreError):
+    """A transient fault (a dropped connection, a timeout, a 5xx) outlasted the retries: the
+    same call may succeed later, so a packing engine retries the whole task (a permanent fault,
+    such as a missing object or refused credentials, is a plain ``StoreError``)."""
+
+
 class LocalFault(StoreError):
     """A fault of this machine (the cache's disk or folder), not of the remote object."""
 
@@ -181,7 +187,7 @@ class RemoteTarget:
                 if not failure.transient:
                     raise StoreError(f"{self.where(name)}: {failure.message}") from None
                 if attempt == len(RETRY_DELAYS):
-                    raise StoreError(f"{self.where(name)}: {failure.message} (gave up after "
+                    raise RetriesExhausted(f"{self.where(name)}: {failure.message} (gave up after "
                                      f"{attempt + 1} attempts)") from None
                 time.sleep(RETRY_DELAYS[attempt])
         raise AssertionError("unreachable")

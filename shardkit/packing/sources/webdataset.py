@@ -99,6 +99,16 @@ def _expand_url(src: str) -> list[str]:
     return [src]
 
 
+def _lists_tars(src: str) -> bool:
+    """Whether the folder URL ``src`` holds tars (True when it cannot be listed: the scan then
+    says why)."""
+    try:
+        fs, path = url_fs(src)
+        return any(n.lower().endswith(TAR_SUFFIXES) for n in fs.ls(path, detail=False))
+    except (OSError, PackError):
+        return True
+
+
 def _url_folder(url: str) -> str:
     return url.rstrip("/") if url.endswith("/") else url.rsplit("/", 1)[0]
 
@@ -122,8 +132,9 @@ class WebDatasetSource(ContainerSource):
     summary = "WebDataset tar shards (a tar, a brace pattern, or a folder of tars)"
 
     def detect(self, src: str) -> bool:
-        if is_url(src):
-            return is_tar_url(src)
+        if is_url(src):  # a folder URL holding no tars is an image folder's (sources.folder)
+            return is_tar_url(src) and (not src.endswith("/") or bool(_BRACE.search(src))
+                                        or _lists_tars(src))
         if _BRACE.search(src):
             return True
         if os.path.isdir(src):
