@@ -34,6 +34,7 @@ from ..errors import OptionError
 from ..read.dataset import ShardDataset
 from ..read.sampler import ShardSampler
 from .output import BatchOutput
+from .thread_engine import check_engine
 
 
 def _dataset(source: Any, options: dict[str, Any] | None, name: str) -> ShardDataset | None:
@@ -55,6 +56,10 @@ class ShardDataModule(pl.LightningDataModule):
             ``ShardDataset`` objects; ``val`` and ``test`` are optional.
         batch_size: per rank; ``val_batch_size`` (default ``batch_size``) for val and test.
         num_workers: DataLoader workers per rank (0: in the training process).
+        engine: ``"processes"`` (DataLoader workers) or ``"threads"``: each rank's batches
+            made by threads of its own process, ahead of the steps, with no worker process
+            (``num_threads=``, ``prefetch=`` among the loader options; see
+            :mod:`shardkit.integrations.thread_engine`).
         seed: the ``ShardSampler`` seed (the same on every rank).
         drop_last: drop each epoch's tail so no rank repeats a sample (else pad by repeating).
         normalize: ``(mean, std)``: hand the steps normalised float batches (on their device,
@@ -70,7 +75,7 @@ class ShardDataModule(pl.LightningDataModule):
 
     def __init__(self, train: Any, val: Any = None, test: Any = None, *, batch_size: int = 64,
                  val_batch_size: int | None = None, num_workers: int = 0, seed: int = 0,
-                 drop_last: bool = False,
+                 drop_last: bool = False, engine: str = "processes",
                  normalize: tuple[Sequence[float], Sequence[float]] | None = None,
                  train_options: dict[str, Any] | None = None,
                  val_options: dict[str, Any] | None = None,
@@ -80,6 +85,10 @@ class ShardDataModule(pl.LightningDataModule):
             if key in loader_options:
                 raise OptionError(f"ShardDataModule sets {key} itself (one ShardSampler per "
                                   "rank); pass batch_size=, seed=, drop_last=")
+        options = {key: value for key, value in loader_options.items()
+                   if key not in ("num_threads", "prefetch")}
+        check_engine(engine, loader_options.get("num_threads"), loader_options.get("prefetch"),
+                     {"num_workers": num_workers, **options})  # refused now, not at fit
         self.train_set = _dataset(train, train_options, "train")
         if self.train_set is None:
             raise OptionError("train is required")
@@ -88,6 +97,7 @@ class ShardDataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
         self.num_workers = num_workers
+        self.engine = engine
         self.seed = seed
         self.drop_last = drop_last
         self.output = BatchOutput.make(normalize, None)
@@ -104,7 +114,7 @@ class ShardDataModule(pl.LightningDataModule):
         world, rank = self._world()
         sampler = ShardSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle,
                                seed=self.seed, drop_last=drop_last)
-        return dataset.loader(batch_size=batch_size, sampler=sampler,
+        return dataset.loader(batch_size=batch_size, sampler=sampler, engine=self.engine,
                               num_workers=self.num_workers, **self.loader_options)
 
     def train_dataloader(self) -> Any:

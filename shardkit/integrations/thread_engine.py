@@ -50,9 +50,11 @@ The design, and why each piece:
 - Lifetime: the threads belong to one iterator (one epoch). They stop, and are joined, when the
   epoch ends, when the loop raises or ``break``s and drops the iterator (a ``weakref.finalize``
   on it: the threads hold only a shared state object, never the iterator, so reference counting
-  frees it at once), and at interpreter exit (the same finalizer, run by ``atexit`` before the
-  interpreter tears down; the threads are daemons only so that nothing waits for them before
-  that). Stopping lets a thread finish the batch it is on, never starts another one, and joins.
+  frees it at once), and at interpreter exit: an ``atexit`` hook registered after
+  ``weakref.finalize``'s own, so it runs first, stops every live epoch before any finalizer
+  closes what the threads read (an LMDB environment closed under a reading thread crashes the
+  process). The threads are daemons only so that nothing waits for them before that. Stopping
+  lets a thread finish the batch it is on, never starts another one, and joins it.
 - Per-sample ``transform``/``transforms`` run in the threads. One that draws from torch's global
   RNG cannot be reproducible there (the threads interleave their draws), so the engine says so
   once per transform (a ``UserWarning`` naming it). shardkit's own crop and flip draws do not
@@ -64,6 +66,7 @@ The design, and why each piece:
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import threading
@@ -162,8 +165,8 @@ def warn_transforms(dataset: Any) -> None:
     reproducible across threads."""
     for part in _datasets(dataset):
         for attr in ("transform", "transforms"):
-            fn = getattr(part, attr, None) if hasattr(part, "store") else None
-            if fn is None:
+            fn = getattr(part, attr, None)
+            if not callable(fn):
                 continue
             key = f"{attr}={_name(fn)}"
             if key in _WARNED:
@@ -200,6 +203,7 @@ class ThreadLoader(ShardLoader):
         super().__init__(dataset, batch_size, *args, **kwargs)
         self.num_threads = num_threads
         self.prefetch = prefetch
+        self._current: Callable[[], _ThreadIter | None] = lambda: None  # this epoch's, weakly
         warn_transforms(dataset)
 
     @property
@@ -213,7 +217,9 @@ class ThreadLoader(ShardLoader):
         return self.prefetch or default_prefetch(self.threads)
 
     def _get_iterator(self) -> _BaseDataLoaderIter:
-        return _ThreadIter(self)
+        it = _ThreadIter(self)
+        self._current = weakref.ref(it)
+        return it
 
 
 class _Pipeline:
@@ -288,6 +294,23 @@ class _Pipeline:
             self.results.clear()
 
 
+_LIVE: weakref.WeakSet[_Pipeline] = weakref.WeakSet()  # epochs with threads, for exit
+_EXIT_HOOKED: list[int] = []  # the pid whose atexit has the hook
+
+
+def _at_exit() -> None:
+    for pipeline in list(_LIVE):
+        pipeline.stop()
+
+
+def _hook_exit() -> None:
+    """Register :func:`_at_exit` once per process, after ``weakref.finalize`` registered its
+    own exit hook (a finalizer exists by now): ``atexit`` runs the later one first."""
+    if _EXIT_HOOKED != [os.getpid()]:
+        _EXIT_HOOKED[:] = [os.getpid()]
+        atexit.register(_at_exit)
+
+
 class _ThreadIter(_BaseDataLoaderIter):
     """One epoch of a :class:`ThreadLoader` (see the module docstring)."""
 
@@ -299,7 +322,9 @@ class _ThreadIter(_BaseDataLoaderIter):
         batchpool.pool(False).reserve(self._depth + HELD_BATCHES)
         self._pipeline = pipeline = _Pipeline(
             fetcher.fetch, loader.threads, self._pin_memory_device if self._pin_memory else None)
-        self._stop = weakref.finalize(self, pipeline.stop)  # also at interpreter exit
+        self._stop = weakref.finalize(self, pipeline.stop)
+        _LIVE.add(pipeline)
+        _hook_exit()
         self._sent = self._received = 0
         self._exhausted = False
         pipeline.start()

@@ -22,6 +22,11 @@ Both delegate to timm's own functions for every other dataset. For ``--dataset s
   test_timm.py`` pins them per timm version.
 - timm's own ``create_loader`` over a dataset of :func:`create_dataset` works (timm's per-sample
   transform) and warns once that ``create_loader`` should come from ``shardkit.timm`` too.
+- The engine: ``create_loader(..., engine="threads")`` (or, for ``train.py``, the environment
+  variable ``SHARDKIT_TIMM_ENGINE=threads``) reads with the thread engine
+  (:mod:`shardkit.integrations.thread_engine`) instead of worker processes; ``--workers``
+  (``num_workers``) is then its ``num_threads`` (0: the CPUs this process may use), unless
+  ``num_threads`` is given.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ from ..read.sampler import ShardSampler
 NAME = "shardkit"
 TRAIN_SPLITS = ("train", "training")
 EVAL_SPLITS = ("validation", "val", "valid", "eval", "evaluation")
+#: Picks the engine where create_loader's caller cannot pass ``engine=`` (timm's train.py).
+ENGINE_VARIABLE = "SHARDKIT_TIMM_ENGINE"
 
 # train.py's flag for each create_loader argument shardkit may refuse.
 FLAGS = {"vflip": "--vflip", "color_jitter": "--color-jitter", "auto_augment": "--aa",
@@ -215,6 +222,8 @@ def create_loader(dataset: Any, input_size: Any, batch_size: int, **options: Any
         raise OptionError("shardkit.timm.create_loader sets the decode recipe from timm's "
                           "arguments: pass a ShardDataset without crop or transform "
                           "(as shardkit.timm.create_dataset makes)")
+    engine = options.pop("engine", None) or os.environ.get(ENGINE_VARIABLE) or "processes"
+    num_threads, prefetch_depth = options.pop("num_threads", None), options.pop("prefetch", None)
     defaults = _timm_defaults()
     _check_defaults(options, defaults)
     o = {**defaults, **options}
@@ -232,6 +241,13 @@ def create_loader(dataset: Any, input_size: Any, batch_size: int, **options: Any
         # timm's own worker seeding (numpy too: FastCollateMixup draws with it in the workers),
         # after shardkit's worker_init_fn.
         worker_init_fn=functools.partial(_worker_init, worker_seeding=o["worker_seeding"]))
+    if engine == "threads":  # no worker processes: --workers is the number of threads
+        loader_args.update(engine="threads", prefetch=prefetch_depth,
+                           num_threads=num_threads or (o["num_workers"] or None))
+        for key in ("num_workers", "persistent_workers", "worker_init_fn"):
+            del loader_args[key]
+    elif engine != "processes" or num_threads is not None or prefetch_depth is not None:
+        loader_args.update(engine=engine, num_threads=num_threads, prefetch=prefetch_depth)
     if o["distributed"]:
         loader_args["sampler"] = ShardSampler(ds, shuffle=training)
     else:

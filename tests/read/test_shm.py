@@ -9,15 +9,13 @@ root), all of them in one process per start method (fork, spawn), each reported 
 from __future__ import annotations
 
 import functools
-import json
 import os
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
-from helpers import build_store_fast, program_cmd, program_env
+from helpers import build_store_fast
 from helpers.programs import shm_loader
+from helpers.small_shm import namespace_or_skip, run_in_small_shm
 
 import shardkit
 from shardkit import ShardDataset
@@ -25,27 +23,10 @@ from shardkit.read import shipping
 from shardkit.read.batchpool import PooledBatch
 
 
-def _namespace_or_skip() -> None:
-    why = None
-    if os.geteuid() != 0:
-        why = "needs root (mount a 64 MB tmpfs on /dev/shm in a mount namespace)"
-    elif shutil.which("unshare") is None:
-        why = "needs unshare (util-linux)"
-    else:
-        probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64m tmpfs "
-                                "/dev/shm && df -k /dev/shm"], capture_output=True, text=True)
-        if probe.returncode != 0 or " 65536 " not in probe.stdout:
-            why = f"cannot mount a 64 MB /dev/shm in a mount namespace: {probe.stderr.strip()}"
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(why + " (CI must run this test)")
-        pytest.skip(why)
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
     """512 records of 256 x 256 JPEGs (64 distinct ones), in 10 classes."""
-    _namespace_or_skip()
+    namespace_or_skip()
     path = str(tmp_path_factory.mktemp("shm") / "s.lmdb")
     build_store_fast(path, 512, side=256, variants=64, seed=3)
     return path
@@ -53,23 +34,6 @@ def store(tmp_path_factory) -> str:
 
 CASES = ["transform", "crop", "numpy", "target", "single"]
 CONTROL = "plain-transform"
-
-
-def run_in_small_shm(store: str, context: str, cases: list[str]) -> dict[str, dict]:
-    """Read each of ``cases`` in turn, in one process under a 64 MB /dev/shm: {case: its JSON
-    line}; a case with no line (the process died first) gets ``error``: how it ended."""
-    command = " ".join([*program_cmd("shm_loader"), store, context, *cases])
-    done = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64m tmpfs "
-                           f"/dev/shm && exec {command}"], capture_output=True, text=True,
-                          env=program_env(), timeout=300)
-    got = {}
-    for line in done.stdout.splitlines():
-        entry = json.loads(line)
-        got[entry.pop("case")] = entry
-    for case in cases:
-        got.setdefault(case, {"error": f"no result: exit status {done.returncode}; "
-                                       f"{done.stderr[-3000:]}"})
-    return got
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ argv: STORE CONTEXT CASE... (CONTEXT: the workers' start method). Each CASE is r
 this one process: ``plain-*`` is a plain ``DataLoader`` (torch's default collate); the others are
 ``ds.loader``: ``transform`` (a per-sample float transform), ``crop`` (the batched decode-crop
 path), ``numpy`` (``output="numpy"``), ``target`` (with a ``target_transform``), ``single``
-(``batch_size=None``). Prints one JSON line per case as soon as it is read:
+(``batch_size=None``), ``threads`` (the per-sample float transform on
+``engine="threads"``: no worker process). Prints one JSON line per case as soon as it is read:
 ``{"case": CASE, "batches": [[pixel sum, [labels]], ...]}``, or ``{"case": CASE, "error": ...}``
 where its loader raised (the next case is read all the same).
 """
@@ -31,7 +32,7 @@ def setup(path: str, case: str):
 
     kind = case.removeprefix("plain-")
     kwargs = {"crop": CROP}
-    if kind in ("transform", "single"):
+    if kind in ("transform", "single", "threads"):
         kwargs["transform"] = to_float
     if kind == "numpy":
         kwargs["output"] = "numpy"
@@ -57,7 +58,9 @@ def read(path: str, case: str, context: str) -> list:
 
     ds, batch_size = setup(path, case)
     kwargs = dict(batch_size=batch_size, num_workers=2, multiprocessing_context=context)
-    if case.startswith("plain-"):
+    if case == "threads":
+        loader = ds.loader(batch_size=batch_size, engine="threads", num_threads=2)
+    elif case.startswith("plain-"):
         loader = DataLoader(ds, worker_init_fn=shardkit.worker_init_fn, **kwargs)
     else:
         loader = ds.loader(**kwargs)
