@@ -7,6 +7,7 @@ a hidden partial name (metadata last), renamed to OUT only when complete.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -25,8 +26,8 @@ from .plan import Plan, make_plan
 from .layout import check_order
 from .sources import SourceOptions, resolve
 from .settings import ENGINES, Engine, PackSettings, check_integers
-from .staging import (PLAN_NAME, StagingLock, entry_path, finalize_sharded, prepare_partial,
-                      read_entries, staging_fault, staging_path)
+from .staging import (PLAN_NAME, StagingLock, adopt_plan, entry_path, finalize_sharded,
+                      prepare_partial, read_entries, staging_fault, staging_path)
 from .workers import default_workers
 from .writer import remove_store_files
 
@@ -131,6 +132,7 @@ class Run:
     storage_options: dict[str, Any] | None = None
     retries: int | None = None
     started: list[float] = field(default_factory=list)
+    session: Any = None  # the Dask engine's client (:class:`.dask_engine.DaskSession`)
 
     @property
     def remote(self) -> bool:
@@ -269,18 +271,37 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
                             captions, schema, allow_empty)
     source = resolve(options)
     check_out(src, out, overwrite, storage_options)
-    scan = source.scan(options)
-    if spec is not None:  # the bucket fields, and the source's boxes and masks cropped with it
-        scan.fields = BucketFields(scan.fields)
-    plan = make_plan(scan, settings, shard_size=shard_size,
-                     num_shards=num_shards, strict=strict, order=order, layout_seed=layout_seed)
     run = Run(out, staging_path(out, storage_options) if is_url(out) else partial_path(out),
               default_workers() if workers is None else workers, strict, overwrite, progress,
               allow_empty, engine, scheduler, num_nodes, node_rank, resume, storage_options,
               retries)
-    if not run.remote:
-        make_parent(out, PackError)  # `mkdir -p` OUT's folder
-    count, skipped, sources = (_pack_sharded if plan.sharded else _pack_single)(plan, run)
+    plan_dir = _plan_dir(run)
+    try:
+        lister = None
+        if engine == "dask":  # one client for listing, packing and merging
+            from .dask_engine import DaskSession
+
+            run.session = DaskSession(scheduler, run.workers)
+            lister = run.session.lister
+            if not is_url(src):  # workers with another cwd find the sources
+                options = dataclasses.replace(options, src=os.path.abspath(src))
+        try:
+            scan = source.scan_into(options, plan_dir, lister)
+            if spec is not None:  # the bucket fields, and the source's boxes and masks cropped
+                scan.fields = BucketFields(scan.fields)
+            plan = make_plan(scan, settings, plan_dir, shard_size=shard_size,
+                             num_shards=num_shards, strict=strict, order=order,
+                             layout_seed=layout_seed)
+        except OSError as exc:  # the plan's files (a full disk, say); nothing else is written
+            raise PackError(f"cannot write {out}: {exc.strerror or exc} (writing the pack's "
+                            f"plan in {os.path.dirname(plan_dir)})") from None
+        if not run.remote:
+            make_parent(out, PackError)  # `mkdir -p` OUT's folder
+        count, skipped, sources = (_pack_sharded if plan.sharded else _pack_single)(plan, run)
+    finally:
+        remove(plan_dir)  # moved into a sharded pack's partial folder, else done with
+        if run.session is not None:
+            run.session.close()
     now = time.perf_counter()
     return PackResult(out, count, skipped, now - t0, plan.num_shards, sources,
                       (run.started[0] if run.started else now) - t0)
@@ -330,6 +351,39 @@ def check_packed(count: int, skipped: list[dict[str, str]], allow_empty: bool) -
                     "store)")
 
 
+def _plan_dir(run: Run) -> str:
+    """A fresh folder for the plan (:mod:`.plan_store`) beside the partial one, into which a
+    sharded pack moves it (:func:`.staging.adopt_plan`); beside OUT's future folder when that
+    does not exist yet (nothing is created for a pack refused while listing), on a filesystem
+    the Dask workers share (then OUT's folder is created first)."""
+    import socket
+    import tempfile
+    import uuid
+
+    parent = os.path.dirname(os.path.abspath(run.partial))
+    if not os.path.isdir(parent):
+        if run.engine != "dask":
+            parent = tempfile.gettempdir()
+        else:
+            make_parent(run.out, PackError)
+    stem = f".{os.path.basename(run.partial).lstrip('.')}.plan-{socket.gethostname()}-"
+    for name in os.listdir(parent):  # left by a killed pack on this machine
+        pid = name[len(stem):].split("-", 1)[0] if name.startswith(stem) else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            remove(os.path.join(parent, name))
+    return os.path.join(parent, f"{stem}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
 def _pack_single(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]:
     """Pack the single-file store OUT: (count, skipped, sources)."""
     entries: dict[int, dict[str, Any]] = {}
@@ -365,7 +419,7 @@ def _pack_sharded(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]
     finished: set[int] = set()  # shards a rerun with `resume` keeps (this run's and earlier)
 
     def on_done(k: int, entry: dict[str, Any]) -> None:
-        if uploader is not None and "labels" not in entry:  # not uploaded by a Dask worker
+        if uploader is not None and not entry.get("uploaded"):  # not by a Dask worker
             entry = upload_shard(uploader, dest[k], entry)
         replace_atomic(entry_path(partial, k), metadata.dumps(entry | {"plan_id": plan_id}))
         finished.add(k)
@@ -387,6 +441,7 @@ def _pack_sharded(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]
         done = prepare_partial(partial, plan, plan_id, run.resume or run.num_nodes > 1, ours,
                                uploader)
         finished.update(done)
+        plan = adopt_plan(plan, partial)  # where tasks, `resume` and `merge` find it
         mine = [k for k in ours if k not in done]
         dest = {k: os.path.join(partial, plan.shard_file(k)) for k in mine}
         if run.engine == "dask":
@@ -394,7 +449,7 @@ def _pack_sharded(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]
 
             run_dask(plan, mine, dest, scheduler=run.scheduler, workers=run.workers,
                      progress=run.progress, on_shard_done=on_done, strict=run.strict,
-                     on_start=run.on_start, upload=uploader,
+                     on_start=run.on_start, upload=uploader, session=run.session,
                      **({} if run.retries is None else {"retries": run.retries}))
         else:
             run_local(plan, mine, dest, workers=run.workers, strict=run.strict,
@@ -408,7 +463,8 @@ def _pack_sharded(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]
             remove(partial)  # our own work folder: nothing of it is worth a resume
             check_packed(0, [s for entry in entries for s in entry["skipped"]], False)
         manifest, count = finalize_sharded(partial, plan,
-                                           uploader.finish if uploader is not None else None)
+                                           uploader.finish if uploader is not None else None,
+                                           run.session.lister if run.session else None)
         if remote:
             remove(partial)
     except KeyboardInterrupt:

@@ -4,17 +4,19 @@ share) produces the same shards from the same plan."""
 
 from __future__ import annotations
 
-import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
-from .. import metadata
+import numpy as np
+
 from ..errors import PackError, PackOptionError
 from ..fields import FieldError
 from ..formats import SUFFIXES, backend
-from . import workers
+from . import plan_store, workers
 from .layout import check_order, mixed_slots
+from .plan_store import SourceTable
 from .record_fields import RecordFields
 from .settings import PackSettings
 from .sources import Scan
@@ -25,20 +27,21 @@ SIZE_SAMPLE = 32  # images encoded up front to estimate bytes per record for `sh
 
 @dataclass
 class Plan:
-    """Sources, shard boundaries and settings: everything that decides the output."""
+    """Sources, shard boundaries and settings: everything that decides the output.
+
+    The per-source arrays live in a plan folder (:mod:`.plan_store`, ``table``), mapped where
+    they are read: ``paths[i]``/``labels[i]`` (slot ``i``'s source) read one source from it.
+    Pickled (a Dask task's payload), a plan is its folder and root, O(1) in sources: the task
+    opens the folder again (:func:`open_plan`) and reads its own shard's slice."""
 
     root: str
     classes: list[str]
     class_to_idx: dict[str, int]
-    paths: list[str]
-    labels: list[int]
+    table: SourceTable
     bounds: list[int]  # shard k holds sources bounds[k]:bounds[k+1]
     settings: PackSettings
     sharded: bool
     discovery_skipped: list[dict[str, str]] = field(default_factory=list)
-    #: The source (index in the sources' order) written at each slot; None: the sources' order
-    #: (see :mod:`shardkit.packing.layout`). ``paths``/``labels`` are in slot order.
-    slots: Any = None
     layout: dict[str, Any] | None = None  # the manifest's record of it: {"order", "seed"}
 
     #: The records' typed fields (:class:`.record_fields.RecordFields`), or None.
@@ -50,26 +53,45 @@ class Plan:
     def num_shards(self) -> int:
         return len(self.bounds) - 1
 
+    @property
+    def count(self) -> int:
+        """Sources planned (records and skips)."""
+        return self.table.count
+
+    @property
+    def folder(self) -> str:
+        return self.table.folder
+
+    @property
+    def slots(self) -> np.ndarray | None:
+        """The source (index in the sources' order) written at each slot; None: the sources'
+        order (see :mod:`shardkit.packing.layout`)."""
+        return self.table.slots
+
+    @property
+    def paths(self) -> _SlotPaths:
+        """The source path at each slot (a sequence read from the plan folder)."""
+        return _SlotPaths(self)
+
+    @property
+    def labels(self) -> _SlotLabels:
+        """The label at each slot (a sequence read from the plan folder)."""
+        return _SlotLabels(self)
+
     def plan_id(self) -> str:
-        h = hashlib.sha256()
-        h.update(metadata.dumps({"settings": self.settings.as_meta(), "classes": self.classes,
-                                 "bounds": self.bounds, "sharded": self.sharded}
-                                | ({"layout": self.layout} if self.layout else {})))
-        if self.fields is not None:
-            h.update(self.fields.plan_key().encode())
-        for path, label in zip(self.paths, self.labels):
-            h.update(os.fsencode(self.relpath(path)) + b"\0" + str(label).encode() + b"\n")
-        return h.hexdigest()
+        extra = self.fields.plan_key().encode() if self.fields is not None else b""
+        return plan_store.fingerprint(self.folder, plan_store.read_header(self.folder),
+                                      self.root, extra)
 
     def item(self, i: int) -> Any:
         """What an encoding worker reads for slot ``i``: a file path, or a container member."""
         if self.index is None:
-            return self.paths[i]
+            return self.table.path(self.source_index(i))
         return self.index.item(self.source_index(i))
 
     def source_index(self, i: int) -> int:
         """The position in the source's own order of the record written at slot ``i``."""
-        return i if self.slots is None else int(self.slots[i])
+        return self.table.slot(i)
 
     def relpath(self, path: str) -> str:
         return relative_path(self.root, path)
@@ -94,6 +116,66 @@ class Plan:
                            schema=self.fields.schema if self.fields else None,
                            extra_meta=self.fields.meta() if self.fields else None,
                            buckets=s.buckets)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The folder, not the arrays: a task's payload stays O(1) in sources.
+        return open_plan, (self.folder, self.root, self.fields, self.settings)
+
+
+class _SlotPaths(Sequence):
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+
+    def __len__(self) -> int:
+        return self.plan.count
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.plan.table.path(self.plan.source_index(i))
+
+
+class _SlotLabels(_SlotPaths):
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.plan.table.label(self.plan.source_index(i))
+
+
+_opened: dict[tuple[Any, ...], Plan] = {}  # this process's plans, by folder (a task's reopen)
+
+
+def open_plan(folder: str, root: str | None = None, fields: RecordFields | None = None,
+              settings: PackSettings | None = None) -> Plan:
+    """The plan saved in ``folder`` (by :func:`make_plan`), its arrays mapped as they are read.
+
+    ``root``: where the sources are (default: as planned); ``fields`` and ``settings``: the
+    records' typed fields and the pack's settings, which the folder holds only as their
+    fingerprint (without ``settings``: only the format is known, enough to merge). A process
+    opens each folder once."""
+    st = os.stat(os.path.join(folder, plan_store.HEADER))
+    key = (folder, root, id(fields), id(settings), st.st_ino, st.st_mtime_ns)
+    plan = _opened.get(key)
+    if plan is not None:
+        return plan
+    header = plan_store.read_header(folder)
+    table = plan_store.SourceTable(folder, header["count"], header["mixed"],
+                                   header.get("index") is not None)
+    index = None
+    if header.get("index") is not None:
+        from .sources import ContainerIndex
+
+        shard, refs = table.index_arrays()
+        info = header["index"]
+        index = ContainerIndex(info["format"], info["files"], shard, refs, info["shard_starts"])
+    plan = Plan(header["root"] if root is None else root, header["classes"],
+                header["class_to_idx"], table, header["bounds"],
+                settings or PackSettings(format=header["format"]), header["sharded"], header["skipped"],
+                header["layout"], fields, index)
+    if len(_opened) > 4:
+        _opened.clear()
+    _opened[key] = plan
+    return plan
 
 
 def shard_bounds(n: int, num_shards: int | None, per_shard: int | None) -> list[int]:
@@ -137,35 +219,65 @@ def _side_bytes(fields: RecordFields | None, path: str, result: Any) -> dict[str
     return {f.stream(): len(checked[f.name] or b"") for f in schema if f.side}
 
 
-def make_plan(scan: Scan, settings: PackSettings, *, shard_size: int | None = None,
+def make_plan(scan: Scan, settings: PackSettings, folder: str, *, shard_size: int | None = None,
               num_shards: int | None = None, strict: bool = False, order: str = "mixed",
               layout_seed: int = 0) -> Plan:
     """Lay a source's records out (``order``) and fix the shard boundaries (see
-    :func:`shardkit.pack`)."""
+    :func:`shardkit.pack`), saving the plan in ``folder`` (:mod:`.plan_store`; a scan made by
+    :meth:`.sources.Source.scan_into` has its sources there already)."""
     check_order(order, layout_seed)
     if strict and scan.skipped:  # a folder that cannot be listed hides images: as bad as one
         first = scan.skipped[0]
         raise PackError(f"{first['path']}: {first['reason']} (`strict=True`: no output written)")
-    paths = [p for p, _ in scan.samples]
-    labels = [t for _, t in scan.samples]
+    if scan.count is None:  # listed in memory: written out here
+        writer = plan_store.SourceWriter(folder)
+        try:
+            for a in range(0, len(scan.samples), plan_store.CHUNK):
+                chunk = scan.samples[a:a + plan_store.CHUNK]
+                writer.add([p for p, _ in chunk], [t for _, t in chunk])
+        finally:
+            writer.close()
+        scan.count, scan.samples = writer.count, []
+    n = scan.count
     index = scan.index
+    table = plan_store.SourceTable(folder, n, False)
     sharded = shard_size is not None or num_shards is not None
     per_shard = None
     if shard_size is not None:
         if shard_size <= 0:
             raise PackOptionError("`shard_size` must be positive")
+        picks = range(0, n, max(1, n // SIZE_SAMPLE))[:SIZE_SAMPLE]
+        sample = [table.path(i) if index is None else index.item(i) for i in picks]
         per_shard = max(1, shard_size // estimate_record_bytes(
-            paths if index is None else index.items(), settings,
-            scan.fields if index is None else None))
-    bounds = shard_bounds(len(paths), num_shards, per_shard) if sharded else [0, len(paths)]
+            sample, settings, scan.fields if index is None else None))
+    bounds = shard_bounds(n, num_shards, per_shard) if sharded else [0, n]
     if index is not None and sharded:
         bounds = index.snap(bounds)
-    slots, layout = None, None
+    layout = None
     # One shard: nothing to mix between shards; a container (tar, parquet) is read in order.
-    if order == "mixed" and len(bounds) > 2 and index is None:
-        slots = mixed_slots(labels, layout_seed)
-        paths = [paths[i] for i in slots.tolist()]
-        labels = [labels[i] for i in slots.tolist()]
+    mixed = order == "mixed" and len(bounds) > 2 and index is None
+    if mixed:
+        slots = mixed_slots(plan_store.read_array(folder, plan_store.LABELS,
+                                                  plan_store.LABEL_DTYPE, n), layout_seed)
+        plan_store.write_array(folder, plan_store.SLOTS, slots, plan_store.INDEX_DTYPE)
+        places = np.empty_like(slots)
+        for a in range(0, n, plan_store.CHUNK):  # the inverse, without an n-long arange
+            places[slots[a:a + plan_store.CHUNK]] = np.arange(a, min(n, a + plan_store.CHUNK))
+        del slots
+        plan_store.write_array(folder, plan_store.PLACES, places, plan_store.INDEX_DTYPE)
+        del places
         layout = {"order": "mixed", "seed": layout_seed}
-    return Plan(scan.root, scan.classes, scan.class_to_idx, paths, labels, bounds, settings,
-                sharded, scan.skipped, slots, layout, scan.fields, index)
+    index_info = None
+    if index is not None:
+        plan_store.write_array(folder, plan_store.INDEX_SHARD, index.shard, "<i4")
+        plan_store.write_array(folder, plan_store.INDEX_REFS, index.refs, plan_store.INDEX_DTYPE)
+        index_info = {"format": index.format, "files": list(index.files),
+                      "shard_starts": [int(x) for x in index.shard_starts]}
+    key = {"settings": settings.as_meta(), "classes": scan.classes, "bounds": bounds,
+           "sharded": sharded} | ({"layout": layout} if layout else {})
+    plan_store.write_header(folder, {
+        "count": n, "root": scan.root, "classes": scan.classes,
+        "class_to_idx": scan.class_to_idx, "bounds": bounds, "sharded": sharded,
+        "skipped": scan.skipped, "layout": layout, "mixed": mixed, "format": settings.format,
+        "index": index_info, "key": key})
+    return open_plan(folder, scan.root, scan.fields, settings)

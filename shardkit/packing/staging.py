@@ -14,17 +14,19 @@ import json
 import os
 from typing import Any, Callable, Iterable, Sequence
 
-import numpy as np
 
 from .. import bucketmeta, metadata, storemeta
 from ..errors import PackError
 from ..fileutil import fsync_dir, remove, replace_atomic, sha256_file
 from ..formats import open_reader
-from .layout import SLOTS_NAME, load_slots, save_slots, write_layout
-from .plan import Plan
+from .discovery import serial
+from .layout import SLOTS_NAME
+from .merging import merge_labels
+from .plan import Plan, open_plan
 from .writer import remove_store_files
 
 PLAN_NAME = "plan.json"
+PLAN_DIR = "plan"
 
 
 def staging_path(url: str, storage_options: dict[str, Any] | None = None) -> str:
@@ -84,6 +86,44 @@ class StagingLock:
             self._fd = None
 
 
+def _uploaded(entry: dict[str, Any]) -> bool:
+    """Whether a shard's entry says its file was uploaded (and deleted here); ``labels``:
+    an entry written by an earlier shardkit."""
+    return bool(entry.get("uploaded")) or "labels" in entry
+
+
+def plan_folder(partial: str) -> str:
+    """Where a sharded pack's plan (:mod:`.plan_store`) lives: in its partial folder."""
+    return os.path.join(partial, PLAN_DIR)
+
+
+def adopt_plan(plan: Plan, partial: str) -> Plan:
+    """Move ``plan``'s folder into ``partial`` (once :func:`prepare_partial` has accepted it),
+    where tasks and ``merge`` find it; the one already there is kept if it has the same
+    fingerprint (``resume``, another node's: it holds the same plan)."""
+    dest = plan_folder(partial)
+    if os.path.abspath(plan.folder) == os.path.abspath(dest):
+        return plan
+    if os.path.isdir(dest):
+        remove(plan.folder)
+    else:
+        try:
+            try:
+                os.rename(plan.folder, dest)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                import shutil  # planned in the temporary folder: copied, then renamed here
+
+                shutil.copytree(plan.folder, f"{dest}.copy")
+                os.rename(f"{dest}.copy", dest)
+        except OSError:
+            if not os.path.isdir(dest):  # not another node's, which got there first
+                raise
+        remove(plan.folder)
+    return open_plan(dest, plan.root, plan.fields, plan.settings)
+
+
 def entry_path(partial: str, k: int) -> str:
     return os.path.join(partial, f"shard-{k:05d}.done.json")
 
@@ -102,7 +142,7 @@ def completed_shards(partial: str, plan: Plan, plan_id: str, shards: Iterable[in
         if not isinstance(entry, dict) or entry.get("plan_id") != plan_id:
             continue
         if uploader is not None:
-            if entry.get("file") == plan.shard_file(k) and "labels" in entry and \
+            if entry.get("file") == plan.shard_file(k) and _uploaded(entry) and \
                     uploader.uploaded(entry["file"], entry.get("sha256"), entry.get("bytes")):
                 done[k] = entry
             continue
@@ -149,15 +189,18 @@ def prepare_partial(partial: str, plan: Plan, plan_id: str, resume: bool,
                                               "count_sources": len(plan.paths),
                                               "discovery_skipped": plan.discovery_skipped,
                                               "layout": plan.layout}))
-    save_slots(partial, plan.slots)
     return done
 
 
 def finalize_sharded(partial: str, plan: Plan | None = None,
-                     publish: Callable[[str], None] | None = None) -> tuple[dict[str, Any], int]:
-    """Merge per-shard entries into ``manifest.json`` (+ ``labels.npy``), written last.
+                     publish: Callable[[str], None] | None = None,
+                     lister: Any = None) -> tuple[dict[str, Any], int]:
+    """Merge per-shard entries into ``manifest.json`` (+ ``labels.npy``, ``layout.npy``),
+    written last.
 
-    Entries of uploaded shards carry their labels (the files are gone). ``publish(partial)``
+    The labels and layout come from the plan's arrays (:mod:`.merging`, in ``lister``'s tasks:
+    a Dask cluster's, else this process), so no shard file is read but one's metadata; without
+    ``plan`` it is opened from the partial folder (``merge``). ``publish(partial)``
     runs once the manifest is written and before the entries are removed, so a pack killed
     while it uploads the manifest resumes without packing again.
     """
@@ -182,39 +225,35 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
         raise PackError(f"{len(missing)} of {num_shards} shards are not finished yet "
                         f"(first: {missing[0]}); run the remaining nodes, or pack with "
                         "`resume=True`")
-    labels, start, skipped, shard_list, common = [], 0, [], [], None
+    start, skipped, shard_list, common = 0, [], [], None
     for k, entry in enumerate(entries):
         path = os.path.join(partial, entry["file"])
-        if "labels" in entry and plan is not None:  # uploaded to a remote OUT: no file here
-            labels.append(np.asarray(entry["labels"], dtype="<i8"))
+        if _uploaded(entry) and plan is not None:  # uploaded to a remote OUT: no file here
             common = common or plan.common_meta()
         else:
             if not os.path.isfile(path) or os.path.getsize(path) != entry["bytes"]:
                 raise PackError(f"shard {k} ({path}) is missing or changed since it was packed; "
                                 "repack it (rerun its node, or pack with `resume=True`)")
-            reader = open_reader(path, entry["format"])
-            try:
-                meta = storemeta.parse_shard_meta(reader.meta_json(), path)
-                labels.append(np.array(reader.array("labels", "<i8", (meta["count"],))))
-            finally:
-                reader.close()
-            common = common or {key: meta[key] for key in (
-                "format", "format_version", "shardkit_version", "classes", "class_to_idx",
-                "settings", "source_root", "fields", "annotations") if key in meta}
+            if common is None:  # the store's common metadata, from one shard
+                reader = open_reader(path, entry["format"])
+                try:
+                    meta = storemeta.parse_shard_meta(reader.meta_json(), path)
+                finally:
+                    reader.close()
+                common = {key: meta[key] for key in (
+                    "format", "format_version", "shardkit_version", "classes", "class_to_idx",
+                    "settings", "source_root", "fields", "annotations") if key in meta}
         skipped.extend(entry["skipped"])
         shard_list.append({key: entry[key] for key in ("file", "format", "count", "bytes",
                                                        "sha256", "row_markers") if key in entry}
                           | {"start": start})
         start += entry["count"]
-    all_labels = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
-    labels_path = os.path.join(partial, "labels.npy")
-    # Shards hold records in the layout's physical order; labels.npy is in logical order.
-    all_labels, layout = write_layout(
-        partial, entries, plan.slots if plan is not None else load_slots(partial),
-        all_labels, plan.layout if plan is not None else plan_info.get("layout"))
-    np.save(labels_path, all_labels.astype("<i8"), allow_pickle=False)
     if common is None:
         raise PackError("cannot merge a store with no shards")
+    labels_path = os.path.join(partial, "labels.npy")
+    # labels.npy (the sources' order) and layout.npy from the plan's arrays, in tasks.
+    layout = merge_labels(partial, plan if plan is not None else open_plan(plan_folder(partial)),
+                          entries, lister or serial)
     skipped = (plan.discovery_skipped if plan is not None
                else plan_info.get("discovery_skipped", [])) + skipped
     manifest = common | {"kind": "sharded", "count": start, "skipped": skipped,
@@ -237,6 +276,7 @@ def finalize_sharded(partial: str, plan: Plan | None = None,
             remove(os.path.join(partial, name))
     remove(os.path.join(partial, PLAN_NAME))
     remove(os.path.join(partial, SLOTS_NAME))
+    remove(plan_folder(partial))
     fsync_dir(partial)
     return manifest, start
 

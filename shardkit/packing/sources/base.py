@@ -248,7 +248,7 @@ class Scan(Discovery):
     def of(cls, found: Discovery, fields: RecordFields | None = None) -> Scan:
         """The scan of image files listed by :mod:`shardkit.packing.discovery`."""
         return cls(found.root, found.classes, found.class_to_idx, found.samples, found.skipped,
-                   fields)
+                   found.count, fields=fields)
 
 
 class Source:
@@ -286,6 +286,13 @@ class Source:
     def scan(self, options: SourceOptions) -> Scan:
         """List the records (PackError, one line, for a source that cannot be used)."""
         raise NotImplementedError
+
+    def scan_into(self, options: SourceOptions, folder: str, lister: Any = None) -> Scan:
+        """:meth:`scan`, with the records written into the plan folder ``folder``
+        (:mod:`..plan_store`; the Scan's ``count`` says how many) where the source can stream
+        them there; by default they stay in ``samples`` (the plan writes them). ``lister``
+        runs listing tasks (:data:`..discovery.Lister`), e.g. on a Dask cluster."""
+        return self.scan(options)
 
     @staticmethod
     def read(file: str, a: int, b: int, limit: int | None) -> bytes:
@@ -450,8 +457,8 @@ class ContainerSource(Source):
                                np.asarray(shard_col, dtype=np.int32),
                                np.asarray(refs, dtype=np.int64).reshape(-1, 2), starts)
         fields = ContainerFields(rows, scanned.root, len(samples)) if rows else None
-        return Scan(scanned.root, labels.classes, dict(labels.index), samples, skipped, fields,
-                    index)
+        return Scan(scanned.root, labels.classes, dict(labels.index), samples, skipped,
+                    fields=fields, index=index)
 
 
 class IndexFolderSource(ContainerSource):

@@ -4,7 +4,9 @@ than ``path,label`` is the metadata source's (:mod:`.metadata`): those columns a
 
 from __future__ import annotations
 
-from ..discovery import read_file_list
+from typing import Any
+
+from ..discovery import list_file_list, read_file_list
 from .base import ImageFilesSource, Scan, SourceOptions
 
 
@@ -15,3 +17,6 @@ class FileListSource(ImageFilesSource):
 
     def scan(self, options: SourceOptions) -> Scan:
         return Scan.of(read_file_list(options.file_list, options.src))
+
+    def scan_into(self, options: SourceOptions, folder: str, lister: Any = None) -> Scan:
+        return Scan.of(list_file_list(options.file_list, options.src, folder))

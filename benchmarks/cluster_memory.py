@@ -1,0 +1,165 @@
+"""Peak memory of a Dask pack, client and workers, per source (issue 28's target: <= ~45 bytes
+a source on each; the plan in Python objects cost 328 on the client, 257 on each worker).
+
+For each size N (default 20,000 and 200,000) the script writes an ImageFolder tree of N tiny
+JPEGs (hard links of one 8x8 file: real files the packer opens, decodes and re-encodes, at no
+disk cost), starts a real cluster on 127.0.0.1 (``dask scheduler`` + ``dask worker --nworkers
+W --nthreads 1``, fresh for each run, so every high-water mark is that run's), and packs the tree
+into shards of 1,000 sources from a separate client process (``shardkit.pack(engine='dask',
+scheduler=...)``). Memory is each process's ``VmHWM`` (peak resident set, /proc/PID/status)
+at the end of the pack. Bytes per source = (peak at the large N - peak at the small N) / (the
+difference in N), extrapolated to 10^9 sources. Throughput: the same pack with the local engine
+and W encoding workers (the same cores), images/s of the encoding phase (PackResult's).
+
+    python benchmarks/cluster_memory.py [--sizes 20000 200000] [--workers 2] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+CLIENT = r"""
+import json, os, sys, time
+import shardkit
+src, out, engine, scheduler, workers, shards = sys.argv[1:7]
+kw = dict(size=8, num_shards=int(shards), progress=False, workers=int(workers))
+if engine == "dask":
+    kw.update(engine="dask", scheduler=scheduler)
+t0 = time.perf_counter()
+r = shardkit.pack(src, out, **kw)
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print(json.dumps({"count": r.count, "seconds": r.seconds, "startup": r.startup_seconds,
+                  "images_per_second": r.count / max(1e-9, r.seconds - r.startup_seconds),
+                  "client_hwm_kb": int(status["VmHWM"].split()[0])}))
+"""
+
+
+def hwm_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM")).split()[1])
+
+
+def tree(root: str, n: int, classes: int = 100) -> None:
+    """``root/cNNN/iNNNNNNN.jpg``: ``n`` hard links of one 8x8 JPEG, ``classes`` classes."""
+    import numpy as np
+    from PIL import Image
+
+    os.makedirs(root)
+    one = os.path.join(root, "one.jpeg.src")
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(
+        one, "JPEG", quality=90)
+    for c in range(classes):
+        os.makedirs(os.path.join(root, f"c{c:03d}"))
+    for i in range(n):
+        os.link(one, os.path.join(root, f"c{i % classes:03d}", f"i{i:08d}.jpg"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def cluster(nworkers: int):
+    from dask.distributed import Client
+
+    bindir = os.path.dirname(sys.executable)
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
+             "start_new_session": True}
+    procs = [subprocess.Popen([os.path.join(bindir, "dask"), "scheduler", "--host", "127.0.0.1",
+                               "--port", str(port), "--no-dashboard"], **quiet)]
+    try:
+        procs.append(subprocess.Popen([os.path.join(bindir, "dask"), "worker", address,
+                                       "--nworkers", str(nworkers), "--nthreads", "1",
+                                       "--no-dashboard", "--host", "127.0.0.1"], **quiet))
+        for _ in range(600):
+            try:
+                with Client(address, timeout=5) as client:
+                    client.wait_for_workers(nworkers, timeout=120)
+                    pids = list(client.run(os.getpid).values())
+                break
+            except OSError:
+                time.sleep(0.2)
+        yield address, pids
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            p.wait(timeout=30)
+
+
+def run(src: str, out: str, engine: str, scheduler: str, workers: int, shards: int) -> dict:
+    proc = subprocess.run([sys.executable, "-c", CLIENT, src, out, engine, scheduler,
+                           str(workers), str(shards)], capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(proc.stderr[-3000:])
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", type=int, nargs=2, default=[20_000, 200_000])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--per-shard", type=int, default=1000)
+    ap.add_argument("--tmp", default=None, help="where the trees and stores go")
+    ap.add_argument("--out", default=None, help="also write the report here")
+    args = ap.parse_args()
+    lines = [f"# python {' '.join(shlex.quote(a) for a in sys.argv)}",
+             f"# {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} at start; "
+             f"{time.strftime('%Y-%m-%d %H:%M')}"]
+    rows = {}
+    with tempfile.TemporaryDirectory(dir=args.tmp, prefix="cluster-memory-") as tmp:
+        for n in args.sizes:
+            src = os.path.join(tmp, f"src{n}")
+            tree(src, n)
+            shards = max(2, n // args.per_shard)
+            with cluster(args.workers) as (address, pids):
+                got = run(src, os.path.join(tmp, f"dask{n}"), "dask", address, args.workers,
+                          shards)
+                got["worker_hwm_kb"] = [hwm_kb(p) for p in pids]
+            local = run(src, os.path.join(tmp, f"local{n}"), "local", "", args.workers, shards)
+            got["local_images_per_second"] = local["images_per_second"]
+            rows[n] = got
+            lines.append(f"N={n:>9,}: client peak {got['client_hwm_kb'] / 1024:7.1f} MiB, "
+                         f"workers {[round(k / 1024, 1) for k in got['worker_hwm_kb']]} MiB; "
+                         f"dask {got['images_per_second']:7.0f} img/s, local "
+                         f"{local['images_per_second']:7.0f} img/s (ratio "
+                         f"{got['images_per_second'] / local['images_per_second']:.2f}); "
+                         f"{got['count']} records, {shards} shards")
+            for name in (f"src{n}", f"dask{n}", f"local{n}"):
+                subprocess.run(["rm", "-rf", os.path.join(tmp, name)], check=True)
+    small, large = args.sizes
+    dn = large - small
+    client = (rows[large]["client_hwm_kb"] - rows[small]["client_hwm_kb"]) * 1024 / dn
+    worker = max(b - a for a, b in zip(rows[small]["worker_hwm_kb"],
+                                       rows[large]["worker_hwm_kb"])) * 1024 / dn
+    lines.append(f"bytes per source (peak growth {small:,} -> {large:,}): client {client:.1f}, "
+                 f"worst worker {worker:.1f} (target <= ~45; before: 328 and 257)")
+    lines.append(f"extrapolated to 10^9 sources: client +{client * 1e9 / 2**30:.1f} GiB, each "
+                 f"worker +{worker * 1e9 / 2**30:.1f} GiB")
+    lines.append(f"throughput dask/local at N={large:,}: "
+                 f"{rows[large]['images_per_second'] / rows[large]['local_images_per_second']:.2f}"
+                 " (target >= 0.9)")
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(report + "\n")
+
+
+if __name__ == "__main__":
+    main()
