@@ -136,6 +136,7 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
     client = session.client
     sizes = {k: plan.bounds[k + 1] - plan.bounds[k] for k in shards}
     bar = progress_bar(sum(sizes.values()), progress, "pack (dask)")
+
     def say(line: str) -> None:  # above the bar, if there is one
         if hasattr(bar, "write"):
             bar.write(line, file=sys.stderr)
@@ -171,8 +172,10 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         bar.set_postfix_str(f"shards 0/{len(shards)}")
         while pending:
             try:
-                done, pending = dd.wait(pending, timeout=POLL_SECONDS,
-                                        return_when="FIRST_COMPLETED")
+                # wait() asks the current client: the user's own may be the process's default.
+                with client.as_current():
+                    done, pending = dd.wait(pending, timeout=POLL_SECONDS,
+                                            return_when="FIRST_COMPLETED")
             except TimeoutError:
                 done = set()
             except Exception as exc:  # noqa: BLE001 - FuturesCancelledError (or CancelledError)

@@ -101,12 +101,15 @@ def _expand_url(src: str) -> list[str]:
 
 def _lists_tars(src: str) -> bool:
     """Whether the folder URL ``src`` holds tars (True when it cannot be listed: the scan then
-    says why)."""
+    says why). A filesystem of its own (timeouts bounded, no cached endpoint)."""
+    from ...remote.access import RemoteTarget
+
     try:
-        fs, path = url_fs(src)
-        return any(n.lower().endswith(TAR_SUFFIXES) for n in fs.ls(path, detail=False))
-    except (OSError, PackError):
+        target = RemoteTarget(src)
+        names = target.fs.ls(target.path("").rstrip("/"), detail=False)
+    except Exception:  # noqa: BLE001 - any failure to list: the scan reports it
         return True
+    return any(n.lower().endswith(TAR_SUFFIXES) for n in names)
 
 
 def _url_folder(url: str) -> str:

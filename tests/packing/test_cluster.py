@@ -1,0 +1,256 @@
+"""Packing at cluster scale, on a real ``dask scheduler`` + ``dask worker --nworkers 2`` started on
+127.0.0.1 (``helpers.dask_cluster``) and a real S3 server (moto) behind the fault proxy:
+
+* loose images under a bucket prefix pack as the same local folder (listing paginated past
+  moto's 1,000 keys a page; dropped connections retried), with the local and the Dask engine;
+* a worker SIGKILLed mid-shard costs time only: the store is byte-identical;
+* a task that fails twice is run again and succeeds; one that always fails stops the pack with
+  one line naming the shard (after a slow-shard line names it), keeps the finished shards, and
+  ``--resume`` completes the same store.
+
+Faults inside the worker processes come from ``SHARDKIT_FAULTS`` (:mod:`shardkit.packing.faults`),
+set in the cluster's environment; each test writes the spec file it needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+
+import fsspec
+import numpy as np
+import pytest
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.s3.models import s3_backends
+
+import shardkit
+import shardkit.remote.access
+from shardkit.cli import main as cli_main
+from shardkit.read.store import Store
+
+from helpers import image_tree, jpeg_bytes, random_photo, write_bytes
+from helpers.dask_cluster import dask_cluster
+from helpers.faultproxy import FaultProxy
+from helpers.s3server import DUMMY_ENV, S3Server
+from helpers.scaleout import manifest, partial_of, store_files
+
+distributed = pytest.importorskip("dask.distributed")
+
+OPTIONS = {"num_shards": 4, "size": 32}
+ARGS = ["--num-shards", "4", "--size", "32", "-q"]
+PAD = 1005  # non-image keys sorted before c0's images: they are on the listing's second page
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> str:
+    root = str(tmp_path_factory.mktemp("cluster") / "src")
+    image_tree(root, classes=3, per_class=6, seed=5)
+    rng = np.random.default_rng(9)
+    write_bytes(os.path.join(root, "c0", "sub", "deep.jpg"), jpeg_bytes(random_photo(rng)))
+    write_bytes(os.path.join(root, "c1", "broken.jpg"), b"\xff\xd8\xff not a jpeg")
+    write_bytes(os.path.join(root, "c2", "notes.txt"), b"not an image")
+    return root
+
+
+@pytest.fixture(scope="module")
+def local(src, tmp_path_factory) -> str:
+    """``src`` packed by the local engine: the reference."""
+    out = str(tmp_path_factory.mktemp("cluster-local") / "train")
+    shardkit.pack(src, out, workers=1, progress=False, **OPTIONS)
+    return out
+
+
+@pytest.fixture(scope="module")
+def s3(src):
+    """(server, proxy, url): ``src`` uploaded under ``url`` with PAD filler keys; every client of
+    this process and of the cluster reaches the server through the proxy."""
+    with pytest.MonkeyPatch.context() as mp, S3Server() as server, \
+            FaultProxy(server.endpoint) as proxy:
+        for key, value in DUMMY_ENV.items():
+            mp.setenv(key, value)
+        mp.setenv("AWS_ENDPOINT_URL", server.endpoint)
+        bucket = server.new_bucket()
+        fs = fsspec.filesystem("s3", skip_instance_cache=True)
+        fs.put(src + "/", f"{bucket}/train/", recursive=True)
+        # Straight into the server's own store: 1,005 PUTs to moto take about 20 s here.
+        backend = s3_backends[DEFAULT_ACCOUNT_ID]["global"]
+        for i in range(PAD):
+            backend.put_object(bucket, f"train/c0/_pad/{i:04d}.txt", b"x")
+        mp.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        mp.setattr(shardkit.remote.access, "RETRY_DELAYS", (0.05, 0.05))  # this process only
+        yield server, proxy, f"s3://{bucket}/train"
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("faults") / "faults.json")
+
+
+@pytest.fixture(scope="module")
+def cluster(s3, faults) -> str:
+    """The scheduler's address; its workers reach the S3 server through the proxy and read
+    ``faults``."""
+    env = {"SHARDKIT_FAULTS": faults, "AWS_ENDPOINT_URL": s3[1].endpoint, **DUMMY_ENV}
+    with dask_cluster(nworkers=2, env=env) as (address, _):
+        yield address
+
+
+def worker_pids(address: str, wait_for: int = 0) -> set[int]:
+    """The process ids of the cluster's workers (after ``wait_for`` of them are up)."""
+    with distributed.Client(address, timeout="60s") as client:
+        if wait_for:
+            client.wait_for_workers(wait_for, timeout=120)
+        return set(client.run(os.getpid).values())
+
+
+def set_faults(path: str, spec: dict) -> None:
+    for name in os.listdir(os.path.dirname(path)):
+        os.remove(os.path.join(os.path.dirname(path), name))
+    with open(path, "w") as f:
+        json.dump(spec, f)
+
+
+def attempts(path: str) -> list[int]:
+    with open(f"{path}.attempts") as f:
+        return [int(n) for n in f.read().split()]
+
+
+def records(store: str) -> list[tuple]:
+    """(record bytes, label, height, width, source path relative to the root), index order."""
+    s = Store(store)
+    try:
+        out = []
+        for k, entry in enumerate(s.shards):
+            shard = s.shard(k)
+            with shard.reader.records() as get:
+                out += [(bytes(get(i)), int(shard.labels[i]), int(shard.heights[i]),
+                         int(shard.widths[i]), shard.source_path(i)) for i in range(entry.count)]
+        return out
+    finally:
+        s.close()
+
+
+def same_but_root(a: str, root_a: str, b: str, root_b: str) -> None:
+    """Stores ``a`` and ``b`` hold the same records, labels, layout, classes and skip list;
+    only the recorded source root differs (and with it each shard file's checksum)."""
+    assert sorted(os.listdir(a)) == sorted(os.listdir(b))
+    for name in ("labels.npy", "layout.npy"):
+        assert store_files(a)[name] == store_files(b)[name]
+    assert records(a) == records(b)
+
+    def plain(store: str, root: str) -> dict:
+        m = json.loads(json.dumps(manifest(store)).replace(root, "<ROOT>"))
+        for shard in m["shards"]:
+            del shard["sha256"], shard["bytes"]
+        del m["meta_crc32"]  # the seal of the text that holds the root
+        return m
+
+    assert plain(a, root_a) == plain(b, root_b)
+
+
+def test_bucket_folder_packs_as_the_local_folder(s3, src, local, tmp_path):
+    server, proxy, url = s3
+    bucket_path = "/" + url.removeprefix("s3://")
+    dropped = [f"{bucket_path}/c1/img002.jpg", f"{bucket_path}/c0/sub/deep.jpg"]
+    for path in dropped:  # each GET of these is cut once mid-body: retried
+        proxy.add("GET", path, "reset", at=100)
+    out = str(tmp_path / "from-bucket")
+    result = shardkit.pack(url + "/", out, workers=0, progress=False, **OPTIONS)
+    assert result.count == 19 and [s["path"] for s in result.skipped] == [f"{url}/c1/broken.jpg"]
+    assert [proxy.count("GET", p) for p in dropped] == [2, 2]
+    assert manifest(out)["source_root"] == url
+    same_but_root(out, url, local, src)
+    # one listing of the classes, two pages for c0 (PAD + its images), one each for c1 and c2
+    assert server.count("GET", bucket_path.split("/train")[0]) >= 5
+    shutil.copytree(out, tmp_path.parent / "cluster-bucket-store", dirs_exist_ok=True)
+
+
+def test_bucket_on_the_cluster_with_a_worker_killed_mid_shard(s3, cluster, faults, tmp_path):
+    """Shard 1's first attempt holds; its worker is SIGKILLed; Dask runs it again on the other
+    worker (the nanny restarts the killed one) and the store is byte-identical."""
+    _, _, url = s3
+    reference = str(tmp_path.parent / "cluster-bucket-store")
+    if not os.path.isdir(reference):
+        pytest.skip("needs test_bucket_folder_packs_as_the_local_folder's store")
+    set_faults(faults, {"1": {"hold": str(tmp_path / "never")}})
+    out = str(tmp_path / "killed")
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            shardkit.pack(url, out, engine="dask", scheduler=cluster, progress=False, **OPTIONS)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    packer = threading.Thread(target=run)
+    packer.start()
+    held = f"{faults}.held-1"
+    deadline = time.monotonic() + 120
+    while not os.path.exists(held) and packer.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with open(held) as f:
+        pid = int(f.read())
+    assert pid in worker_pids(cluster)
+    os.kill(pid, signal.SIGKILL)
+    packer.join(300)
+    assert not packer.is_alive() and not errors, errors
+    assert attempts(faults) == [1, 1]  # the killed attempt and the one that finished
+    assert store_files(out) == store_files(reference)
+    assert pid not in worker_pids(cluster, wait_for=2)  # the nanny started a new one
+
+
+def test_a_task_that_fails_twice_then_succeeds(src, local, cluster, faults, tmp_path, capsys):
+    set_faults(faults, {"2": {"fail": 2}})
+    out = str(tmp_path / "twice")
+    assert cli_main(["pack", src, out, *ARGS, "--engine", "dask", "--scheduler",
+                     cluster, "--retries", "2"]) == 0
+    assert attempts(faults) == [2, 2, 2]
+    assert store_files(out) == store_files(local)
+    err = capsys.readouterr().err
+    assert err.count("shardkit: shard 2 failed (OSError: [Errno 5] injected fault") == 2, err
+    assert "running it again (2 of 2)" in err
+
+
+def test_a_task_that_always_fails_stops_with_one_line_and_resume_completes(
+        src, local, cluster, faults, tmp_path, capsys):
+    """Shard 3 holds until every other shard is done (and is named as slow meanwhile), then
+    fails on every attempt: one line naming it, the other shards kept; --resume finishes."""
+    go = str(tmp_path / "go")
+    set_faults(faults, {"3": {"fail": -1, "hold": go}})
+    out = str(tmp_path / "always")
+    partial = partial_of(out)
+    code: list[int] = []
+    packer = threading.Thread(target=lambda: code.append(cli_main(
+        ["pack", src, out, *ARGS, "--engine", "dask", "--scheduler", cluster,
+         "--retries", "1"])))
+    packer.start()
+    done = [os.path.join(partial, f"shard-{k:05d}.done.json") for k in range(3)]
+    err = ""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and packer.is_alive() and not (
+            all(map(os.path.exists, done)) and "shard 3 is slow" in err):
+        err += capsys.readouterr().err
+        time.sleep(0.1)
+    assert "shardkit: shard 3 is slow: running" in err, err
+    kept = {k: os.stat(os.path.join(partial, f"shard-{k:05d}.lmdb")).st_ino for k in range(3)}
+    open(go, "w").close()
+    packer.join(120)
+    err += capsys.readouterr().err
+    assert code == [1] and attempts(faults) == [3, 3]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and all(line.startswith("shardkit: ") for line in lines[:-1])
+    assert lines[-1].startswith("shardkit pack: error: shard 3 failed after 2 attempts "
+                                "(--retries is 1)"
+                                "; last: OSError: [Errno 5] injected fault at shard 3, attempt 2"
+                                ), lines[-1]
+    assert "--resume" in lines[-1] and not os.path.exists(out)
+    set_faults(faults, {})
+    assert cli_main(["pack", src, out, *ARGS, "--engine", "dask", "--scheduler",
+                     cluster, "--resume"]) == 0
+    assert store_files(out) == store_files(local)
+    # the finished shards were kept, not packed again (the same files, moved into OUT)
+    assert {k: os.stat(os.path.join(out, f"shard-{k:05d}.lmdb")).st_ino for k in range(3)} == kept
