@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -50,7 +51,8 @@ def hwm_kb(pid: int) -> int:
 
 
 def tree(root: str, n: int, classes: int = 100) -> None:
-    """``root/cNNN/iNNNNNNN.jpg``: ``n`` hard links of one 8x8 JPEG, ``classes`` classes."""
+    """``root/cNNN/iNNNNNNN.jpg``: ``n`` hard links of one 8x8 JPEG (a copy per class),
+    ``classes`` classes."""
     import numpy as np
     from PIL import Image
 
@@ -58,10 +60,12 @@ def tree(root: str, n: int, classes: int = 100) -> None:
     one = os.path.join(root, "one.jpeg.src")
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(
         one, "JPEG", quality=90)
-    for c in range(classes):
+    for c in range(classes):  # one file per class to link to (a file takes 65,000 links at most)
         os.makedirs(os.path.join(root, f"c{c:03d}"))
+        shutil.copy(one, os.path.join(root, f"c{c:03d}.src"))
     for i in range(n):
-        os.link(one, os.path.join(root, f"c{i % classes:03d}", f"i{i:08d}.jpg"))
+        c = i % classes
+        os.link(os.path.join(root, f"c{c:03d}.src"), os.path.join(root, f"c{c:03d}", f"i{i:08d}.jpg"))
 
 
 def free_port() -> int:
