@@ -402,3 +402,21 @@ def test_timm_create_loader_picks_the_engine(stores, tv_python, tmp_path):
     out = json.loads(done.stdout)
     assert out == {"argument": ["ThreadLoader", 2, [8, 3, 32, 32]],
                    "variable": ["ThreadLoader", 2, [8, 3, 32, 32]]}
+
+
+def test_pinning_threads_decode_into_page_locked_buffers(stores):
+    """An engine thread that pins asks the batch pool for page-locked memory (the dispatch is
+    checked everywhere; allocating it, and the batches it gives, where CUDA is present)."""
+    from shardkit.read import batchpool
+
+    assert isinstance(batchpool.pool(False), batchpool.BatchPool)
+    with batchpool.pinned():
+        assert isinstance(batchpool.pool(False), batchpool.PinnedPool)
+        assert isinstance(batchpool.pool(True), batchpool.BatchPool)  # a worker's: shared
+    assert isinstance(batchpool.pool(False), batchpool.BatchPool)
+    if torch.cuda.is_available():
+        ds = ShardDataset(stores["lmdb"], crop=32)
+        loader = ds.loader(batch_size=8, engine="threads", num_threads=2, pin_memory=True)
+        got = list(loader)
+        assert all(images.is_pinned() and labels.is_pinned() for images, labels in got)
+        assert same(got, list(ds.loader(batch_size=8)))
