@@ -32,6 +32,7 @@ DEFAULT_RETRIES = 3
 #: A shard running this many times the median shard time is named on stderr (once).
 STRAGGLER_FACTOR = 4.0
 STRAGGLER_MIN_DONE = 3  # shards finished before their median means anything
+STRAGGLER_MIN_SECONDS = 10.0  # and never a shard running less than this (tiny shards' noise)
 POLL_SECONDS = 1.0  # how often the client looks at running tasks (stragglers)
 T = TypeVar("T")
 
@@ -189,10 +190,15 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
                 k = shard_of[future.key]
                 if future.status == "error":
                     retry = _failed(dd, future, k, attempts[k], retries)
+                    future.release()
                     say(retry)
                     pending.add(submit(k))
                     continue
                 entry, seconds = future.result()
+                # Forgotten at once: a result held by a worker that dies later would otherwise
+                # be computed again, rewriting a shard already recorded as finished.
+                future.release()
+                del current[k]
                 watch.finished(future.key, seconds)
                 on_shard_done(k, entry)
                 finished += 1
@@ -251,9 +257,9 @@ def _dashboard(client: Any) -> str | None:
 class _Stragglers:
     """Names, once each, a shard that runs over ``STRAGGLER_FACTOR`` times the median time of
     the shards finished so far (after ``STRAGGLER_MIN_DONE`` of them; each measured by its
-    task). A running task's time counts from when the scheduler is first seen to have it
-    processing on a worker (polled every ``POLL_SECONDS``), so it may include a wait behind one
-    task queued on the same worker."""
+    task). A running task's time counts from when a worker is first seen executing it (asked
+    every ``POLL_SECONDS`` once there is a median); a task that moves to another worker (its
+    worker died) starts again."""
 
     def __init__(self, say: Callable[[str], None]) -> None:
         self.say = say
@@ -262,21 +268,26 @@ class _Stragglers:
         self.reported: set[str] = set()
 
     def running(self, client: Any, shard_of: dict[str, int]) -> None:
-        now = time.monotonic()
-        try:
-            processing = client.processing()
-        except Exception:  # noqa: BLE001 - a report only
-            return
-        for worker, keys in processing.items():
-            for key in keys:
-                if key in shard_of:
-                    self.started.setdefault(key, (now, worker))
         if len(self.times) < STRAGGLER_MIN_DONE:
             return
+        now = time.monotonic()
+        try:
+            executing = client.run(_executing, on_error="ignore")
+        except Exception:  # noqa: BLE001 - a report only
+            return
+        seen: dict[str, tuple[float, str]] = {}
+        for worker, keys in executing.items():
+            for key in keys:
+                if key in shard_of:
+                    start = self.started.get(key)
+                    seen[key] = start if start is not None and start[1] == worker else \
+                        (now, worker)
+        self.started = seen
         median = statistics.median(self.times)
-        for key, (start, worker) in self.started.items():
+        for key, (start, worker) in seen.items():
             took = now - start
-            if key not in self.reported and took > max(STRAGGLER_FACTOR * median, 1.0):
+            if key not in self.reported and \
+                    took > max(STRAGGLER_FACTOR * median, STRAGGLER_MIN_SECONDS):
                 self.reported.add(key)
                 self.say(f"shardkit: shard {shard_of[key]} is slow: running {took:.0f} s on "
                          f"{worker}, over {STRAGGLER_FACTOR:g}x the median shard time "
@@ -285,3 +296,8 @@ class _Stragglers:
     def finished(self, key: str, seconds: float) -> None:
         self.started.pop(key, None)
         self.times.append(seconds)
+
+
+def _executing(dask_worker: Any) -> list[str]:
+    """The keys a worker is executing now (not those queued on it)."""
+    return [str(ts.key) for ts in list(dask_worker.state.executing)]

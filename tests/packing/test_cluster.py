@@ -30,6 +30,7 @@ from moto.s3.models import s3_backends
 import shardkit
 import shardkit.remote.access
 from shardkit.cli import main as cli_main
+from shardkit.packing import dask_engine
 from shardkit.read.store import Store
 
 from helpers import image_tree, jpeg_bytes, random_photo, write_bytes
@@ -216,9 +217,10 @@ def test_a_task_that_fails_twice_then_succeeds(src, local, cluster, faults, tmp_
 
 
 def test_a_task_that_always_fails_stops_with_one_line_and_resume_completes(
-        src, local, cluster, faults, tmp_path, capsys):
+        src, local, cluster, faults, tmp_path, capsys, monkeypatch):
     """Shard 3 holds until every other shard is done (and is named as slow meanwhile), then
     fails on every attempt: one line naming it, the other shards kept; --resume finishes."""
+    monkeypatch.setattr(dask_engine, "STRAGGLER_MIN_SECONDS", 0.5)  # the floor for real shards
     go = str(tmp_path / "go")
     set_faults(faults, {"3": {"fail": -1, "hold": go}})
     out = str(tmp_path / "always")
