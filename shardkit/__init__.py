@@ -16,7 +16,7 @@ _EXPORTS = {
     "worker_init_fn": "read.dataset", "normalize": "read.augment", "View": "read.augment",
     "ShardSampler": "read.sampler", "MixSampler": "read.mix", "Mix": "read.mix",
     "BucketSampler": "read.buckets",
-    "ShardLoader": "integrations.loader",
+    "ShardLoader": "integrations.loader", "sample_seed": "read.draws",
     "pack": "packing.api", "merge": "packing.api", "PackResult": "packing.api",
     "StoreWriter": "packing.writer",
     "info": "read.inspect", "verify": "read.inspect",

@@ -14,6 +14,13 @@ It behaves as the DataLoader built from the same arguments, plus:
 - It refuses to iterate when its sampler is a wrapper around a ``ShardSampler`` (Lightning's
   ``DistributedSamplerWrapper``, for one): the wrapper would give each rank a share of a share.
 - ``normalize=(mean, std)``, ``device``: normalised float batches (see ``output``).
+- One reproducible stream: it tags every index it hands out with its sample's draw seed, a
+  function of the loader's seed, the epoch and the sample's place in the epoch
+  (:mod:`shardkit.read.draws`), so a ``ShardDataset``'s random crops and flips are the same on
+  any number of workers or threads, on any engine, and after a resume. The seed is the
+  ``generator``'s ``initial_seed()`` if one was passed, else ``torch.initial_seed()``, taken as
+  each epoch's iterator starts; ``state_dict()`` saves it, and ``load_state_dict()`` pins it for
+  every later epoch of this loader (a resumed run draws what the uninterrupted one drew).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from torch.utils.data import (DataLoader, DistributedSampler, RandomSampler, Seq
                               SubsetRandomSampler, WeightedRandomSampler)
 
 from ..errors import OptionError
+from ..read import draws
 from ..read.sampler import OrderedSampler
 from .output import BatchOutput
 
@@ -80,21 +88,78 @@ class _Progress:
         self.armed = False       # a ShardSampler was resumed: the next iteration continues it
         self.in_resume = False   # this iteration continues a resumed ShardSampler epoch
         self.resume_epoch: Any = None
+        self.pinned_seed: int | None = None  # the draw seed a resume restored (None: live)
+        self.draw_seed: int | None = None    # the draw seed of the iteration under way
+        self.draw_epoch: int | None = None   # its draw epoch
+        self.draw_next = 0       # epochs started, for a sampler without an epoch of its own
+
+    def seed_now(self, generator: torch.Generator | None) -> int:
+        """The draw seed an iteration starting now takes (see ``ShardLoader``)."""
+        if self.pinned_seed is not None:
+            return self.pinned_seed
+        return generator.initial_seed() if generator is not None else torch.initial_seed()
+
+    def start_draws(self, generator: torch.Generator | None, epoch: Any) -> tuple[int, int]:
+        """An iteration starts: its draw seed and epoch (the sampler's ``epoch`` if it has
+        one, else the count of iterations started before)."""
+        self.draw_seed = self.seed_now(generator)
+        counted, self.draw_next = self.draw_next, self.draw_next + 1
+        self.draw_epoch = int(epoch) if isinstance(epoch, int) else counted
+        return self.draw_seed, self.draw_epoch
+
+
+class _Keys:
+    """What keys a loader's draws (:mod:`shardkit.read.draws`): its ``generator`` (the seed)
+    and the samplers that give each sample its epoch and place."""
+
+    def __init__(self, generator: torch.Generator | None, sampler: Any,
+                 batch_sampler: Any) -> None:
+        self.generator = generator
+        self.batch_sampler = batch_sampler
+        # the sampler whose indices the batches hold
+        self.source = sampler if batch_sampler is None else getattr(batch_sampler, "sampler",
+                                                                    None)
+
+    def epoch(self) -> Any:
+        for sampler in (self.batch_sampler, self.source):
+            epoch = getattr(sampler, "epoch", None)
+            if isinstance(epoch, int) and not isinstance(epoch, bool):
+                return epoch
+        return None
+
+    def places(self) -> tuple[int, int, int]:
+        """``(first, step, unit)``: with ``unit`` 0 the epoch's ``k``-th sample is at place
+        ``first + k * step``; else batch ``b`` (a sampler dealing whole batches, as
+        ``BucketSampler``) is at ``first + b * step`` and its ``j``-th sample at that place
+        times ``unit`` (its batch size) plus ``j``. Under a ``ShardSampler`` (or other
+        ``OrderedSampler``) the place in the global sequence every world size shares; under a
+        ``DistributedSampler`` its place in the sampler's list for all ranks; else ``k``."""
+        if isinstance(self.batch_sampler, OrderedSampler):
+            first, step = self.batch_sampler.global_places()
+            return first, step, max(int(getattr(self.batch_sampler, "batch_size", 1)), 1)
+        if isinstance(self.source, OrderedSampler):
+            return (*self.source.global_places(), 0)
+        if isinstance(self.source, DistributedSampler):
+            return int(self.source.rank), int(self.source.num_replicas), 0
+        return 0, 1, 0
 
 
 class _Resuming:
     """The loader's index sampler, wrapped: counts each batch's samples, restores a
-    RandomSampler's generator and skips the batches a resume says were consumed.
+    RandomSampler's generator, skips the batches a resume says were consumed and tags each
+    batch with its samples' draw seeds (:mod:`shardkit.read.draws`).
 
     It holds the loader's progress and samplers, never the loader: a persistent-workers loader
     keeps its iterator, which keeps this, and a reference back would make a cycle that only the
     cyclic GC frees (the workers, their open shards and batch memory lived on until then).
     """
 
-    def __init__(self, inner: Any, progress: _Progress, samplers: tuple[Any, ...]) -> None:
+    def __init__(self, inner: Any, progress: _Progress, samplers: tuple[Any, ...],
+                 keys: _Keys | None = None) -> None:
         self.inner = inner
         self.progress = progress
         self.samplers = samplers
+        self.keys = keys
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -111,8 +176,15 @@ class _Resuming:
         progress.rng_start = None if generator is None else generator.get_state()
         progress.sizes = []
         total = 0
+        keys = self.keys
+        if keys is not None:
+            seed, epoch = progress.start_draws(keys.generator, keys.epoch())
+            first, step, unit = keys.places()
         for number, batch in enumerate(self.inner):
             size = len(batch) if hasattr(batch, "__len__") else 1
+            if number >= skip and keys is not None:
+                batch = (draws.tag(batch, seed, epoch, first, step, total) if not unit else
+                         draws.tag(batch, seed, epoch, (first + number * step) * unit, 1, 0))
             total += size
             progress.sizes.append(total)
             if number >= skip:
@@ -170,7 +242,8 @@ class ShardLoader(DataLoader):
 
     @property
     def _index_sampler(self) -> Any:
-        return _Resuming(super()._index_sampler, self._progress, self._samplers())
+        return _Resuming(super()._index_sampler, self._progress, self._samplers(),
+                         _Keys(self.generator, self.sampler, self.batch_sampler))
 
     def _samplers(self) -> tuple[Any, ...]:
         # the batch sampler itself may be an OrderedSampler (a BucketSampler, counted in batches)
@@ -194,6 +267,7 @@ class ShardLoader(DataLoader):
         check_not_wrapped(self)
         progress = self._progress
         progress.epoch = self._epoch()
+        progress.draw_seed = progress.draw_epoch = None  # set as its first index is drawn
         # A ShardSampler resumed by load_state_dict yields only the rest of its epoch: the
         # batches before count as done, for this one iteration.
         progress.in_resume, progress.armed = progress.armed, False
@@ -237,6 +311,13 @@ class ShardLoader(DataLoader):
         ordered = self._ordered()
         state: dict[str, Any] = {"version": STATE_VERSION, "batches": progress.batches,
                                  "epoch": self._epoch(), "batches_per_epoch": len(self)}
+        # The draws' seed, and the draw epoch the next iteration takes (a sampler without an
+        # epoch counts iterations): a resume in another process draws the same pixels.
+        done = int(progress.draw_epoch is not None and progress.batches >= len(self))
+        seed = progress.seed_now(self.generator) if progress.draw_seed is None \
+            else progress.draw_seed
+        state["draws"] = {"seed": seed, "epoch": progress.draw_next if progress.draw_epoch is None
+                          else progress.draw_epoch + done}
         if ordered is not None:
             state.update(kind="sampler", samples=self._consumed_samples(),
                          sampler=ordered.state_dict(consumed=self._consumed_samples()))
@@ -269,9 +350,19 @@ class ShardLoader(DataLoader):
                               f"false, got {state.get('complete')!r}")
         if kind == "sampler" and not isinstance(state.get("sampler"), dict):
             raise OptionError("cannot resume: the ShardLoader state has no sampler state")
+        saved = state.get("draws")  # absent: a state from before draws were keyed
+        if saved is not None and not (
+                isinstance(saved, dict) and all(
+                    isinstance(saved.get(k), int) and not isinstance(saved.get(k), bool)
+                    and saved[k] >= 0 for k in ("seed", "epoch"))):
+            raise OptionError("cannot resume: the ShardLoader state's draws must hold an "
+                              f"integer seed and epoch >= 0, got {saved!r:.80}")
         progress = self._progress
         progress.pending = None
         progress.armed = False
+        if saved is not None:
+            progress.pinned_seed, progress.draw_next = saved["seed"], saved["epoch"]
+            progress.draw_seed = progress.draw_epoch = None
         if ordered is not None:
             ordered.load_state_dict(state["sampler"])
             if len(ordered) == 0:  # the saved epoch was complete: the next one starts afresh

@@ -4,10 +4,13 @@
 ``Recipe.draw`` makes the same torch global-RNG calls in the same order as
 ``v2.Compose([v2.RandomResizedCrop(size), v2.RandomHorizontalFlip(p)])`` (or ``CenterCrop`` /
 ``RandomCrop`` in place of the first), so under one ``torch.manual_seed`` both draw the same box and
-flip for every sample. ``decode_into`` then decodes the record, resizes the box with the kernel
-torchvision v2 uses on uint8 tensors (anti-aliased bilinear; uint8 where the CPU has the vectorised
-kernel, float32 and rounding elsewhere) straight into ``out`` and flips it (a flipped JPEG is
-decoded BGR and each resized row written back to front: the mirror image in RGB, in one pass).
+flip for every sample. Given per-sample seeds (a ``ds.loader`` tags its samples with them,
+:mod:`.draws`), each sample's calls go to one thread-local ``torch.Generator`` seeded with its
+seed: what torchvision draws after ``torch.manual_seed(seed)``. ``decode_into`` then decodes
+the record, resizes the box with the kernel torchvision v2 uses on uint8 tensors
+(anti-aliased bilinear; uint8 where the CPU has the vectorised kernel, float32 and rounding
+elsewhere) straight into ``out`` and flips it (a flipped JPEG is decoded BGR and each resized
+row written back to front: the mirror image in RGB, in one pass).
 
 A JPEG whose box is at least twice the output size on both sides is decoded DCT-scaled (1/2, 1/4
 or 1/8: the factors libjpeg-turbo decodes faster than full size), the box mapped onto the smaller
@@ -53,16 +56,20 @@ class Plan(NamedTuple):
 
 
 class _Draws(threading.local):
-    """This thread's one-element tensors that torchvision's draws are made into.
+    """This thread's one-element tensors that torchvision's draws are made into, and its
+    generator for draws seeded per sample (``shardkit.read.draws``).
 
     ``torch.empty(1).uniform_(a, b)``, ``torch.rand(1)`` and ``torch.randint(a, b, (1,))`` are
     ``uniform_``/``random_`` on a new tensor: the same calls on a reused one draw the same
-    numbers, without an allocation each (a few µs a sample).
+    numbers, without an allocation each (a few µs a sample). ``manual_seed`` on one reused
+    ``torch.Generator`` puts it where ``torch.manual_seed`` puts torch's global generator.
     """
 
     def __init__(self) -> None:
         self.real = torch.empty(1)
         self.integer = torch.empty(1, dtype=torch.int64)
+        self.generator = torch.Generator()
+        self.source: torch.Generator | None = None  # what ``integers`` draws from (None: global)
 
     def reals(self) -> torch.Tensor:
         if self.real.dtype != torch.get_default_dtype():  # torch.empty(1) follows the default
@@ -71,7 +78,9 @@ class _Draws(threading.local):
 
     def integers(self, low: int, high: int) -> int:
         """``codec.random_origin``'s ``integers``: ``torch.randint(low, high, ...)``."""
-        return self.integer.random_(low, high).item()
+        if self.source is None:
+            return self.integer.random_(low, high).item()
+        return self.integer.random_(low, high, generator=self.source).item()
 
 
 _DRAWS = _Draws()
@@ -141,8 +150,10 @@ def check_views(views: Any) -> tuple[View, ...]:
 
 
 class Recipe:
-    """How a dataset draws each sample's crop box and flip (torch's global RNG, in the calling
-    thread: DataLoader workers each have their own seed, ``torch.manual_seed`` reproduces them)."""
+    """How a dataset draws each sample's crop box and flip: from torch's global RNG in the
+    calling thread (DataLoader workers each have their own seed, ``torch.manual_seed``
+    reproduces them), or, for samples a ``ds.loader`` tagged (:mod:`.draws`), from a generator
+    seeded per sample."""
 
     def __init__(self, size: int | tuple[int, int], mode: str,
                  scale: Sequence[float] = (0.08, 1.0),
@@ -165,20 +176,44 @@ class Recipe:
     def draw(self, height: int, width: int) -> Plan:
         return self.draws(((height, width),))[0]
 
-    def draws(self, sizes: Iterable[Sequence[int]]) -> list[Plan]:
+    def draws(self, sizes: Iterable[Sequence[int]],
+              seeds: Sequence[int] | None = None) -> list[Plan]:
         """Each (height, width)'s box and flip, sample after sample, with torchvision's calls:
         ``RandomResizedCrop.make_params`` (or ``CenterCrop``/``RandomCrop``), then
-        ``RandomHorizontalFlip``."""
+        ``RandomHorizontalFlip``. From torch's global RNG, or with ``seeds`` (one per size)
+        each sample's from a generator seeded with its seed: what torchvision draws after
+        ``torch.manual_seed(seed)``."""
+        if seeds is None:
+            return self._draw(sizes, None, None)
+        return self._draw(sizes, seeds, _DRAWS.generator)
+
+    def _draw(self, sizes: Iterable[Sequence[int]], seeds: Sequence[int] | None,
+              generator: torch.Generator | None) -> list[Plan]:
+        """``draws`` from ``generator`` (None: the global RNG), reseeded before each sample
+        with its seed in ``seeds`` (None: as it is)."""
         size, mode, dct_scale = self.size, self.mode, self.dct_scale
         out_h, out_w = self.out
         (s0, s1), (r0, r1) = self.scale, self.log_ratio
-        real = _DRAWS.reals()
-        uniform, randint, sqrt = real.uniform_, _DRAWS.integer.random_, math.sqrt
+        real, integer = _DRAWS.reals(), _DRAWS.integer
+        sqrt = math.sqrt
+        if generator is None:
+            uniform, randint = real.uniform_, integer.random_
+        else:
+            def uniform(low: float, high: float) -> torch.Tensor:
+                return real.uniform_(low, high, generator=generator)
+
+            def randint(low: int, high: int) -> torch.Tensor:
+                return integer.random_(low, high, generator=generator)
+        _DRAWS.source = generator  # ``codec.random_origin``'s draws too
+        reseed = None if seeds is None else generator.manual_seed
+        seed_list = None if seeds is None else np.asarray(seeds, dtype=np.int64).tolist()
         # ``if torch.rand(1) >= p: return inputs`` (p == 0 draws nothing here, so a dataset
         # without flip draws exactly what it drew before flip existed).
         p = self._flip32 if self.flip > 0 or self.always_draw_flip else None
         plans = []
-        for height, width in sizes:
+        for k, (height, width) in enumerate(sizes):
+            if reseed is not None:
+                reseed(seed_list[k])
             if mode == "random_resized":
                 area = height * width
                 for _ in range(10):
@@ -216,13 +251,23 @@ class Recipe:
         return (height - h) // 2, (width - w) // 2, h, w
 
 
-def draw_views(recipes: Sequence[Recipe], sizes: Sequence[Sequence[int]]) -> list[list[Plan]]:
+def draw_views(recipes: Sequence[Recipe], sizes: Sequence[Sequence[int]],
+               seeds: Sequence[int] | None = None) -> list[list[Plan]]:
     """Each sample's plans, one per recipe (view): sample after sample, each view's draws in
     turn, as ``[Compose([RandomResizedCrop, RandomHorizontalFlip]) for each view]`` applied one
-    after the other to each sample. One recipe: its ``draws`` (the same calls)."""
+    after the other to each sample. One recipe: its ``draws`` (the same calls). With ``seeds``
+    (one per sample), a sample's views are drawn in turn from one generator seeded with its
+    seed (``torch.manual_seed(seed)``, then each view's transform)."""
     if len(recipes) == 1:
-        return [[plan] for plan in recipes[0].draws(sizes)]
-    return [[r.draws((size,))[0] for r in recipes] for size in sizes]
+        return [[plan] for plan in recipes[0].draws(sizes, seeds)]
+    if seeds is None:
+        return [[r.draws((size,))[0] for r in recipes] for size in sizes]
+    generator = _DRAWS.generator
+    plans = []
+    for size, seed in zip(sizes, np.asarray(seeds, dtype=np.int64).tolist()):
+        generator.manual_seed(seed)
+        plans.append([r._draw((size,), None, generator)[0] for r in recipes])
+    return plans
 
 
 def recipe(crop: int | None, mode: str, scale: Sequence[float], ratio: Sequence[float],

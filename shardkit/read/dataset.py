@@ -23,7 +23,7 @@ from .. import codec
 from ..errors import OptionError
 from ..integrations.loader import ShardLoader
 from ..integrations.thread_engine import check_engine, engine_loader
-from . import augment, batchpool, lifetime, shipping
+from . import augment, batchpool, draws, lifetime, shipping
 from . import targets as targetmod
 from .batching import Batch, collate
 from .decode import Decoder
@@ -67,8 +67,11 @@ class ShardDataset(OpenedInWorkers, Dataset):
             torchvision's ``CenterCrop`` does.
         crop_mode: ``"center"``, ``"random"`` (as torchvision's ``RandomCrop``) or
             ``"random_resized"`` (torchvision v2's ``RandomResizedCrop(crop, scale, ratio)``,
-            resized at decode). Random boxes come from torch's global RNG with torchvision's own
-            calls: each DataLoader worker and epoch differ, ``torch.manual_seed`` reproduces them.
+            resized at decode). Random boxes come with torchvision's own calls: ``ds[i]`` from
+            torch's global RNG (``torch.manual_seed`` reproduces them); in ``ds.loader`` from
+            each sample's own seed, a function of the loader's seed, the epoch and the sample's
+            place in it (:mod:`shardkit.read.draws`): the same batches with any number of
+            workers or threads and after a resume.
         scale, ratio: ``RandomResizedCrop``'s area and aspect-ratio ranges.
         flip: probability of a horizontal flip per sample (``RandomHorizontalFlip(flip)``).
         dct_scale: decode a JPEG at 1/2, 1/4 or 1/8 size when the crop box is at least that many
@@ -289,13 +292,15 @@ class ShardDataset(OpenedInWorkers, Dataset):
 
     # -- reading --------------------------------------------------------------------------------
 
-    def _origin(self, shard: OpenShard, local: int) -> list[augment.Plan | None]:
-        """One sample's plan per view ([None]: a plain centre crop or the whole image)."""
+    def _origin(self, shard: OpenShard, local: int,
+                seed: int | None = None) -> list[augment.Plan | None]:
+        """One sample's plan per view ([None]: a plain centre crop or the whole image), drawn
+        from torch's global RNG or, with ``seed``, from a generator seeded with it."""
         # Drawn in the calling thread, in sample order: any number of threads decodes the same.
         if self._recipes is None:
             return [None]
         size = (int(shard.heights[local]), int(shard.widths[local]))
-        return augment.draw_views(self._recipes, (size,))[0]
+        return augment.draw_views(self._recipes, (size,), None if seed is None else (seed,))[0]
 
     def _present(self, img: np.ndarray) -> Any:
         if self.output == "numpy":
@@ -347,20 +352,25 @@ class ShardDataset(OpenedInWorkers, Dataset):
         return self._sample([self._present(out) for out in outs], label)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
+        """Record ``index``: its draws from torch's global RNG, or from its own seed where a
+        ``ds.loader`` tagged it (:mod:`shardkit.read.draws`)."""
+        seed = draws.seed_of(index)
         k, local = self.store.locate(check_index(index, len(self)))
         shard = self.store.shard(k)
         with shard.reader.records() as get:
-            return self._item(shard, k, local, get(local), self._origin(shard, local))
+            return self._item(shard, k, local, get(local), self._origin(shard, local, seed))
 
     def __getitems__(self, indices: Sequence[int]) -> list:
-        """A batch: one read transaction per shard, optional threads, one buffer when cropping."""
+        """A batch: one read transaction per shard, optional threads, one buffer when cropping.
+        Draws as ``__getitem__``: per-sample seeds where a ``ds.loader`` tagged the batch."""
+        seeds = draws.seeds_of(indices)
         indices = check_indices(indices, len(self))
         if self.output == "bytes" or self._sizes is None or self.transform is not None \
                 or self.transforms is not None or self.output == "pil" \
                 or (self.views is not None and self._targets is not None
                     and self.target_transform is not None):
-            return self._getitems_each(indices)
-        return self._getitems_batched(indices)
+            return self._getitems_each(indices, seeds)
+        return self._getitems_batched(indices, seeds)
 
     def _by_shard(self, indices: Sequence[int]) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """[(shard, positions in the batch, indices in the shard)], so each shard is read in one
@@ -374,10 +384,10 @@ class ShardDataset(OpenedInWorkers, Dataset):
             found.append((k, positions, local[positions]))
         return found
 
-    def _getitems_each(self, indices: Sequence[int]) -> list:
+    def _getitems_each(self, indices: Sequence[int], seeds: np.ndarray | None = None) -> list:
         results: list = [None] * len(indices)
         located = self._by_shard(indices)
-        plans = self._plans(located, len(indices))
+        plans = self._plans(located, len(indices), seeds)
         for k, positions, local in located:
             shard = self.store.shard(k)
             with shard.reader.records() as get:
@@ -387,19 +397,20 @@ class ShardDataset(OpenedInWorkers, Dataset):
                     results[pos] = sample
         return results
 
-    def _plans(self, located: list[tuple[int, np.ndarray, np.ndarray]],
-               n: int) -> list[list[augment.Plan | None]]:
+    def _plans(self, located: list[tuple[int, np.ndarray, np.ndarray]], n: int,
+               seeds: np.ndarray | None = None) -> list[list[augment.Plan | None]]:
         """Each batch position's boxes and flips (one per view), drawn in batch order (as
-        ``__getitem__`` would)."""
+        ``__getitem__`` would), or each from its seed in ``seeds`` (batch order)."""
         if self._recipes is None:
             return [[None]] * n
         sizes = np.empty((n, 2), dtype=np.int64)
         for k, positions, local in located:
             shard = self.store.shard(k)
             sizes[positions, 0], sizes[positions, 1] = shard.heights[local], shard.widths[local]
-        return augment.draw_views(self._recipes, sizes.tolist())
+        return augment.draw_views(self._recipes, sizes.tolist(), seeds)
 
-    def _getitems_batched(self, indices: Sequence[int]) -> Batch:
+    def _getitems_batched(self, indices: Sequence[int],
+                          seeds: np.ndarray | None = None) -> Batch:
         n, sizes, views = len(indices), self._sizes, self.views
         # One reusable buffer (shared memory in a worker, so sending the batch is free), each
         # view's N x H x W x 3 block after the previous one's.
@@ -414,7 +425,7 @@ class ShardDataset(OpenedInWorkers, Dataset):
         # per view: each position's target (with fields)
         target_lists: list[list[Any]] = [[None] * n for _ in sizes]
         located = self._by_shard(indices)
-        plans = self._plans(located, n)
+        plans = self._plans(located, n, seeds)
         for k, positions, local in located:
             shard = self.store.shard(k)
             labels[positions] = shard.labels[local]

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import ConcatDataset, get_worker_info
 
 from ..errors import OptionError
-from . import batchpool
+from . import batchpool, draws
 from .order import Groups, rng
 from .sampler import OrderedSampler, fingerprint, shard_groups
 
@@ -33,11 +33,26 @@ class Mix(ConcatDataset):
     Index ``i`` is record ``i - start_k`` of part ``k``, as in ``ConcatDataset``; a batch is
     read with each part's own ``__getitems__`` (its decode path), then put back in the order
     asked. Batches of cropped tensors stay one stacked ``Batch`` for ``shardkit.collate``.
+    A ``ds.loader``'s per-sample seeds (:mod:`.draws`) go with each sample to its part, so a
+    sample's draws do not depend on which other parts share its batch.
     """
+
+    def __getitem__(self, index: int) -> Any:
+        seed = draws.seed_of(index)
+        if seed is None:
+            return super().__getitem__(index)
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"index {int(index)} out of range for a mix of {n} records")
+        i = int(index) % n
+        k = int(np.searchsorted(self.cumulative_sizes, i, side="right"))
+        start = self.cumulative_sizes[k - 1] if k else 0
+        return self.datasets[k][draws.KeyedIndex(i - start, seed)]
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         from .batching import Batch
 
+        seeds = draws.seeds_of(indices)
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
         if len(idx) and (idx.min() < -n or idx.max() >= n):
@@ -51,7 +66,15 @@ class Mix(ConcatDataset):
             positions = np.flatnonzero(part == k)
             ds = self.datasets[k]
             local = (idx[positions] - starts[k]).tolist()
-            got = ds.__getitems__(local) if hasattr(ds, "__getitems__") else [ds[i] for i in local]
+            if seeds is not None:
+                local = draws.Keyed(local, seeds[positions])
+            if hasattr(ds, "__getitems__"):
+                got = ds.__getitems__(local)
+            elif seeds is None:
+                got = [ds[i] for i in local]
+            else:
+                got = [ds[draws.KeyedIndex(i, seed)]
+                       for i, seed in zip(local, local.seeds.tolist())]
             pieces.append((positions, got))
         if len(pieces) == 1 and np.array_equal(pieces[0][0], np.arange(len(idx))):
             return pieces[0][1]  # one part, in order: its own batch, untouched

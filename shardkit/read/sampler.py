@@ -255,6 +255,14 @@ class OrderedSampler(DistributedSampler):
     def __len__(self) -> int:
         return per_rank(self.total, self._origin, self.num_replicas, self.drop_last) - self._skip
 
+    def global_places(self) -> tuple[int, int]:
+        """``(first, step)``: the ``k``-th sample the next ``iter()`` yields is at place
+        ``first + k * step`` of the epoch's global sequence, the same place at every world size
+        dividing ``num_canonical`` (a place past the end is padding, numbered on). What a
+        ``ds.loader`` keys each sample's augmentation draws by (:mod:`shardkit.read.draws`)."""
+        w = self.num_replicas
+        return self._origin + self.rank + w * self._skip, w
+
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for ``epoch`` (call before each epoch, with the same value on every rank).
 

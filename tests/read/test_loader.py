@@ -1,7 +1,10 @@
 """``ShardDataset.loader``: a DataLoader set up as documented (``shardkit.collate``,
 ``shardkit.worker_init_fn`` then the user's, persistent workers) that passes every DataLoader
 argument through. Its batches equal those of the hand-built DataLoader, in the main process and in
-forked and spawned workers, with shuffling, samplers and ``DistributedSampler``.
+forked and spawned workers, with shuffling, samplers and ``DistributedSampler``; except that its
+random crops and flips are each sample's own draws (``torch.manual_seed(shardkit.sample_seed(
+seed, epoch, position))`` then ``ds[i]``), where a hand-built loader's come from each worker's
+RNG (``tests/read/test_draws.py``).
 """
 
 from __future__ import annotations
@@ -53,14 +56,31 @@ def same(a: list, b: list) -> bool:
                                     for x, y in zip(a, b))
 
 
+def same_records(a: list, b: list) -> bool:
+    """The same labels in the same batches, images of the same shapes."""
+    return len(a) == len(b) and all(x[0].shape == y[0].shape and torch.equal(x[1], y[1])
+                                    for x, y in zip(a, b))
+
+
+def keyed(ds, seed: int, epoch: int, positions, indices) -> torch.Tensor:
+    """``ds[i]``'s image under each sample's own seed: what ``ds.loader`` gives for the sample
+    at ``position`` of ``epoch`` with the loader's seed ``seed``."""
+    images = []
+    for position, i in zip(positions, indices):
+        torch.manual_seed(shardkit.sample_seed(seed, epoch, position))
+        images.append(ds[i][0])
+    return torch.stack(images)
+
+
 @pytest.mark.parametrize("context, workers", [(None, 0), ("fork", 2), ("spawn", 2)],
                          ids=["main-process", "fork", "spawn"])
 def test_batches_equal_the_documented_hand_built_loader(store, tmp_path, context, workers):
-    """Shuffled random-resized crops and flips (drawn from each worker's seed): the same batches
-    as ``DataLoader(..., worker_init_fn=shardkit.worker_init_fn, collate_fn=shardkit.collate,
-    persistent_workers=True)``; the user's ``worker_init_fn`` runs once in each worker (persistent
-    across epochs), after shardkit's."""
-    ds = ShardDataset(store, crop=32, crop_mode="random_resized", flip=0.5)
+    """Shuffled centre crops: the same batches as ``DataLoader(...,
+    worker_init_fn=shardkit.worker_init_fn, collate_fn=shardkit.collate,
+    persistent_workers=True)`` (random crops: see ``test_samplers_and_distributed_sampler_pass_
+    through``); the user's ``worker_init_fn`` runs once in each worker (persistent across
+    epochs), after shardkit's."""
+    ds = ShardDataset(store, crop=32)
     common = dict(batch_size=4, shuffle=True, num_workers=workers, multiprocessing_context=context)
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -80,7 +100,7 @@ def test_batches_equal_the_documented_hand_built_loader(store, tmp_path, context
     assert images.shape == (4, 3, 32, 32) and images.dtype == torch.uint8
     assert sorted(label for batch in got[0] for label in batch[1].tolist()) == \
         sorted(ds.targets.tolist())
-    assert not same(got[0], got[1])  # a new shuffle and new boxes each epoch
+    assert not same(got[0], got[1])  # a new shuffle each epoch
     records = {name: json.loads((marks / name).read_text()) for name in os.listdir(marks)}
     if workers:
         ids, pids = zip(*(name.split("-") for name in records))
@@ -93,7 +113,9 @@ def test_batches_equal_the_documented_hand_built_loader(store, tmp_path, context
 
 def test_samplers_and_distributed_sampler_pass_through(store):
     """A plain sampler (main process) and DistributedSampler (forked workers, two ranks): the
-    hand-built loader's batches, and the ranks' batches cover the dataset once."""
+    hand-built loader's batches of records, each image the sample's own random crop and flip
+    (its place in the epoch: ``k``; under DistributedSampler ``rank + k * num_replicas``), and
+    the ranks' batches cover the dataset once."""
     ds = ShardDataset(store, crop=32, crop_mode="random", flip=0.5)
     order = [7, 3, 29, 0, 11, 11, 5]
     torch.manual_seed(1)
@@ -101,8 +123,10 @@ def test_samplers_and_distributed_sampler_pass_through(store):
     torch.manual_seed(1)
     expected = epochs(DataLoader(ds, batch_size=3, sampler=order, collate_fn=shardkit.collate,
                                  worker_init_fn=shardkit.worker_init_fn), 1)[0]
-    assert same(got, expected) and [len(b[1]) for b in got] == [3, 3, 1]
+    assert same_records(got, expected) and [len(b[1]) for b in got] == [3, 3, 1]
     assert torch.cat([b[1] for b in got]).tolist() == ds.targets[order].tolist()
+    # record 11 twice: at two places, two crops
+    assert torch.equal(torch.cat([b[0] for b in got]), keyed(ds, 1, 0, range(7), order))
     labels = []
     for rank in range(2):
         sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=4)
@@ -113,7 +137,10 @@ def test_samplers_and_distributed_sampler_pass_through(store):
         torch.manual_seed(2)
         expected = epochs(DataLoader(ds, **common, collate_fn=shardkit.collate,
                                      worker_init_fn=shardkit.worker_init_fn), 1)[0]
-        assert same(got, expected)
+        assert same_records(got, expected)
+        mine = list(sampler)
+        assert torch.equal(torch.cat([b[0] for b in got]), keyed(
+            ds, 2, 1, range(rank, 2 * len(mine), 2), mine))
         labels += [label for batch in got for label in batch[1].tolist()]
     assert sorted(labels) == sorted(ds.targets.tolist())
 

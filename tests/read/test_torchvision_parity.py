@@ -4,10 +4,11 @@ Under one ``torch.manual_seed``, ``ShardDataset(path, crop=224, crop_mode="rando
 flip=0.5)`` must give what ``v2.Compose([v2.RandomResizedCrop(224, antialias=True),
 v2.RandomHorizontalFlip(0.5)])`` gives on ``ShardDataset(path)[i][0]``, sample by sample, in every
 path: single items, batches (the pooled buffer), threads, numpy/PIL outputs, multi-shard stores,
-DataLoader workers (fork and spawn). The probe ``tests/helpers/programs/tv_parity.py`` runs in the
-torchvision environment (``.venv-tv``, built by ``scripts/torchvision_venv.sh``;
-``SHARDKIT_TV_PYTHON`` names another interpreter) on stores packed here. Without it the tests
-skip, except under CI (env ``CI`` set), where they fail.
+DataLoader workers (fork and spawn); and a ``ds.loader``'s sample equals torchvision's transform
+after ``torch.manual_seed(shardkit.sample_seed(seed, epoch, position))``. The probe
+``tests/helpers/programs/tv_parity.py`` runs in the torchvision environment (``.venv-tv``, built
+by ``scripts/torchvision_venv.sh``; ``SHARDKIT_TV_PYTHON`` names another interpreter) on stores
+packed here. Without it the tests skip, except under CI (env ``CI`` set), where they fail.
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ def probe(tv_python, tmp_path_factory) -> dict:
                       "std": [0.229, 0.224, 0.225]},
         "views": {"check": "views", "store": _views_store(str(base / "views.lmdb")),
                   "views": VIEWS, "seeds": VIEW_SEEDS},
+        "stream": {"check": "stream", "store": stores["shards"], "crop": 224, "batch": 6,
+                   "seed": 11, "views_store": str(base / "views.lmdb"), "views": VIEWS},
     }
     done = run_program("tv_parity", json.dumps(config), python=tv_python, capture_output=True,
                        text=True, timeout=900)
@@ -156,6 +159,16 @@ def test_flip_with_random_and_center_crops_identical_to_torchvision(probe, case,
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_dataloader_workers_identical_to_torchvision_in_each_worker(probe, method):
     assert probe["loader"][method] == {"samples": probe["count"], "differing": 0, "max_abs": 0}
+
+
+def test_a_loader_sample_is_reproduced_by_torchvision_from_its_sample_seed(probe):
+    """``ds.loader`` (a ``ShardSampler`` rank, two worker processes; views in index order):
+    each sample ``torch.equal`` to v2's transform (each view's in turn) after
+    ``torch.manual_seed(shardkit.sample_seed(seed, epoch, position))``."""
+    got = probe["stream"]
+    half = -(-probe["count"] // 2)  # the rank's share of the three-shard store
+    assert got["crops"] == {"samples": half, "differing": 0, "max_abs": 0}
+    assert got["views"] == {"samples": 9 * len(VIEWS), "differing": 0, "max_abs": 0}
 
 
 def test_evaluation_centre_crop_matches_resize_256_center_crop_224(probe):

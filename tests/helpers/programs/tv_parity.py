@@ -3,7 +3,8 @@ tests/read/test_torchvision_parity.py.
 
 argv: CONFIG_JSON; prints one JSON object of measurements. For every
 sample it compares shardkit's decode-time augmentation against torchvision v2 applied to the
-uncropped ``ShardDataset(path)[i][0]`` under the same ``torch.manual_seed``, and the evaluation
+uncropped ``ShardDataset(path)[i][0]`` under the same ``torch.manual_seed`` (a ``ds.loader``'s
+samples under ``torch.manual_seed(shardkit.sample_seed(...))``), and the evaluation
 centre crop against ``Resize(256) + CenterCrop(224)`` on the PIL-decoded source.
 """
 
@@ -212,6 +213,45 @@ def check_loader(cfg: dict) -> dict:
     return out
 
 
+def check_stream(cfg: dict) -> dict:
+    """A ``ds.loader``'s samples reproduced with torchvision: for the sample at ``position`` of
+    ``epoch``, ``torch.manual_seed(shardkit.sample_seed(seed, epoch, position))`` then the v2
+    transform (each view's in turn). A ``ShardSampler`` rank with two worker processes
+    (positions: ``sampler.global_places()``), and views in index order (positions 0, 1, ...)."""
+    path, crop, seed, batch = cfg["store"], cfg["crop"], cfg["seed"], cfg["batch"]
+    full = ShardDataset(path)
+    ds = ShardDataset(path, crop=crop, crop_mode="random_resized", flip=0.5)
+    transform = reference_transform("random_resized", crop, (0.08, 1.0), (3 / 4, 4 / 3), 0.5)
+    sampler = shardkit.ShardSampler(ds, num_replicas=2, rank=1, seed=3)
+    sampler.set_epoch(2)
+    order = sampler.indices().tolist()
+    first, step = sampler.global_places()
+    loader = ds.loader(batch_size=batch, sampler=sampler, num_workers=2,
+                       generator=torch.Generator().manual_seed(seed))
+    got = torch.cat([images for images, _ in loader])
+    crops = Tally()
+    for k, i in enumerate(order):
+        torch.manual_seed(shardkit.sample_seed(seed, 2, first + k * step))
+        crops.add(got[k], transform(full[i][0]))
+    views = [shardkit.View(tuple(size), tuple(scale), tuple(ratio), flip)
+             for size, scale, ratio, flip in cfg["views"]]
+    transforms = view_transforms(cfg["views"])
+    vfull = ShardDataset(cfg["views_store"])
+    vds = ShardDataset(cfg["views_store"], views=views)
+    n = len(vds)
+    torch.manual_seed(seed)  # the loader's seed: torch.initial_seed()
+    images = [torch.cat(v) for v in zip(*[b[0] for b in vds.loader(
+        batch_size=batch, sampler=range(n))])]
+    each = Tally()
+    for k in range(n):
+        torch.manual_seed(shardkit.sample_seed(seed, 0, k))
+        for v, t in enumerate(transforms):
+            each.add(images[v][k], t(vfull[k][0]))
+    for d in (full, ds, vfull, vds):
+        d.close()
+    return {"crops": crops.result(), "views": each.result()}
+
+
 def check_eval(cfg: dict) -> dict:
     """``crop_mode="center"`` on a store packed at 256 against ``Resize(256) + CenterCrop(224)``
     on the PIL-decoded source (what an ImageFolder evaluation pipeline computes), with
@@ -251,7 +291,7 @@ def check_normalize(cfg: dict) -> dict:
 def main(argv: list[str]) -> None:
     cfg = json.loads(argv[0])
     checks = {"recipe": check_recipe, "loader": check_loader, "eval": check_eval,
-              "normalize": check_normalize, "views": check_views}
+              "normalize": check_normalize, "views": check_views, "stream": check_stream}
     result = {name: checks[c["check"]](c) for name, c in cfg.items()}
     import torchvision
 
