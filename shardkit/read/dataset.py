@@ -13,6 +13,7 @@ import copy
 import functools
 import numbers
 import os
+from itertools import repeat
 from typing import Any, Callable, Literal, Sequence, get_args
 
 import numpy as np
@@ -426,6 +427,7 @@ class ShardDataset(OpenedInWorkers, Dataset):
         target_lists: list[list[Any]] = [[None] * n for _ in sizes]
         located = self._by_shard(indices)
         plans = self._plans(located, n, seeds)
+        outs = list(zip(*pixels))  # each position's outputs, one per view
         for k, positions, local in located:
             shard = self.store.shard(k)
             labels[positions] = shard.labels[local]
@@ -433,8 +435,11 @@ class ShardDataset(OpenedInWorkers, Dataset):
             widths = shard.widths[local].tolist()
             local_list = local.tolist()
             with shard.reader.records() as get:
-                jobs = [([p[pos] for p in pixels], shard, k, i, get(i), h, w, plans[pos])
-                        for pos, i, h, w in zip(positions.tolist(), local_list, heights, widths)]
+                # Built by C-level zip/map, not a per-sample Python loop: the thread engine's
+                # threads share one GIL, and this runs once per record.
+                at = positions.tolist()
+                jobs = list(zip(map(outs.__getitem__, at), repeat(shard), repeat(k), local_list,
+                                map(get, local_list), heights, widths, map(plans.__getitem__, at)))
                 self._fanout.run(self._decoder.into, jobs)
             if self._targets is not None:  # boxes of the whole shard's part moved at once
                 mode = "random_resized" if views is not None else self.crop_mode
