@@ -9,7 +9,9 @@ into shards of 1,000 sources from a separate client process (``shardkit.pack(eng
 scheduler=...)``). Memory is each process's ``VmHWM`` (peak resident set, /proc/PID/status)
 at the end of the pack. Bytes per source = (peak at the large N - peak at the small N) / (the
 difference in N), extrapolated to 10^9 sources. Throughput: the same pack with the local engine
-and W encoding workers (the same cores), images/s of the encoding phase (PackResult's).
+and W encoding workers (the same cores), images/s of the encoding phase (PackResult's: both
+engines import the packing code and the resize kernel before it starts), and of the whole call;
+the load average after each size (the machine may be shared).
 
     python benchmarks/cluster_memory.py [--sizes 20000 200000] [--workers 2] [--out FILE]
 """
@@ -40,6 +42,7 @@ t0 = time.perf_counter()
 r = shardkit.pack(src, out, **kw)
 status = dict(line.split(":", 1) for line in open("/proc/self/status"))
 print(json.dumps({"count": r.count, "seconds": r.seconds, "startup": r.startup_seconds,
+                  "whole_images_per_second": r.count / r.seconds,
                   "images_per_second": r.count / max(1e-9, r.seconds - r.startup_seconds),
                   "client_hwm_kb": int(status["VmHWM"].split()[0])}))
 """
@@ -137,13 +140,16 @@ def main() -> None:
                 got["worker_hwm_kb"] = [hwm_kb(p) for p in pids]
             local = run(src, os.path.join(tmp, f"local{n}"), "local", "", args.workers, shards)
             got["local_images_per_second"] = local["images_per_second"]
+            got["local_whole_images_per_second"] = local["whole_images_per_second"]
             rows[n] = got
             lines.append(f"N={n:>9,}: client peak {got['client_hwm_kb'] / 1024:7.1f} MiB, "
                          f"workers {[round(k / 1024, 1) for k in got['worker_hwm_kb']]} MiB; "
                          f"dask {got['images_per_second']:7.0f} img/s, local "
                          f"{local['images_per_second']:7.0f} img/s (ratio "
-                         f"{got['images_per_second'] / local['images_per_second']:.2f}); "
-                         f"{got['count']} records, {shards} shards")
+                         f"{got['images_per_second'] / local['images_per_second']:.2f}; whole "
+                         f"call {got['whole_images_per_second']:.0f} vs "
+                         f"{local['whole_images_per_second']:.0f}); {got['count']} records, "
+                         f"{shards} shards; load {os.getloadavg()[0]:.2f}")
             for name in (f"src{n}", f"dask{n}", f"local{n}"):
                 subprocess.run(["rm", "-rf", os.path.join(tmp, name)], check=True)
     small, large = args.sizes
