@@ -271,7 +271,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
           f"format version {summary['format_version']})\n"
           f"records:    {summary['count']}\n"
           f"{labels}"
-          f"encoding:   {summary['encoding']} (size {summary['size']}, "
+          f"encoding:   {summary['encoding']} ("
+          f"{'bucketed' if summary.get('buckets') else 'size ' + str(summary['size'])}, "
           f"quality {summary['quality']})\n"
           f"on disk:    {summary['bytes_on_disk']} bytes\n"
           f"skipped:    {summary['skipped']} source file(s)")

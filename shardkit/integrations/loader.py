@@ -33,6 +33,7 @@ from torch.utils.data import (DataLoader, DistributedSampler, RandomSampler, Seq
 
 from ..errors import OptionError
 from ..read import draws
+from ..read.buckets import BucketSampler
 from ..read.sampler import OrderedSampler
 from .output import BatchOutput
 
@@ -217,6 +218,9 @@ class ShardLoader(DataLoader):
                  normalize: Any = None, device: Any = None, dtype: torch.dtype = torch.float32,
                  memory_format: torch.memory_format = torch.contiguous_format,
                  **kwargs: Any) -> None:
+        if isinstance(kwargs.get("sampler"), BucketSampler):  # its items are whole batches
+            raise OptionError("sampler: a BucketSampler yields batches; pass it as "
+                              "batch_sampler=, with no batch_size, shuffle or drop_last")
         super().__init__(dataset, batch_size, *args, **kwargs)
         self._output = BatchOutput.make(normalize, device, dtype, memory_format)
         self._progress = _Progress()

@@ -57,4 +57,25 @@ def collate(batch: Sequence[Any], ragged: Any = "list") -> Any:
         per_view = [targetmod.collate_samples([(s[0][v], s[1][v]) for s in batch], ragged)
                     for v in range(len(batch[0][1]))]
         return [[images for images, _ in per_view], [targets for _, targets in per_view]]
-    return shipping.collate(batch)  # default_collate, in memfd memory inside a worker
+    try:
+        return shipping.collate(batch)  # default_collate, in memfd memory inside a worker
+    except RuntimeError as exc:
+        sizes = _image_sizes(batch)
+        if len(sizes) > 1:  # torch's "stack expects each tensor to be equal size" says not why
+            raise ValueError(
+                f"the images of one batch differ in size ({' and '.join(sizes[:2])}): a store "
+                "packed with buckets needs batch_sampler=shardkit.BucketSampler(...) (one bucket "
+                "a batch); otherwise crop= or a transform to one size") from exc
+        raise
+
+
+def _image_sizes(batch: Sequence[Any]) -> list[str]:
+    """The distinct shapes of the images of ``(image, target)`` samples (only asked when
+    stacking them failed)."""
+    seen: list[str] = []
+    for sample in batch:
+        image = sample[0] if isinstance(sample, (tuple, list)) and sample else None
+        shape = getattr(image, "shape", None)
+        if shape is not None and "x".join(map(str, shape)) not in seen:
+            seen.append("x".join(map(str, shape)))
+    return seen

@@ -246,6 +246,7 @@ def test_info_shows_the_histogram_and_cli_packs_buckets(src, stores, tmp_path, c
     shown = capsys.readouterr().out
     meta = Store(stores["single"]).meta["buckets"]
     assert f"buckets:    {len(meta['sizes'])} (area 256x256, step 32, no upscaling)" in shown
+    assert "(bucketed, quality" in shown  # not "size 0": a bucketed store has no one size
     for (h, w), n in zip(meta["sizes"], meta["counts"]):
         assert f"\n  {h}x{w}: {n}\n" in shown
     assert shardkit.info(stores["single"])["buckets"] == meta

@@ -67,6 +67,17 @@ def test_a_store_without_buckets_says_so(pack_photos):
         BucketSampler(plain, 4, num_replicas=1, rank=0)
 
 
+def test_misuse_gets_one_line_that_names_the_fix(ds):
+    """A BucketSampler passed as ``sampler=`` (its items are batches), and a bucketed store
+    batched without one (images of several sizes), each say what to pass instead."""
+    with pytest.raises(OptionError, match="sampler: a BucketSampler yields batches; pass it as "
+                                          "batch_sampler="):
+        ds.loader(sampler=BucketSampler(ds, 4, num_replicas=1, rank=0))
+    with pytest.raises(ValueError, match=r"the images of one batch differ in size \(3x\d+x\d+ "
+                                         r"and 3x\d+x\d+\): .*batch_sampler=shardkit.BucketSampler"):
+        next(iter(ds.loader(batch_size=len(ds))))
+
+
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_every_batch_one_bucket_every_sample_once_equal_ranks(ds, drop_last):
     buckets = ds.buckets
