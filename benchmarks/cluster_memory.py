@@ -10,7 +10,7 @@ scheduler=...)``). Memory is each process's ``VmHWM`` (peak resident set, /proc/
 at the end of the pack. Bytes per source = (peak at the large N - peak at the small N) / (the
 difference in N), extrapolated to 10^9 sources. Throughput: the same pack with the local engine
 and W encoding workers (the same cores), images/s of the encoding phase (PackResult's: both
-engines import the packing code and the resize kernel before it starts), and of the whole call;
+engines import the packing code before it starts), and of the whole call;
 the load average after each size (the machine may be shared).
 
     python benchmarks/cluster_memory.py [--sizes 20000 200000] [--workers 2] [--out FILE]

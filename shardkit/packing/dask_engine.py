@@ -155,8 +155,8 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         # metadata table) travel with it: then one copy per worker instead of one per task.
         plan_future = plan if plan.fields is None else \
             client.scatter([plan], broadcast=True, hash=False)[0]
-        # Each worker imports the packing code (and the resize kernel: torch) now, as the local
-        # engine does before its encoders start, not inside its first shard's time.
+        # Each worker imports the packing code now, as the local engine does before its encoders
+        # start, not inside its first shard's time.
         client.run(_warm_up, on_error="ignore")
         token = uuid.uuid4().hex[:12]
         attempts: dict[int, int] = {}
@@ -216,15 +216,15 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
 
 def _warm_up() -> None:
     """Import what a shard task needs (a worker's first task would, inside its time): the
-    encoders and store writers, Pillow's plugins, the resize kernel. A failure here is the
-    first task's to report."""
+    encoders and store writers, Pillow's plugins. Not the resize kernel (torch: ~180 MiB a
+    worker), which a worker imports on its first resize, so a pack that resizes nothing never
+    does. A failure here is the first task's to report."""
     try:
         from PIL import Image
 
-        from . import local, resize  # noqa: F401
+        from . import local  # noqa: F401
 
         Image.preinit()  # the standard formats' plugins (else on the first open)
-        resize.prepare()
     except Exception:  # noqa: BLE001 - only an early import
         pass
 
