@@ -319,6 +319,9 @@ def train(system: str, n: int, model: torch.nn.Module, device: torch.device, arg
         t1 = clock()
         pids = process_tree()
         cpu1 = tree_cpu_s(pids)
+        # One reading at the end too: a short run (the dry run on a loaded machine) may see no
+        # sample of the 0.5 s sampler between t0 and t1.
+        end_pss = tree_pss_mb(pids)
     finally:
         feed.close()
         close(loader)
@@ -329,8 +332,7 @@ def train(system: str, n: int, model: torch.nn.Module, device: torch.device, arg
     result.cpu_cores = (cpu1 - cpu0) / seconds
     if gpu is not None and (util := gpu.between(t0, t1)):
         result.gpu_util = statistics.mean(util) / 100
-    if pss := memory.between(t0, t1):
-        result.peak_pss_mb = max(pss)
+    result.peak_pss_mb = max([*memory.between(t0, t1), end_pss])
     if not float(loss.float().item()) == float(loss.float().item()):  # NaN: something is wrong
         result.note = "loss is NaN"
     return result
