@@ -57,18 +57,11 @@ except ImportError:  # run from a source checkout without installing
 import numpy as np
 import torch
 
+sys.path.insert(0, HERE)
+from reports import positive_ints  # noqa: E402  (beside this script)
+
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SYSTEMS = ("threads", "processes", "imagefolder")
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1: {text!r}")
-    return values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=256, help="batch size [256]")
     p.add_argument("--warmup", type=int, default=15, help="untimed steps per setting [15]")
     p.add_argument("--steps", type=int, default=60, help="timed steps per setting [60]")
-    p.add_argument("--threads", type=_ints, default=[4, 8, 16], help="thread engine [4,8,16]")
-    p.add_argument("--workers", type=_ints, default=[4, 8, 16],
+    p.add_argument("--threads", type=positive_ints, default=[4, 8, 16],
+                   help="thread engine [4,8,16]")
+    p.add_argument("--workers", type=positive_ints, default=[4, 8, 16],
                    help="process engine and ImageFolder num_workers [4,8,16]")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {', '.join(SYSTEMS)} [all]")
     p.add_argument("--time-limit", type=float, default=420.0,

@@ -7,11 +7,23 @@ Imported by the scripts beside it (``python benchmarks/<script>.py`` puts this f
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse type: a comma-separated list of integers >= 1 (``--threads 4,8,16``)."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1: {text!r}")
+    return values
 
 
 def command_line() -> str:

@@ -55,23 +55,13 @@ except ImportError:  # run from a source checkout without installing
     sys.path.insert(0, os.path.join(HERE, ".."))
     import shardkit
 sys.path.insert(0, HERE)
-from reports import command_line, emit  # noqa: E402  (beside this script)
+from reports import command_line, emit, positive_ints  # noqa: E402  (beside this script)
 
 BATCH = 64
 PATHS = {
     "random crop": {"crop": 224, "crop_mode": "random", "flip": 0.5},
     "recipe": {"crop": 224, "crop_mode": "random_resized", "flip": 0.5},
 }
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1: {text!r}")
-    return values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sample", type=int, default=3000, help="photo-like images [3000]")
     p.add_argument("--repeat", type=int, default=5, help="timed rounds [5]")
-    p.add_argument("--threads", type=_ints, default=[cores, 2 * cores],
+    p.add_argument("--threads", type=positive_ints, default=[cores, 2 * cores],
                    help=f"num_threads values of the thread engine [{cores},{2 * cores}]")
-    p.add_argument("--workers", type=_ints, default=[1, 2, 4],
+    p.add_argument("--workers", type=positive_ints, default=[1, 2, 4],
                    help="num_workers values of the process engine [1,2,4]")
     p.add_argument("--paths", default=",".join(PATHS),
                    help=f"which read paths, of: {', '.join(PATHS)} [all]")
