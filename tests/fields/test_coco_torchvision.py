@@ -1,7 +1,8 @@
 """COCO packs checked against torchvision's own CocoDetection + wrap_dataset_for_transforms_v2
 (pycocotools for masks) in the torch 2.14.1 + torchvision environment (``.venv-tv``): stored
 targets equal torchvision's after ``v2.Resize(256)``; decode-time crops move boxes and masks
-``torch.equal`` to the v2 pipeline under one seed (items, batches, threads, fork/spawn workers)."""
+``torch.equal`` to the v2 pipeline under one seed (items, batches, threads), and a ``ds.loader``'s fork/spawn workers
+sample for sample under ``torch.manual_seed(shardkit.sample_seed(seed, epoch, position))``."""
 
 from __future__ import annotations
 
@@ -49,9 +50,10 @@ def test_crops_move_boxes_and_masks_exactly_as_v2(tv_python, coco_store):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert result["differing"] == [], result["differing"][:10]
-    assert result["workers"] == []
+    assert result["workers"] == [], result["workers"][:10]
     count = len(shardkit.ShardDataset(store))
     assert result["compared"] == 3 * 2 * 4 * count
+    assert result["workers_compared"] == 3 * 2 * count  # each mode, fork and spawn
     assert result["boxes_dropped"] > 0  # sanitize=True had boxes to drop (tiny, cropped away)
     assert os.path.exists(store)
 
@@ -95,5 +97,6 @@ def test_semantic_masks_and_small_images_as_v2(tv_python, tmp_path, sizes, modes
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert result["differing"] == [], result["differing"][:10]
-    assert result["workers"] == []
+    assert result["workers"] == [], result["workers"][:10]
     assert result["compared"] == len(modes) * 2 * 2 * len(sizes)
+    assert result["workers_compared"] == len(modes) * 2 * len(sizes)

@@ -1,11 +1,12 @@
-"""Run under the torchvision environment (``.venv-tv``) by tests/fields/test_crop_parity.py.
+"""Run under the torchvision environment (``.venv-tv``) by tests/fields/test_coco_torchvision.py.
 
 argv: CONFIG_JSON (store, modes, seeds, crop). For every mode, sanitize setting, record and seed,
 it compares ``ShardDataset(store, fields=[boxes, labels, masks], crop=..., crop_mode=mode,
 flip=0.5)`` against torchvision v2's ``Compose([<crop>, RandomHorizontalFlip(0.5)
 (, SanitizeBoundingBoxes())])`` applied to the uncropped sample under the same
-``torch.manual_seed``: items, batches (``__getitems__`` + ``shardkit.collate``), threads, and
-DataLoader workers (fork and spawn, each worker's seed reproduced). Prints one JSON object.
+``torch.manual_seed``: items, batches (``__getitems__`` + ``shardkit.collate``), threads, and a
+``ds.loader`` with fork and spawn workers (each sample's keyed draws reproduced from
+``shardkit.sample_seed``). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import json
 import sys
 
 import torch
-from torch.utils.data import DataLoader
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
@@ -99,40 +99,45 @@ def main() -> None:
                     for name, ok in checks.items():
                         if not ok:
                             out["differing"].append([mode, sanitize, seed, i, name])
-    out["workers"] = workers_check(path, crop, cfg["modes"])
+    out["workers"], out["workers_compared"] = workers_check(path, crop, cfg["modes"])
     print(json.dumps(out))
 
 
-def workers_check(path: str, crop: int, modes: list[str]) -> list:
-    """A 2-worker DataLoader (fork, spawn) gives what this process gives under each worker's
-    seed (``base_seed + worker_id``, batches dealt round-robin)."""
-    bad = []
+def workers_check(path: str, crop: int, modes: list[str]) -> tuple[list, int]:
+    """A 2-worker ``ds.loader`` (fork, spawn) gives, sample for sample, what torchvision v2 gives
+    on the uncropped sample after ``torch.manual_seed(shardkit.sample_seed(seed, epoch,
+    position))`` (docs/training-recipe.md, "Random state"): ``seed`` the loader generator's
+    ``initial_seed()``, ``epoch`` 0 (a fresh loader whose sampler has no epoch), ``position`` the
+    sample's place ``k`` in the epoch (``loader.sampler.indices()``'s order). Whichever worker
+    decodes a sample, its draws are its own: images, boxes and masks ``torch.equal`` to v2's."""
+    bad, compared = [], 0
+    raw = ShardDataset(path, fields=FIELDS)
     for mode in modes:
+        transform = reference(mode, crop, sanitize=True)
         for context in ("fork", "spawn"):
             ds = ShardDataset(path, fields=FIELDS, crop=crop, crop_mode=mode, flip=0.5,
                               sanitize=True)
             gen = torch.Generator().manual_seed(1234)
             loader = ds.loader(batch_size=3, num_workers=2, generator=gen,
                                multiprocessing_context=context, persistent_workers=False)
+            order = loader.sampler.indices().tolist()
             got = list(loader)
-            base_seed = torch.empty((), dtype=torch.int64).random_(
-                generator=torch.Generator().manual_seed(1234)).item()
-            batches = [list(range(s, min(s + 3, len(ds)))) for s in range(0, len(ds), 3)]
-            expect = [None] * len(batches)
-            for worker in range(2):
-                torch.manual_seed(base_seed + worker)
-                for b in range(worker, len(batches), 2):
-                    expect[b] = shardkit.collate(ds.__getitems__(batches[b]))
-            for b, (ours, ref) in enumerate(zip(got, expect)):
-                same = torch.equal(ours[0], ref[0]) and all(
-                    len(ours[1][k]) == len(ref[1][k]) and all(
-                        torch.equal(plain(x), plain(y)) for x, y in zip(ours[1][k], ref[1][k]))
-                    for k in FIELDS)
-                if not same:
-                    bad.append([mode, context, b])
-            if len(got) != len(batches):
-                bad.append([mode, context, "batches", len(got)])
-    return bad
+            refs = []
+            for k, i in enumerate(order):
+                torch.manual_seed(shardkit.sample_seed(gen.initial_seed(), 0, k))
+                refs.append(transform(*raw[i]))
+            for b, ours in enumerate(got):
+                for j, (ref_img, ref_t) in enumerate(refs[3 * b:3 * b + 3]):
+                    same = j < len(ours[0]) and torch.equal(ours[0][j], plain(ref_img)) and all(
+                        torch.equal(plain(ours[1][key][j]), plain(ref_t[key])) for key in FIELDS)
+                    compared += 1
+                    if not same:
+                        bad.append([mode, context, b, j])
+            if sum(len(images) for images, _ in got) != len(order):
+                bad.append([mode, context, "samples", sum(len(images) for images, _ in got)])
+            ds.close()
+    raw.close()
+    return bad, compared
 
 
 if __name__ == "__main__":
