@@ -275,6 +275,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
               default_workers() if workers is None else workers, strict, overwrite, progress,
               allow_empty, engine, scheduler, num_nodes, node_rank, resume, storage_options,
               retries)
+    plan_sharded = shard_size is not None or num_shards is not None
     plan_dir = _plan_dir(run)
     try:
         lister = None
@@ -293,8 +294,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
                              num_shards=num_shards, strict=strict, order=order,
                              layout_seed=layout_seed)
         except OSError as exc:  # the plan's files (a full disk, say); nothing else is written
-            raise PackError(f"cannot write {out}: {exc.strerror or exc} (writing the pack's "
-                            f"plan in {os.path.dirname(plan_dir)})") from None
+            raise write_error(exc, run, NOTHING_KEPT if plan_sharded else "no output written",
+                              os.path.dirname(plan_dir)) from None
         if not run.remote:
             make_parent(out, PackError)  # `mkdir -p` OUT's folder
         count, skipped, sources = (_pack_sharded if plan.sharded else _pack_single)(plan, run)
@@ -374,6 +375,22 @@ def _plan_dir(run: Run) -> str:
     return os.path.join(parent, f"{stem}{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
+NOTHING_KEPT = "no shard was finished, nothing to resume"
+
+
+def write_error(exc: OSError, run: Run, left: str, plan_in: str | None = None) -> PackError:
+    """The one-line error of a pack that could not write its own files (a full disk, say),
+    ``left`` saying what is kept. For a URL OUT the local staging folder is at fault (its plan
+    and shards are written there): named with the remedy (:func:`.staging.staging_fault`), never
+    the URL; for a local OUT the system's reason, and ``plan_in`` where the plan was written."""
+    if run.remote:
+        what = staging_fault(exc, run.partial)
+    else:
+        what = f"{exc.strerror or exc}" + (f" (writing the pack's plan in {plan_in})"
+                                           if plan_in else "")
+    return PackError(f"cannot write {run.out}: {what}; {left}")
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -403,8 +420,7 @@ def _pack_single(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]:
         if isinstance(exc, KeyboardInterrupt):
             raise Interrupted("interrupted; no output written") from None
         if isinstance(exc, OSError):
-            raise PackError(f"cannot write {run.out}: {exc.strerror or exc}; no output written"
-                            ) from None
+            raise write_error(exc, run, "no output written") from None
         raise
     return entries[0]["count"], entries[0]["skipped"], len(plan.paths)
 
@@ -426,7 +442,7 @@ def _pack_sharded(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]
 
     def kept() -> str:
         if not finished:  # a claim of kept shards would send the user to a useless resume
-            return "no shard was finished, nothing to resume"
+            return NOTHING_KEPT
         where = f"uploaded to {out}" if remote else f"kept in {partial}"
         return (f"{len(finished)} finished shard{'s' if len(finished) != 1 else ''} {where} "
                 "(rerun with `resume=True` to continue)")
@@ -470,8 +486,7 @@ def _pack_sharded(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; {kept()}") from None
     except OSError as exc:
-        what = staging_fault(exc, partial) if remote else exc.strerror or exc
-        raise PackError(f"cannot write {out}: {what}; {kept()}") from None
+        raise write_error(exc, run, kept()) from None
     finally:
         if staging is not None:
             staging.release()

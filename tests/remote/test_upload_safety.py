@@ -162,8 +162,23 @@ def test_a_full_staging_disk_names_the_staging_folder(server, src, tmp_path):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SHARDKIT_CACHE_DIR", str(cache))
         staging = staging_path(url)
-    assert f"cannot write {url}: no space left in {staging} (the local staging folder" \
-        in proc.stderr
+    assert f"cannot write {url}: no space left in {staging} (the local staging folder; free " \
+        "space there, or set SHARDKIT_CACHE_DIR to a folder on another disk); no shard was " \
+        "finished, nothing to resume" in proc.stderr
+
+
+@needs_mount
+def test_a_full_disk_while_planning_a_local_out_names_where(src, tmp_path):
+    """A local OUT's plan is written beside OUT: a full disk there says so, and that nothing
+    is kept (the same handling as a shard's write)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out = disk / "out"
+    proc = in_small_tmpfs(str(disk), "8k", sys.executable, "-m", "shardkit.cli", "pack", src,
+                          str(out), "--num-shards", "2", "-q")
+    assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
+    assert f"cannot write {out}: No space left on device (writing the pack's plan in {disk}); " \
+        "no shard was finished, nothing to resume" in proc.stderr, proc.stderr
 
 
 _FETCH = """
