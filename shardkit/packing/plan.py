@@ -5,6 +5,7 @@ share) produces the same shards from the same plan."""
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,7 +143,10 @@ class _SlotLabels(_SlotPaths):
         return self.plan.table.label(self.plan.source_index(i))
 
 
-_opened: dict[tuple[Any, ...], Plan] = {}  # this process's plans, by folder (a task's reopen)
+# This process's plans, by folder (a task's reopen), held only while something uses them: a
+# plan keeps its files open (SourceTable's preads), and a finished pack deletes the folder, so a
+# strong cache leaked those descriptors, and the deleted files' disk space, for the process's life.
+_opened: weakref.WeakValueDictionary[tuple[Any, ...], Plan] = weakref.WeakValueDictionary()
 
 
 def open_plan(folder: str, root: str | None = None, fields: RecordFields | None = None,
@@ -152,7 +156,7 @@ def open_plan(folder: str, root: str | None = None, fields: RecordFields | None 
     ``root``: where the sources are (default: as planned); ``fields`` and ``settings``: the
     records' typed fields and the pack's settings, which the folder holds only as their
     fingerprint (without ``settings``: only the format is known, enough to merge). A process
-    opens each folder once."""
+    opens each folder once while the plan is in use."""
     st = os.stat(os.path.join(folder, plan_store.HEADER))
     key = (folder, root, id(fields), id(settings), st.st_ino, st.st_mtime_ns)
     plan = _opened.get(key)
@@ -172,8 +176,6 @@ def open_plan(folder: str, root: str | None = None, fields: RecordFields | None 
                 header["class_to_idx"], table, header["bounds"],
                 settings or PackSettings(format=header["format"]), header["sharded"], header["skipped"],
                 header["layout"], fields, index)
-    if len(_opened) > 4:
-        _opened.clear()
     _opened[key] = plan
     return plan
 
