@@ -43,6 +43,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from ..forklock import ForkLock
 from .shipping import memfd_tensor, ship
 
 HEADER = 64     # bytes before the pixels in a shared buffer:
@@ -254,16 +255,7 @@ class PinnedPool:
 
 
 _POOLS: dict[tuple[int, bool], BatchPool] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def _new_pools_lock() -> None:
-    global _POOLS_LOCK
-    _POOLS_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_pools_lock)
+_POOLS_LOCK = ForkLock()
 _PINNED = PinnedPool()
 _THREAD = threading.local()  # .pinned: this thread's batches go to pinned memory
 

@@ -49,22 +49,14 @@ import numpy as np
 from .. import metadata, storemeta, swap
 from ..errors import OptionError, StoreError
 from ..fileutil import file_size, sha256_file
+from ..forklock import ForkLock
 from ..urls import is_url
 from .shard import OpenShard, ShardEntry, checked_array, open_pinned
 
 
 # Serialises each store's first use in a process (threads may start it together); made again in
 # a forked child, where a thread of the parent may have held it.
-_CLAIMING = threading.Lock()
-
-
-def _new_claiming_lock() -> None:
-    global _CLAIMING
-    _CLAIMING = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_claiming_lock)
+_CLAIMING = ForkLock()
 
 
 def default_max_open_shards() -> int:

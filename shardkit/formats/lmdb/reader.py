@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 import weakref
 from contextlib import contextmanager
 from typing import Iterator
@@ -11,6 +10,7 @@ from typing import Iterator
 import lmdb
 
 from ...errors import StoreError
+from ...forklock import ForkLock
 from ..base import RecordFetch, ShardReader
 from .validate import ARRAY_PREFIX, META_KEY, check_pages, layout, record_key, side_key
 
@@ -23,16 +23,7 @@ MAX_READERS = 2048
 _ENVS: dict[tuple[int, int], tuple[int, lmdb.Environment, int]] = {}
 # Threads of one process open and close readers at once (``ds.loader(engine="threads")``): two
 # opening one file must share its environment. Made again in a forked child.
-_ENVS_LOCK = threading.RLock()  # re-entrant: a finalizer may release a reader mid-open
-
-
-def _new_envs_lock() -> None:
-    global _ENVS_LOCK
-    _ENVS_LOCK = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_envs_lock)
+_ENVS_LOCK = ForkLock(reentrant=True)  # re-entrant: a finalizer may release a reader mid-open
 
 
 def _env_key(path: str) -> tuple[int, int]:
