@@ -19,10 +19,10 @@ from .writer import StoreWriter, remove_store_files
 ShardDone = Callable[[int, dict[str, Any]], None]
 
 
-def add_source(writer: StoreWriter, plan: Plan, i: int, result: Encoded, crc: int | None,
-               strict: bool) -> None:
-    """Append source ``i``'s record (or record why it was skipped); ``crc`` if already known."""
-    path = plan.paths[i]
+def add_source(writer: StoreWriter, plan: Plan, source: int, path: str, label: int,
+               result: Encoded, crc: int | None, strict: bool) -> None:
+    """Append the record of ``source`` (its index in the sources' order; ``path``, ``label``:
+    from :meth:`Plan.rows`), or record why it was skipped; ``crc`` if already known."""
     if result.data is None:
         if strict:
             raise PackError(f"{path}: {result.reason} (`strict=True`: no output written)")
@@ -31,8 +31,8 @@ def add_source(writer: StoreWriter, plan: Plan, i: int, result: Encoded, crc: in
     fields = {}
     try:
         if plan.fields is not None:  # the record's typed fields, on its stored pixels
-            fields = plan.fields.record_at(plan.source_index(i), path, result)
-        writer.add_encoded(result.data, plan.labels[i], result.height, result.width, path, crc,
+            fields = plan.fields.record_at(source, path, result)
+        writer.add_encoded(result.data, label, result.height, result.width, path, crc,
                            **fields)
     except FieldError as exc:  # checked before anything is appended
         if strict:
@@ -48,15 +48,16 @@ def run_local(plan: Plan, shards: list[int], dest: dict[int, str], *, workers: i
 
     ``on_start`` is called once the encoders are up, as encoding begins.
     """
-    paths = [plan.item(i) for k in shards for i in range(plan.bounds[k], plan.bounds[k + 1])]
-    records = stream.encoded_stream(paths, plan.settings, workers)
+    rows = [plan.rows(k) for k in shards]
+    records = stream.encoded_stream([item for _, items in rows for item in items],
+                                    plan.settings, workers)
     on_start()
-    bar = progress_bar(len(paths), progress, "pack")
+    bar = progress_bar(sum(len(items) for _, items in rows), progress, "pack")
     try:
-        for k in shards:
+        for k, (row, _) in zip(shards, rows):
             with plan.shard_writer(k, dest[k]) as writer:
-                for i in range(plan.bounds[k], plan.bounds[k + 1]):
-                    add_source(writer, plan, i, *next(records), strict)
+                for source, path, label in zip(*row):
+                    add_source(writer, plan, source, path, label, *next(records), strict)
                     bar.update(1)
             on_shard_done(k, writer.entry)
     finally:
@@ -75,11 +76,11 @@ def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False,
         os.makedirs(os.path.dirname(dest), exist_ok=True)
     # Left by an attempt that was killed (a lost Dask worker, say).
     remove_store_files([dest], plan.settings.format)
-    first, end = plan.bounds[k], plan.bounds[k + 1]
-    records = encoders.encode_many([plan.item(i) for i in range(first, end)], plan.settings)
+    rows, items = plan.rows(k)
+    records = encoders.encode_many(items, plan.settings)
     with plan.shard_writer(k, dest) as writer:
-        for i, record in zip(range(first, end), records):
-            add_source(writer, plan, i, record, None, strict)
+        for source, path, label, record in zip(*rows, records):
+            add_source(writer, plan, source, path, label, record, None, strict)
     return writer.entry if upload is None else upload_shard(upload, dest, writer.entry)
 
 

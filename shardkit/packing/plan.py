@@ -90,6 +90,13 @@ class Plan:
             return self.table.path(self.source_index(i))
         return self.index.item(self.source_index(i))
 
+    def rows(self, k: int) -> tuple[plan_store.Rows, list[Any]]:
+        """Shard ``k``'s slots read at once: their sources, paths and labels, and what an
+        encoding worker reads for each (:meth:`item`)."""
+        rows = self.table.rows(self.bounds[k], self.bounds[k + 1])
+        items = rows.paths if self.index is None else [self.index.item(j) for j in rows.sources]
+        return rows, items
+
     def source_index(self, i: int) -> int:
         """The position in the source's own order of the record written at slot ``i``."""
         return self.table.slot(i)

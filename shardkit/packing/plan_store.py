@@ -21,7 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Iterable, Sequence
+import struct
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -116,6 +117,15 @@ def _map(folder: str, name: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarr
     return np.memmap(os.path.join(folder, name), dtype=dtype, mode="r", shape=shape)
 
 
+class Rows(NamedTuple):
+    """Slots ``a:b`` of a plan, read together (:meth:`SourceTable.rows`): the source written at
+    each slot (its index in the sources' order), its path and its label."""
+
+    sources: list[int]
+    paths: list[str]
+    labels: list[int]
+
+
 class SourceTable:
     """The sources of a plan folder, read where they are needed: ``path(i)``, ``label(i)``,
     ``slot(i)`` read a few bytes each (``pread``: the pages stay page cache, not this process's
@@ -154,6 +164,34 @@ class SourceTable:
     def slot(self, i: int) -> int:
         """The source written at slot ``i``."""
         return int(self.read(SLOTS, INDEX_DTYPE, i, i + 1)[0]) if self.mixed else i
+
+    def rows(self, a: int, b: int) -> Rows:
+        """Slots ``a:b`` (a shard) in a few reads: ``path``/``label``/``slot`` per slot cost a
+        tenth of a tiny image's packing time. In the sources' order the range is three
+        contiguous reads; in the mixed layout the slots' sources are scattered over the files,
+        so each is read where it lies (three small reads a source, no map: a long-lived worker's
+        memory does not grow with the sources it packs)."""
+        if not self.mixed:
+            offsets = self.read(OFFSETS, INDEX_DTYPE, a, b + 1).tolist()
+            blob = os.pread(self._fd(PATHS), offsets[-1] - offsets[0], offsets[0]) \
+                if b > a else b""
+            base = offsets[0] if offsets else 0
+            paths = [decode_path(blob[s - base:e - base])
+                     for s, e in zip(offsets[:-1], offsets[1:])]
+            return Rows(list(range(a, b)), paths, self.read(LABELS, LABEL_DTYPE, a, b).tolist())
+        sources = self.read(SLOTS, INDEX_DTYPE, a, b).tolist()
+        fo, fp, fl = self._fd(OFFSETS), self._fd(PATHS), self._fd(LABELS)
+        pair, one = struct.Struct("<qq"), struct.Struct("<i")
+        paths, labels = [], []
+        for i in sources:
+            data = os.pread(fo, 16, 8 * i)
+            label = os.pread(fl, 4, 4 * i)
+            if len(data) != 16 or len(label) != 4:
+                raise OSError(f"{self.folder}: shorter than the plan says")
+            start, end = pair.unpack(data)
+            paths.append(decode_path(os.pread(fp, end - start, start)))
+            labels.append(one.unpack(label)[0])
+        return Rows(sources, paths, labels)
 
     @property
     def slots(self) -> np.ndarray | None:

@@ -145,6 +145,30 @@ def test_a_task_payload_is_o1_in_sources(src, tmp_path):
     assert sizes[5000] < 2048 and sizes[5000] - sizes[50] < 64, sizes
 
 
+def test_a_shards_rows_are_read_at_once_as_its_slots(tree, tmp_path):
+    """``Plan.rows(k)`` (what a shard task reads, in a few reads) gives each slot's source,
+    path, label and item exactly as the per-slot accessors do, in the mixed layout (scattered
+    sources) and in the sources' order (one contiguous range), odd and non-UTF-8 names too."""
+    odd = os.path.join(tree, "big", os.fsdecode(b"bad-\xff-name.jpg"))
+    with open(os.path.join(tree, "big", "x", "a.jpg"), "rb") as f, open(odd, "wb") as g:
+        g.write(f.read())
+    try:
+        for order in ("mixed", "source"):
+            plan = _plan(tree, str(tmp_path / order), num_shards=5, order=order)
+            assert plan.table.mixed == (order == "mixed")
+            seen = []
+            for k in range(plan.num_shards):
+                rows, items = plan.rows(k)
+                slots = range(plan.bounds[k], plan.bounds[k + 1])
+                assert rows.sources == [plan.source_index(i) for i in slots]
+                assert rows.paths == [plan.paths[i] for i in slots] == items
+                assert rows.labels == [plan.labels[i] for i in slots]
+                seen += rows.paths
+            assert odd in seen and len(seen) == len(set(seen)) == plan.count
+    finally:
+        os.remove(odd)
+
+
 def test_resume_refuses_a_changed_plan(src, scheduler, tmp_path):
     """The fingerprint, read from the plan's files in chunks, refuses a resume after one label
     changed, and accepts the same sources again (node 0 of 2 leaves the partial folder)."""
