@@ -299,11 +299,16 @@ class _Stragglers:
         self.started: dict[str, tuple[float, str]] = {}
         self.times: list[float] = []
         self.reported: set[str] = set()
+        self.asked = -POLL_SECONDS
 
     def running(self, client: Any, shard_of: dict[str, int]) -> None:
-        if len(self.times) < STRAGGLER_MIN_DONE:
-            return
         now = time.monotonic()
+        # At most once per POLL_SECONDS, not at every finished shard: each ask is a round trip
+        # through the scheduler to every worker, whose event loop then takes the GIL from the
+        # task it runs (short shards finish several times a second).
+        if len(self.times) < STRAGGLER_MIN_DONE or now - self.asked < POLL_SECONDS:
+            return
+        self.asked = now
         try:
             executing = client.run(_executing, on_error="ignore")
         except Exception:  # noqa: BLE001 - a report only

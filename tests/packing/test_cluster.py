@@ -256,3 +256,21 @@ def test_a_task_that_always_fails_stops_with_one_line_and_resume_completes(
     assert store_files(out) == store_files(local)
     # the finished shards were kept, not packed again (the same files, moved into OUT)
     assert {k: os.stat(os.path.join(out, f"shard-{k:05d}.lmdb")).st_ino for k in range(3)} == kept
+
+
+def test_the_slow_shard_watch_asks_the_workers_once_a_poll(cluster, monkeypatch):
+    """Short shards finish several times a second: the watch asks the workers what they run (a
+    round trip through the scheduler to each, taking the GIL from their tasks) at most once per
+    POLL_SECONDS, not at every finished shard."""
+    asked = []
+    with distributed.Client(cluster) as client:
+        real = client.run
+        monkeypatch.setattr(client, "run", lambda *a, **k: asked.append(a[0]) or real(*a, **k))
+        watch = dask_engine._Stragglers(lambda line: None)
+        watch.times = [1.0] * dask_engine.STRAGGLER_MIN_DONE
+        for _ in range(20):
+            watch.running(client, {})
+        assert asked == [dask_engine._executing]
+        monkeypatch.setattr(dask_engine, "POLL_SECONDS", 0.0)
+        watch.running(client, {})
+        assert len(asked) == 2
