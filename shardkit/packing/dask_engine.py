@@ -24,6 +24,7 @@ import uuid
 from typing import Any, Callable, TypeVar
 
 from ..errors import PackError
+from .allocator import image_blocks
 from .console import progress as progress_bar
 from .faults import inject as inject_fault
 from .local import ShardDone, pack_shard
@@ -157,7 +158,8 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
             client.scatter([plan], broadcast=True, hash=False)[0]
         # Each worker imports the packing code now, as the local engine does before its encoders
         # start, not inside its first shard's time.
-        client.run(_warm_up, on_error="ignore")
+        client.run(_warm_up, plan.settings.size > 0 or plan.settings.buckets is not None,
+                   on_error="ignore")
         token = uuid.uuid4().hex[:12]
         attempts: dict[int, int] = {}
         shard_of: dict[str, int] = {}
@@ -214,17 +216,21 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
             session.close()
 
 
-def _warm_up() -> None:
+def _warm_up(resizes: bool) -> None:
     """Import what a shard task needs (a worker's first task would, inside its time): the
-    encoders and store writers, Pillow's plugins. Not the resize kernel (torch: ~180 MiB a
-    worker), which a worker imports on its first resize, so a pack that resizes nothing never
-    does. A failure here is the first task's to report."""
+    encoders and store writers, Pillow's plugins, and for a pack that resizes the resize kernel
+    (torch: ~1.5 s and ~180 MiB a worker; the local engine imports it before its encoders start
+    too), so a pack that resizes nothing never imports it. A failure here is the first task's
+    to report."""
     try:
         from PIL import Image
 
         from . import local  # noqa: F401
+        from . import resize
 
         Image.preinit()  # the standard formats' plugins (else on the first open)
+        if resizes:
+            resize.prepare()
     except Exception:  # noqa: BLE001 - only an early import
         pass
 
@@ -247,10 +253,13 @@ def _next_batch(ready: Any, seconds: float) -> list[Any]:
 
 def _attempt(k: int, task: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, float]:
     """One attempt at shard ``k`` on a worker: ``task(*args, **kwargs)`` (after any fault a test
-    asked for: :mod:`.faults`) and the seconds it took."""
+    asked for: :mod:`.faults`) and the seconds it took. Large blocks come from the heap while
+    it runs, as in a plain process (:mod:`.allocator`: Dask's nanny pins glibc's thresholds)."""
     start = time.perf_counter()
     inject_fault(k)
-    return task(*args, **kwargs), time.perf_counter() - start
+    with image_blocks():
+        result = task(*args, **kwargs)
+    return result, time.perf_counter() - start
 
 
 def _failed(dd: Any, future: Any, k: int, attempt: int, retries: int) -> str:
