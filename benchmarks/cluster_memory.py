@@ -19,7 +19,7 @@ and per shard at their largest share: the worst case for a cluster) and ``--phot
 images (:mod:`shardkit.bench.sample`, mean about 500x375, resized to 256 as by default, shards
 of ``--photo-shard``): the median ratio of each is the target's figure.
 
-    python benchmarks/cluster_memory.py [--sizes 20000 200000] [--workers 2] [--repeat 3]
+    python benchmarks/cluster_memory.py [--sizes 20000 200000] [--workers 2] [--repeat 5]
         [--photos 6000] [--out FILE]
 """
 
@@ -153,11 +153,11 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs=2, default=[20_000, 200_000])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--per-shard", type=int, default=1000)
-    ap.add_argument("--repeat", type=int, default=3,
+    ap.add_argument("--repeat", type=int, default=5,
                     help="alternating dask/local throughput pairs on each tree (0: none)")
     ap.add_argument("--photos", type=int, default=6000,
                     help="photo-like images for the throughput pairs (0: none)")
-    ap.add_argument("--photo-shard", type=int, default=300, help="photos per shard")
+    ap.add_argument("--photo-shard", type=int, default=200, help="photos per shard")
     ap.add_argument("--tmp", default=None, help="where the trees and stores go")
     ap.add_argument("--out", default=None, help="also write the report here")
     args = ap.parse_args()
