@@ -129,7 +129,7 @@ class Exporter:
                       shard.source_path(local), fields)
 
     def run(self) -> ExportResult:
-        from ..packing.console import progress as progress_bar
+        from ..progress import progress as progress_bar
 
         result = ExportResult()
         bar = progress_bar(self.store.count, self.progress, "export")

@@ -1,9 +1,9 @@
-"""What the user sees of a pack in the terminal: Ctrl-C handling and the progress bar."""
+"""What the user sees of a pack in the terminal: Ctrl-C handling (the progress bar is
+:mod:`shardkit.progress`)."""
 
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -49,29 +49,3 @@ def sigint_deferred() -> Iterator[Callable[[], None]]:
     except BaseException:
         restore()
         raise
-
-
-class NoProgress:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def progress(total: int, enabled: bool, desc: str):
-    if not enabled:
-        return NoProgress()
-    from tqdm import tqdm
-
-    class Bar(tqdm):
-        # tqdm's monitor thread outlives the bar: the next pack in this process could not fork.
-        # Per class, so the user's own bars keep theirs.
-        monitor_interval = 0
-
-    return Bar(total=total, unit="img", desc=desc, file=sys.stderr, dynamic_ncols=True,
-               smoothing=0.1)
-

@@ -25,7 +25,7 @@ from typing import Any, Callable, TypeVar
 
 from ..errors import PackError
 from .allocator import image_blocks
-from .console import progress as progress_bar
+from ..progress import progress as progress_bar
 from .faults import inject as inject_fault
 from .local import ShardDone, pack_shard
 from .plan import Plan

@@ -11,7 +11,7 @@ from ..errors import PackError
 from ..fields import FieldError
 from . import stream
 from . import workers as encoders
-from .console import progress as progress_bar
+from ..progress import progress as progress_bar
 from .plan import Plan
 from .encoding import Encoded
 from .writer import StoreWriter, remove_store_files

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +10,7 @@ import numpy as np
 
 from ..errors import StoreError
 from ..fileutil import sha256_file
+from ..progress import progress as progress_bar
 from ..urls import is_url
 from .decode import Decoder, shard_name
 from .store import Store, disk_bytes
@@ -88,8 +88,6 @@ def verify(path: str | os.PathLike, progress: bool = False, *,
     A store that cannot be opened at all raises ``StoreError``. A remote store's shards are
     fetched into ``cache_dir`` one at a time (each released before the next).
     """
-    from tqdm import tqdm
-
     remote = is_url(path)
     store = Store(path, 1 if remote else None, cache_dir=cache_dir,
                   storage_options=storage_options)
@@ -101,8 +99,7 @@ def verify(path: str | os.PathLike, progress: bool = False, *,
 
     n_classes = len(store.classes)
     labels_seen = []
-    bar = tqdm(total=store.count, unit="rec", desc="verify", disable=not progress,
-               file=sys.stderr, dynamic_ncols=True)
+    bar = progress_bar(store.count, progress, "verify", unit="rec")
     try:
         store.attach()  # a folder store: its lock keeps the files read below in place
         decoder = Decoder(store)
