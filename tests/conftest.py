@@ -6,6 +6,9 @@ modules (and scripts) can call them directly.
 
 from __future__ import annotations
 
+import functools
+import pathlib
+import re
 import signal
 
 import pytest
@@ -118,3 +121,34 @@ def sigint_not_ignored():
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
+
+
+# What in a test module's source starts a thread that lives as long as the process: an S3 server
+# read through s3fs (fsspec's IO loop, "fsspecIO": fsspec cannot stop it) or a Dask client in this
+# process (distributed's offload pool, "Dask-Offload"). A single test that does so is marked
+# ``leaves_threads`` instead.
+_PROCESS_THREADS = re.compile(r'helpers\.s3server|engine="dask"|dask_cluster|distributed\.Client')
+
+
+@functools.lru_cache
+def _module_leaves_threads(path: pathlib.Path) -> bool:
+    return "/tests/remote/" in path.as_posix() or bool(_PROCESS_THREADS.search(path.read_text()))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """No tqdm monitor thread in the test process: it outlives its bars (the libraries' bars too:
+    Hugging Face datasets', webdataset's), and the packs of every later test would spawn their
+    workers. shardkit's own bars never start one (tests/test_progress.py)."""
+    import tqdm
+
+    tqdm.tqdm.monitor_interval = 0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that leave a thread running in the test process run last, in their order. The
+    packer forks its encoding workers only in a process with no other Python thread (else it
+    spawns them, each importing torch again): without this, every in-process pack after the
+    first such test (most of the suite) tested the spawn path only, at about 2 s of CPU a
+    worker."""
+    items.sort(key=lambda item: item.get_closest_marker("leaves_threads") is not None
+               or _module_leaves_threads(item.path))

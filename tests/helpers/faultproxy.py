@@ -32,6 +32,7 @@ Faults, each matched by method and path (query string ignored) and used ``times`
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -101,14 +102,21 @@ class FaultProxy:
     def start(self) -> "FaultProxy":
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True, name="faultproxy").start()
+        self._acceptor = threading.Thread(target=self._accept, daemon=True, name="faultproxy")
+        self._acceptor.start()
         return self
 
     def stop(self) -> None:
         self._stopping = True
         self._released.set()
         if self._listener is not None:
+            # close() alone does not wake a thread blocked in accept() on Linux: the accept
+            # thread then outlived the proxy, and a process with another thread alive makes
+            # every later pack in it spawn its workers instead of forking them.
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
             self._listener.close()
+            self._acceptor.join(10)
         with self._lock:
             for sock in list(self._sockets):
                 _close(sock)

@@ -426,6 +426,7 @@ def test_disk_full_while_finishing_a_sharded_pack(src, tmp_path):
 
 # -- a lost Dask worker ---------------------------------------------------------------------------
 
+@pytest.mark.leaves_threads  # a Dask client in this process
 def test_lost_dask_worker_is_one_line(src, tmp_path):
     distributed = pytest.importorskip("dask.distributed")
     import dask

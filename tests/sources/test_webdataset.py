@@ -129,6 +129,7 @@ def test_gzipped_tars_pack_the_same(tars, folder_store, tmp_path):
         [r[:4] for r in store_records(folder_store(64))]
 
 
+@pytest.mark.leaves_threads  # a Dask client in this process
 def test_byte_identical_for_any_workers_and_engine(tars, tmp_path):
     out_dir, _ = tars
     singles = []
