@@ -99,12 +99,14 @@ def main() -> None:
                     for name, ok in checks.items():
                         if not ok:
                             out["differing"].append([mode, sanitize, seed, i, name])
-    out["workers"], out["workers_compared"] = workers_check(path, crop, cfg["modes"])
+    out["workers"], out["workers_compared"] = workers_check(
+        path, crop, cfg["modes"], cfg.get("contexts", ["fork", "spawn"]))
     print(json.dumps(out))
 
 
-def workers_check(path: str, crop: int, modes: list[str]) -> tuple[list, int]:
-    """A 2-worker ``ds.loader`` (fork, spawn) gives, sample for sample, what torchvision v2 gives
+def workers_check(path: str, crop: int, modes: list[str], contexts: list[str]
+                  ) -> tuple[list, int]:
+    """A 2-worker ``ds.loader`` (each of ``contexts``: fork, spawn) gives, sample for sample, what torchvision v2 gives
     on the uncropped sample after ``torch.manual_seed(shardkit.sample_seed(seed, epoch,
     position))`` (docs/training-recipe.md, "Random state"): ``seed`` the loader generator's
     ``initial_seed()``, ``epoch`` 0 (a fresh loader whose sampler has no epoch), ``position`` the
@@ -114,7 +116,7 @@ def workers_check(path: str, crop: int, modes: list[str]) -> tuple[list, int]:
     raw = ShardDataset(path, fields=FIELDS)
     for mode in modes:
         transform = reference(mode, crop, sanitize=True)
-        for context in ("fork", "spawn"):
+        for context in contexts:
             ds = ShardDataset(path, fields=FIELDS, crop=crop, crop_mode=mode, flip=0.5,
                               sanitize=True)
             gen = torch.Generator().manual_seed(1234)
