@@ -84,15 +84,9 @@ class Plan:
         return plan_store.fingerprint(self.folder, plan_store.read_header(self.folder),
                                       self.root, extra)
 
-    def item(self, i: int) -> Any:
-        """What an encoding worker reads for slot ``i``: a file path, or a container member."""
-        if self.index is None:
-            return self.table.path(self.source_index(i))
-        return self.index.item(self.source_index(i))
-
     def rows(self, k: int) -> tuple[plan_store.Rows, list[Any]]:
         """Shard ``k``'s slots read at once: their sources, paths and labels, and what an
-        encoding worker reads for each (:meth:`item`)."""
+        encoding worker reads for each (a file path, or a container member)."""
         rows = self.table.rows(self.bounds[k], self.bounds[k + 1])
         items = rows.paths if self.index is None else [self.index.item(j) for j in rows.sources]
         return rows, items

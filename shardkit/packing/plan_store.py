@@ -173,9 +173,8 @@ class SourceTable:
         memory does not grow with the sources it packs)."""
         if not self.mixed:
             offsets = self.read(OFFSETS, INDEX_DTYPE, a, b + 1).tolist()
-            blob = os.pread(self._fd(PATHS), offsets[-1] - offsets[0], offsets[0]) \
-                if b > a else b""
-            base = offsets[0] if offsets else 0
+            base = offsets[0]
+            blob = os.pread(self._fd(PATHS), offsets[-1] - base, base)
             paths = [decode_path(blob[s - base:e - base])
                      for s, e in zip(offsets[:-1], offsets[1:])]
             return Rows(list(range(a, b)), paths, self.read(LABELS, LABEL_DTYPE, a, b).tolist())

@@ -135,8 +135,7 @@ def test_a_task_payload_is_o1_in_sources(src, tmp_path):
         sizes[n] = len(payload)
         again = pickle.loads(payload)[0]
         first, end = plan.bounds[3], plan.bounds[4]
-        assert [again.item(i) for i in range(first, end)] == \
-            [plan.item(i) for i in range(first, end)]
+        assert again.rows(3) == plan.rows(3)  # sources, paths, labels and items
         assert [again.labels[i] for i in range(first, end)] == \
             [plan.labels[i] for i in range(first, end)]
         # Nothing per source held by the plan object itself.
@@ -161,7 +160,7 @@ def test_a_shards_rows_are_read_at_once_as_its_slots(tree, tmp_path):
                 rows, items = plan.rows(k)
                 slots = range(plan.bounds[k], plan.bounds[k + 1])
                 assert rows.sources == [plan.source_index(i) for i in slots]
-                assert rows.paths == [plan.paths[i] for i in slots] == items
+                assert rows.paths == [plan.paths[i] for i in slots] == items  # files: paths
                 assert rows.labels == [plan.labels[i] for i in slots]
                 seen += rows.paths
             assert odd in seen and len(seen) == len(set(seen)) == plan.count
