@@ -307,8 +307,9 @@ def bench(args: argparse.Namespace, store: str, paths: list[str]) -> list[str]:
             close_loader(loader)
         loaders.clear()
         calibration = gil.calibrate()
-        out.append(f"GIL (probe calibrated alone: median lateness {calibration.median_us:.0f} "
-                   f"µs, a wake later than {calibration.threshold_us:.0f} µs counts as held):")
+        out.append(f"GIL (probe calibrated beside {calibration.load_threads} GIL-free busy "
+                   f"threads: median lateness {calibration.median_us:.0f} µs, a wake later than "
+                   f"{calibration.threshold_us:.0f} µs counts as held):")
         gil_rows = {}
         for n in sorted({1, best["threads"][1]}):
             loader = make_loader(store, path, "threads", n, args.seed, args.fast_decode)

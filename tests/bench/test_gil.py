@@ -77,3 +77,12 @@ def test_cpu_split_counts_python_as_holding_and_the_wrapped_call_as_released(rea
     assert numpy_.released_seconds() > 0.5 * numpy_.cpu_seconds() > 0
     assert numpy_.held_share() < python.held_share() / 2
     assert RELEASING.sort is np.sort  # the wrapper is gone after stop()
+
+
+def test_calibration_runs_beside_gil_free_load_and_leaves_no_thread():
+    before = set(threading.enumerate())
+    calibration = gil.calibrate(wakes=100, load_threads=2)
+    assert set(threading.enumerate()) == before  # the load threads are joined
+    assert calibration.load_threads == 2
+    assert calibration.threshold_us >= calibration.median_us + gil.MARGIN_US
+    assert 0.0 <= calibration.false_share <= 0.1
