@@ -156,10 +156,9 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         # metadata table) travel with it: then one copy per worker instead of one per task.
         plan_future = plan if plan.fields is None else \
             client.scatter([plan], broadcast=True, hash=False)[0]
-        # Each worker imports the packing code now, as the local engine does before its encoders
-        # start, not inside its first shard's time.
-        client.run(_warm_up, plan.settings.size > 0 or plan.settings.buckets is not None,
-                   on_error="ignore")
+        # Each worker imports the packing code and opens the plan now, as the local engine
+        # does before its encoders start, not inside its first shard's time.
+        _first_tasks(client, _warm_up, plan_future, shards[0])
         token = uuid.uuid4().hex[:12]
         attempts: dict[int, int] = {}
         shard_of: dict[str, int] = {}
@@ -216,12 +215,12 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
             session.close()
 
 
-def _warm_up(resizes: bool) -> None:
+def _warm_up(plan: Plan, k: int) -> None:
     """Import what a shard task needs (a worker's first task would, inside its time): the
     encoders and store writers, Pillow's plugins, and for a pack that resizes the resize kernel
     (torch: ~1.5 s and ~180 MiB a worker; the local engine imports it before its encoders start
-    too), so a pack that resizes nothing never imports it. A failure here is the first task's
-    to report."""
+    too), so a pack that resizes nothing never imports it; and read shard ``k``'s rows (the plan
+    files opened). A failure here is the first task's to report."""
     try:
         from PIL import Image
 
@@ -229,9 +228,26 @@ def _warm_up(resizes: bool) -> None:
         from . import resize
 
         Image.preinit()  # the standard formats' plugins (else on the first open)
-        if resizes:
+        if plan.settings.size > 0 or plan.settings.buckets is not None:
             resize.prepare()
+        plan.rows(k)
     except Exception:  # noqa: BLE001 - only an early import
+        pass
+
+
+def _first_tasks(client: Any, fn: Callable[..., Any], *args: Any) -> None:
+    """Run ``fn(*args)`` as a task on each worker (another if that one is busy), waiting up to a
+    minute: a task, not ``client.run``, so that a fresh scheduler's and worker's first pass over
+    their task code paths (0.2-0.4 s on 127.0.0.1) happens here, in startup, as the local
+    engine's encoders are forked in its startup."""
+    dd = _import_dask()
+    try:
+        workers = list(client.scheduler_info(n_workers=-1)["workers"])
+        futures = [client.submit(fn, *args, workers=[w], allow_other_workers=True, pure=False)
+                   for w in workers]
+        dd.wait(futures, timeout=60)
+        client.cancel(futures)
+    except Exception:  # noqa: BLE001 - only a warm-up: the pack's own tasks report failures
         pass
 
 

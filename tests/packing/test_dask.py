@@ -64,15 +64,31 @@ def test_dask_scheduler_address(src, local, cluster, tmp_path):
     out = str(tmp_path / "dask-h5")
     pids = set(cluster.scheduler_info["workers"])
     assert len(pids) == 2 and all(a.startswith("tcp://127.0.0.1:") for a in pids)
-    result = shardkit.pack(src, out, format="hdf5", size=32, num_shards=5, engine="dask",
-                           scheduler=cluster.scheduler_address, progress=False)
-    assert result.count == 30 and result.shards == 5
+    with distributed.Client(cluster.scheduler_address) as client:
+        with distributed.get_task_stream(client) as stream:
+            result = shardkit.pack(src, out, format="hdf5", size=32, num_shards=5,
+                                   engine="dask", scheduler=cluster.scheduler_address,
+                                   progress=False)
+            assert result.count == 30 and result.shards == 5
+        # The shards really were written by both worker processes, not by this one.
+        counts = client.run(lambda dask_worker: dask_worker.state.executed_count)
+        assert all(n > 0 for n in counts.values()), counts
     assert store_files(out) == store_files(local["hdf5"])
     assert verify(out).ok
-    # The shards really were written by both worker processes, not by this one.
-    with distributed.Client(cluster.scheduler_address) as client:
-        counts = client.run(lambda dask_worker: dask_worker.state.executed_count)
-    assert all(n > 0 for n in counts.values()), counts
+    # Each worker ran a warm-up task (imports, the plan opened: startup, not the first shard's
+    # time) that ended before its first shard task started.
+    spans: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for task in stream.data:
+        kind = "warm" if str(task["key"]).startswith("_warm_up") else \
+            "shard" if str(task["key"]).startswith("shardkit-shard") else None
+        for span in task["startstops"]:
+            if kind and span["action"] == "compute":
+                spans.setdefault(task["worker"], {}).setdefault(kind, []).append(
+                    (span["start"], span["stop"]))
+    assert set(spans) == pids, spans
+    for worker, kinds in spans.items():
+        assert len(kinds["warm"]) == 1, (worker, kinds)
+        assert kinds["warm"][0][1] <= min(start for start, _ in kinds["shard"]), (worker, kinds)
 
 
 def test_dask_strict_failure_keeps_finished_shards(src, cluster, tmp_path):
