@@ -60,6 +60,22 @@ def test_dask_local_cluster_from_the_cli(src, local, tmp_path):
     assert not os.path.exists(partial_of(out))
 
 
+def test_own_local_cluster_runs_without_the_profiler():
+    """The LocalCluster shardkit starts has Dask's statistical profiler off in its workers (it
+    samples the task thread 100 times a second); the caller's own Dask config is untouched."""
+    import dask
+
+    from shardkit.packing.dask_engine import DaskSession
+
+    key = "distributed.worker.profile.enabled"
+    before = dask.config.get(key)
+    with DaskSession(None, 1) as session:
+        callbacks = session.client.run(lambda dask_worker: sorted(dask_worker.periodic_callbacks))
+    assert before is True and dask.config.get(key) is True
+    (names,) = callbacks.values()
+    assert "heartbeat" in names and "profile" not in names
+
+
 def test_dask_scheduler_address(src, local, cluster, tmp_path):
     out = str(tmp_path / "dask-h5")
     pids = set(cluster.scheduler_info["workers"])
