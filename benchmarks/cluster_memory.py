@@ -13,11 +13,15 @@ and W encoding workers (the same cores), images/s of the encoding phase (PackRes
 engines import the packing code before it starts), and of the whole call;
 the load average after each size (the machine may be shared).
 
-Throughput is then measured again, ``--repeat`` times each, dask and local alternating (on one
-cluster, fresh stores), on two trees: the large N tiny images (packing's fixed costs per image
-and per shard at their largest share: the worst case for a cluster) and ``--photos`` photo-like
-images (:mod:`shardkit.bench.sample`, mean about 500x375, resized to 256 as by default, shards
-of ``--photo-shard``): the median ratio of each is the target's figure.
+Throughput is then measured again, ``--repeat`` rounds on each tree, three packs a round in
+rotating order: dask on workers as ``dask worker`` starts them, dask on workers with the
+profiler off (``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False``, the setting docs/cluster.md
+recommends for packing workers, and the one shardkit's own LocalCluster uses), and the local
+engine (a fresh cluster for each dask pack, fresh stores), on two trees: the large N tiny images
+(packing's fixed costs per image and per shard at their largest share: the worst case for a
+cluster) and ``--photos`` photo-like images (:mod:`shardkit.bench.sample`, mean about 500x375,
+resized to 256 as by default, shards of ``--photo-shard``): the median ratio of each is the
+target's figure.
 
     python benchmarks/cluster_memory.py [--sizes 20000 200000] [--workers 2] [--repeat 5]
         [--photos 6000] [--out FILE]
@@ -85,15 +89,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: The packing workers' recommended setting (docs/cluster.md): Dask's statistical profiler off.
+NO_PROFILER = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
+
+
 @contextlib.contextmanager
-def cluster(nworkers: int):
+def cluster(nworkers: int, env: dict[str, str] | None = None):
+    """A ``dask scheduler`` and ``dask worker --nworkers N --nthreads 1`` on 127.0.0.1 (with
+    ``env`` added to their environment): (address, the worker processes' pids)."""
     from dask.distributed import Client
 
     bindir = os.path.dirname(sys.executable)
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
-             "start_new_session": True}
+             "start_new_session": True, "env": {**os.environ, **(env or {})}}
     procs = [subprocess.Popen([os.path.join(bindir, "dask"), "scheduler", "--host", "127.0.0.1",
                                "--port", str(port), "--no-dashboard"], **quiet)]
     try:
@@ -128,24 +138,34 @@ def run(src: str, out: str, engine: str, scheduler: str, workers: int, shards: i
 
 
 def alternate(src: str, tmp: str, workers: int, shards: int, size: int,
-              repeat: int) -> list[tuple[float, float]]:
-    """``repeat`` pairs of packs of ``src`` (dask, then local): each one's encoding-phase
-    images/s. The cluster runs only during its pack (idle, its processes still take CPU)."""
-    pairs = []
+              repeat: int) -> list[tuple[float, float, float]]:
+    """``repeat`` rounds of three packs of ``src`` (dask workers as started by default, dask
+    workers without the profiler, the local engine; the order rotates from round to round):
+    each one's encoding-phase images/s. A fresh cluster for each dask pack, running only
+    during it (idle, its processes still take CPU)."""
+    rounds = []
     for r in range(repeat):
-        with cluster(workers) as (address, _):
-            dask = run(src, os.path.join(tmp, f"dask-r{r}"), "dask", address, workers, shards,
-                       size)
-        local = run(src, os.path.join(tmp, f"local-r{r}"), "local", "", workers, shards, size)
-        pairs.append((dask["images_per_second"], local["images_per_second"]))
-    return pairs
+        got = {}
+        for kind in ("dask", "noprof", "local")[r % 3:] + ("dask", "noprof", "local")[:r % 3]:
+            out = os.path.join(tmp, f"{kind}-r{r}")
+            if kind == "local":
+                got[kind] = run(src, out, "local", "", workers, shards, size)
+                continue
+            with cluster(workers, NO_PROFILER if kind == "noprof" else None) as (address, _):
+                got[kind] = run(src, out, "dask", address, workers, shards, size)
+        rounds.append(tuple(got[k]["images_per_second"] for k in ("dask", "noprof", "local")))
+    return rounds
 
 
-def describe(name: str, pairs: list[tuple[float, float]]) -> str:
-    ratios = sorted(d / max(1e-9, loc) for d, loc in pairs)
-    return (f"{name}: dask/local " + ", ".join(f"{d:.0f}/{loc:.0f}" for d, loc in pairs)
-            + f" img/s; ratios {', '.join(f'{r:.2f}' for r in ratios)}; median "
-            f"{statistics.median(ratios):.2f} (target >= 0.9); load {os.getloadavg()[0]:.2f}")
+def describe(name: str, rounds: list[tuple[float, float, float]]) -> str:
+    lines = [f"{name}: dask (default workers) / dask (profiler off) / local img/s "
+             + ", ".join(f"{d:.0f}/{n:.0f}/{loc:.0f}" for d, n, loc in rounds)]
+    for label, i in (("default workers", 0), ("profiler off", 1)):
+        ratios = sorted(r[i] / max(1e-9, r[2]) for r in rounds)
+        lines.append(f"  dask/local, {label}: ratios {', '.join(f'{x:.2f}' for x in ratios)}; "
+                     f"median {statistics.median(ratios):.2f} (target >= 0.9)")
+    lines[-1] += f"; load {os.getloadavg()[0]:.2f}"
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -154,9 +174,10 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--per-shard", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=5,
-                    help="alternating dask/local throughput pairs on each tree (0: none)")
+                    help="rounds of alternating throughput runs (dask default, dask without "
+                         "the profiler, local) on each tree (0: none)")
     ap.add_argument("--photos", type=int, default=6000,
-                    help="photo-like images for the throughput pairs (0: none)")
+                    help="photo-like images for the throughput runs (0: none)")
     ap.add_argument("--photo-shard", type=int, default=200, help="photos per shard")
     ap.add_argument("--tmp", default=None, help="where the trees and stores go")
     ap.add_argument("--out", default=None, help="also write the report here")
@@ -209,10 +230,10 @@ def main() -> None:
                  f"{rows[large]['images_per_second'] / rows[large]['local_images_per_second']:.2f}")
     if args.repeat:
         lines.append(describe(f"{large:,} tiny images (8x8 -> 8), {large // args.per_shard} "
-                              f"shards, {args.repeat} pairs", tiny))
+                              f"shards, {args.repeat} rounds", tiny))
     if args.photos and args.repeat:
         lines.append(describe(f"{args.photos:,} photo-like images (-> 256), {shards} shards, "
-                              f"{args.repeat} pairs", photos))
+                              f"{args.repeat} rounds", photos))
     report = "\n".join(lines)
     print(report)
     if args.out:
