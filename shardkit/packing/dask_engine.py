@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import statistics
 import sys
+import threading
 import time
 import uuid
 from typing import Any, Callable, TypeVar
@@ -129,6 +130,9 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         session: the pack's :class:`DaskSession` (else one is opened for this call, from
             ``scheduler`` and ``workers``).
 
+    A task hands its worker thread on once its records are encoded (:func:`_hand_over`): the
+    worker starts its next shard while this one's file is synced, checksummed and uploaded.
+
     A worker that dies (SIGKILL, a preempted node) costs its tasks' time only: Dask runs them
     again elsewhere, up to ``distributed.scheduler.allowed-failures`` lost workers per task
     (then ``KilledWorker``). A task that raises is submitted again, ``retries`` times; each
@@ -173,7 +177,7 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         def submit(k: int) -> Any:
             attempts[k] = attempts.get(k, 0) + 1
             future = client.submit(_attempt, k, pack_shard, plan_future, k, dest[k],
-                                   strict=strict, upload=upload, pure=False,
+                                   strict=strict, upload=upload, encoded=_hand_over, pure=False,
                                    key=f"shardkit-shard-{k:05d}-{token}-{attempts[k]}")
             shard_of[future.key] = k
             current[k] = future
@@ -280,9 +284,47 @@ def _attempt(k: int, task: Callable[..., T], *args: Any, **kwargs: Any) -> tuple
     it runs, as in a plain process (:mod:`.allocator`: Dask's nanny pins glibc's thresholds)."""
     start = time.perf_counter()
     inject_fault(k)
-    with image_blocks():
-        result = task(*args, **kwargs)
+    try:
+        with image_blocks():
+            result = task(*args, **kwargs)
+    finally:
+        _handed_back()
     return result, time.perf_counter() - start
+
+
+_finishing = 0  # this worker's tasks that have handed their thread slot on (:func:`_hand_over`)
+_finishing_lock = threading.Lock()
+_local = threading.local()
+
+
+def _hand_over() -> None:
+    """Called by a shard task once its records are encoded: what is left (the index, the fsync,
+    the checksum, an upload) mostly waits on the disk or the network, so the task secedes from
+    the worker's thread pool and the worker starts its next shard meanwhile, as the local
+    engine's encoders keep going while its writer syncs a shard (a shard of 1,000 small images
+    waits about 6 ms on its fsync; an upload, seconds). At most one finishing task per worker
+    thread, so a slow disk or network holds the tasks back instead of piling up files."""
+    global _finishing
+    from distributed import get_worker, secede
+
+    try:
+        threads = get_worker().state.nthreads
+    except ValueError:  # not on a Dask worker
+        return
+    with _finishing_lock:
+        if _finishing >= threads:
+            return
+        _finishing += 1
+    _local.seceded = True
+    secede()
+
+
+def _handed_back() -> None:
+    global _finishing
+    if getattr(_local, "seceded", False):
+        _local.seceded = False
+        with _finishing_lock:
+            _finishing -= 1
 
 
 def _failed(dd: Any, future: Any, k: int, attempt: int, retries: int) -> str:
@@ -369,5 +411,6 @@ class _Stragglers:
 
 
 def _executing(dask_worker: Any) -> list[str]:
-    """The keys a worker is executing now (not those queued on it)."""
-    return [str(ts.key) for ts in list(dask_worker.state.executing)]
+    """The keys a worker is executing now, finishing ones included (not those queued on it)."""
+    state = dask_worker.state
+    return [str(ts.key) for ts in list(state.executing) + list(state.long_running)]

@@ -65,12 +65,14 @@ def run_local(plan: Plan, shards: list[int], dest: dict[int, str], *, workers: i
         records.close()
 
 
-def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False,
-               upload: Any = None) -> dict[str, Any]:
+def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False, upload: Any = None,
+               encoded: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Pack shard ``k`` of ``plan`` in this process into ``dest``; returns its manifest entry.
 
     With ``upload`` (a :class:`shardkit.remote.Uploader`) the shard is uploaded from here and
-    its local file deleted (see :func:`upload_shard`).
+    its local file deleted (see :func:`upload_shard`). ``encoded`` is called once every record
+    is in, before the file is finished (index, fsync, checksum) and uploaded: what is left is
+    mostly waiting on the disk and the network (the Dask engine hands the core on there).
     """
     if upload is not None:  # a staging folder on this worker's own disk
         os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -81,6 +83,8 @@ def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False,
     with plan.shard_writer(k, dest) as writer:
         for source, path, label, record in zip(*rows, records):
             add_source(writer, plan, source, path, label, record, None, strict)
+        if encoded is not None:
+            encoded()
     return writer.entry if upload is None else upload_shard(upload, dest, writer.entry)
 
 

@@ -149,8 +149,33 @@ def test_pack_refuses_a_prefix_holding_a_store_before_any_work(packed, src):
 
 
 def test_pack_with_dask_workers_uploading_their_shards(s3, src, local):
+    """Each Dask task uploads its own shard, and a worker packs its next shard while one
+    uploads: with one single-threaded worker, shard 0's upload is held until shard 1's
+    arrives (it never would if the upload kept the worker's only thread)."""
     url = f"s3://{s3.new_bucket()}/train"
-    shardkit.pack(src, url, num_shards=SHARDS, workers=2, engine="dask", progress=False)
+    first, second = threading.Event(), threading.Event()  # shard 0's, shard 1's first PUT
+    holding, overlapped = [], []
+
+    def hook(path: str) -> None:
+        name = os.path.basename(path)
+        if name.startswith("shard-00001"):
+            second.set()
+        elif name.startswith("shard-00000") and not first.is_set():
+            first.set()
+            holding.append(path)
+            came = second.wait(timeout=60)
+            # and not after the client gave this PUT up and sent it again (a timeout)
+            overlapped.append(came and holding == [path])
+            holding.clear()
+        elif name.startswith("shard-00000") and holding:
+            holding.append(path)
+
+    s3.put_hooks.append(hook)
+    try:
+        shardkit.pack(src, url, num_shards=SHARDS, workers=1, engine="dask", progress=False)
+    finally:
+        s3.put_hooks.remove(hook)
+    assert overlapped == [True]
     assert objects(url) == files(local)
     assert not os.path.exists(staging_path(url))
 
