@@ -130,8 +130,8 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         session: the pack's :class:`DaskSession` (else one is opened for this call, from
             ``scheduler`` and ``workers``).
 
-    A task hands its worker thread on once its records are encoded (:func:`_hand_over`): the
-    worker starts its next shard while this one's file is synced, checksummed and uploaded.
+    For a URL OUT a task hands its worker thread on once its records are encoded
+    (:func:`_hand_over`): the worker starts its next shard while this one is uploaded.
 
     A worker that dies (SIGKILL, a preempted node) costs its tasks' time only: Dask runs them
     again elsewhere, up to ``distributed.scheduler.allowed-failures`` lost workers per task
@@ -177,7 +177,8 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         def submit(k: int) -> Any:
             attempts[k] = attempts.get(k, 0) + 1
             future = client.submit(_attempt, k, pack_shard, plan_future, k, dest[k],
-                                   strict=strict, upload=upload, encoded=_hand_over, pure=False,
+                                   strict=strict, upload=upload, pure=False,
+                                   encoded=None if upload is None else _hand_over,
                                    key=f"shardkit-shard-{k:05d}-{token}-{attempts[k]}")
             shard_of[future.key] = k
             current[k] = future
@@ -298,12 +299,13 @@ _local = threading.local()
 
 
 def _hand_over() -> None:
-    """Called by a shard task once its records are encoded: what is left (the index, the fsync,
-    the checksum, an upload) mostly waits on the disk or the network, so the task secedes from
-    the worker's thread pool and the worker starts its next shard meanwhile, as the local
-    engine's encoders keep going while its writer syncs a shard (a shard of 1,000 small images
-    waits about 6 ms on its fsync; an upload, seconds). At most one finishing task per worker
-    thread, so a slow disk or network holds the tasks back instead of piling up files."""
+    """Called by a shard task that uploads its shard, once its records are encoded: what is
+    left (the fsync, the checksum, the upload) mostly waits on the network, for seconds, so the
+    task secedes from the worker's thread pool and the worker starts its next shard meanwhile.
+    At most one finishing task per worker thread, so a slow network holds the tasks back
+    instead of piling up files in staging. Not for a shard written in place: its finish waits
+    a few ms on the fsync, and handing over measured no faster (200,000 small images) or 3-4 %
+    slower (6,000 photos in 30 shards) on a 2-core machine."""
     global _finishing
     from distributed import get_worker, secede
 

@@ -72,7 +72,8 @@ def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False, upload: Any 
     With ``upload`` (a :class:`shardkit.remote.Uploader`) the shard is uploaded from here and
     its local file deleted (see :func:`upload_shard`). ``encoded`` is called once every record
     is in, before the file is finished (index, fsync, checksum) and uploaded: what is left is
-    mostly waiting on the disk and the network (the Dask engine hands the core on there).
+    mostly waiting on the disk and the network (the Dask engine hands the core on there when
+    it uploads).
     """
     if upload is not None:  # a staging folder on this worker's own disk
         os.makedirs(os.path.dirname(dest), exist_ok=True)
