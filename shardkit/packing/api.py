@@ -284,8 +284,10 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
 
             run.session = DaskSession(scheduler, run.workers)
             lister = run.session.lister
-            if not is_url(src):  # workers with another cwd find the sources
-                options = dataclasses.replace(options, src=os.path.abspath(src))
+        if not is_url(src):
+            # Workers with another cwd (Dask's) find the sources, and every engine records the
+            # same skipped paths: a store does not depend on the engine or on the cwd.
+            options = dataclasses.replace(options, src=os.path.abspath(src))
         try:
             scan = source.scan_into(options, plan_dir, lister)
             if spec is not None:  # the bucket fields, and the source's boxes and masks cropped
