@@ -403,9 +403,10 @@ class _Stragglers:
             if key not in self.reported and \
                     took > max(STRAGGLER_FACTOR * median, STRAGGLER_MIN_SECONDS):
                 self.reported.add(key)
+                typical = f"{median:.1f}" if median >= 1 else f"{median:.2g}"  # 0.012, not 0.0
                 self.say(f"shardkit: shard {shard_of[key]} is slow: running {took:.0f} s on "
                          f"{worker}, over {STRAGGLER_FACTOR:g}x the median shard time "
-                         f"({median:.1f} s)")
+                         f"({typical} s)")
 
     def finished(self, key: str, seconds: float) -> None:
         self.started.pop(key, None)

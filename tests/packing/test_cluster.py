@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -238,6 +239,8 @@ def test_a_task_that_always_fails_stops_with_one_line_and_resume_completes(
         err += capsys.readouterr().err
         time.sleep(0.1)
     assert "shardkit: shard 3 is slow: running" in err, err
+    typical = re.search(r"over 4x the median shard time \(([0-9.e-]+) s\)", err)
+    assert typical and float(typical.group(1)) > 0, err  # small shards: 0.012 s, not 0.0 s
     kept = {k: os.stat(os.path.join(partial, f"shard-{k:05d}.lmdb")).st_ino for k in range(3)}
     open(go, "w").close()
     packer.join(120)
