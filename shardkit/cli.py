@@ -213,8 +213,9 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         print(f"node {args.node_rank}/{args.num_nodes}: packed {result.count} images; run "
               f"'shardkit merge {args.out}' when every node is done", file=sys.stderr)
         return EXIT_OK
+    kept = (f", {result.kept_shards} kept from the earlier run" if result.kept_shards else "")
     print(f"packed {result.count} images into {result.out} ({result.shards} shard"
-          f"{'s' if result.shards != 1 else ''}) in {result.seconds:.1f} s: "
+          f"{'s' if result.shards != 1 else ''}{kept}) in {result.seconds:.1f} s: "
           f"{result.startup_seconds:.1f} s start-up, then {result.images_per_second:.0f} "
           "images/s", file=sys.stderr)
     _report_skipped(result.skipped)

@@ -38,6 +38,8 @@ class PackResult:
 
     ``seconds`` is the whole call; ``startup_seconds`` its part before encoding began (finding
     the sources, planning, starting workers), so ``images_per_second`` is the packing rate.
+    ``kept_shards`` and ``kept_sources``: what a ``resume`` kept from an earlier run (counted in
+    ``count`` and ``sources``, not in the rate: this call did not pack them).
     """
 
     out: str
@@ -47,6 +49,8 @@ class PackResult:
     shards: int = 1
     sources: int = 0
     startup_seconds: float = 0.0
+    kept_shards: int = 0
+    kept_sources: int = 0
 
     @property
     def packing_seconds(self) -> float:
@@ -54,7 +58,8 @@ class PackResult:
 
     @property
     def images_per_second(self) -> float:
-        return self.sources / self.packing_seconds if self.packing_seconds > 0 else 0.0
+        packed = self.sources - self.kept_sources
+        return packed / self.packing_seconds if self.packing_seconds > 0 else 0.0
 
 
 def check_options(out: str, sharded: bool, resume: bool, engine: Engine, scheduler: str | None,
@@ -132,6 +137,7 @@ class Run:
     storage_options: dict[str, Any] | None = None
     retries: int | None = None
     started: list[float] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)  # sources of each shard a resume kept
     session: Any = None  # the Dask engine's client (:class:`.dask_engine.DaskSession`)
 
     @property
@@ -307,7 +313,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
             run.session.close()
     now = time.perf_counter()
     return PackResult(out, count, skipped, now - t0, plan.num_shards, sources,
-                      (run.started[0] if run.started else now) - t0)
+                      (run.started[0] if run.started else now) - t0, len(run.kept),
+                      sum(run.kept))
 
 
 def merge(out: str | os.PathLike, overwrite: bool = False) -> PackResult:
@@ -459,6 +466,8 @@ def _pack_sharded(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]
         done = prepare_partial(partial, plan, plan_id, run.resume or run.num_nodes > 1, ours,
                                uploader)
         finished.update(done)
+        if run.num_nodes == 1:  # a node's own result counts only its own share (below)
+            run.kept[:] = [plan.bounds[k + 1] - plan.bounds[k] for k in sorted(done)]
         plan = adopt_plan(plan, partial)  # where tasks, `resume` and `merge` find it
         mine = [k for k in ours if k not in done]
         dest = {k: os.path.join(partial, plan.shard_file(k)) for k in mine}

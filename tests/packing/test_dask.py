@@ -126,6 +126,10 @@ def test_dask_strict_failure_keeps_finished_shards(src, cluster, tmp_path):
                            scheduler=cluster.scheduler_address, progress=False)
     assert result.count == 29 and [s["path"] for s in result.skipped] == \
         [os.path.join(bad_src, "c2", "img004.jpg")]
+    # the kept shards count in the store, not in this run's rate (6 sources a shard)
+    assert (result.kept_shards, result.kept_sources) == (len(done), 6 * len(done))
+    assert result.images_per_second == pytest.approx(
+        (30 - 6 * len(done)) / result.packing_seconds)
 
 
 def test_dask_not_installed_message(src, tmp_path):

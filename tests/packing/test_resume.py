@@ -93,7 +93,7 @@ def _stat(path: str) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("fmt,workers", [("lmdb", "2"), ("hdf5", "1")])
-def test_sigkill_then_resume_keeps_finished_shards(tmp_path, fmt, workers):
+def test_sigkill_then_resume_keeps_finished_shards(tmp_path, fmt, workers, capsys):
     src, out, ref = str(tmp_path / "src"), str(tmp_path / "out"), str(tmp_path / "ref")
     image_tree(src, classes=3, per_class=16, seed=5, pngs=1)
     ext = {"lmdb": ".lmdb", "hdf5": ".h5"}[fmt]
@@ -121,8 +121,12 @@ def test_sigkill_then_resume_keeps_finished_shards(tmp_path, fmt, workers):
         f.write(bytes([byte[0] ^ 0xFF]))
     kept[1] = _stat(shard1)
 
+    capsys.readouterr()
     assert cli_main(["pack", src, out, *PACK_ARGS, "--format", fmt, "--workers", workers,
                      "--resume"]) == 0
+    done = sum(n.endswith(".done.json") for n in names)
+    # every recorded shard but the damaged one; the rate counts only what this run packed
+    assert f" shards, {done - 1} kept from the earlier run) in " in capsys.readouterr().err
     assert not os.path.exists(partial)
     assert _stat(os.path.join(out, f"shard-00000{ext}")) == kept[0]  # kept: same inode, mtime
     assert _stat(os.path.join(out, f"shard-00001{ext}")) != kept[1]  # damaged: redone
