@@ -91,6 +91,8 @@ def free_port() -> int:
 
 #: The packing workers' recommended setting (docs/cluster.md): Dask's statistical profiler off.
 NO_PROFILER = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
+#: A throughput round's packs: dask on default workers, on workers without the profiler, local.
+KINDS = ("dask", "noprof", "local")
 
 
 @contextlib.contextmanager
@@ -146,14 +148,14 @@ def alternate(src: str, tmp: str, workers: int, shards: int, size: int,
     rounds = []
     for r in range(repeat):
         got = {}
-        for kind in ("dask", "noprof", "local")[r % 3:] + ("dask", "noprof", "local")[:r % 3]:
+        for kind in KINDS[r % 3:] + KINDS[:r % 3]:
             out = os.path.join(tmp, f"{kind}-r{r}")
             if kind == "local":
                 got[kind] = run(src, out, "local", "", workers, shards, size)
                 continue
             with cluster(workers, NO_PROFILER if kind == "noprof" else None) as (address, _):
                 got[kind] = run(src, out, "dask", address, workers, shards, size)
-        rounds.append(tuple(got[k]["images_per_second"] for k in ("dask", "noprof", "local")))
+        rounds.append(tuple(got[k]["images_per_second"] for k in KINDS))
     return rounds
 
 

@@ -62,7 +62,8 @@ class DaskSession:
             import dask
 
             # Our own workers: without Dask's statistical profiler, which samples each worker's
-            # task thread 100 times a second (3-5 % of a packing worker's CPU; docs/cluster.md).
+            # task thread 100 times a second (packs ran up to 9 % faster without it:
+            # docs/cluster.md).
             # Set for the cluster's start only: the nannies pass it to the worker processes, and
             # the user's own config is left as it was.
             with dask.config.set({"distributed.worker.profile.enabled": False}):
