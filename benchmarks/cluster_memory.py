@@ -13,11 +13,19 @@ and W encoding workers (the same cores), images/s of the encoding phase (PackRes
 engines import the packing code before it starts), and of the whole call;
 the load average after each size (the machine may be shared).
 
-Throughput is then measured again, ``--repeat`` rounds on each tree, three packs a round in
-rotating order: dask on workers as ``dask worker`` starts them, dask on workers with the
-profiler off (``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False``, the setting docs/cluster.md
-recommends for packing workers, and the one shardkit's own LocalCluster uses), and the local
-engine (a fresh cluster for each dask pack, fresh stores), on two trees: the large N tiny images
+Throughput is then measured again, ``--repeat`` rounds on each tree, in two shapes:
+
+- **shared**: everything on the same cores, as a LocalCluster on one machine: three packs a
+  round in rotating order, dask on workers as ``dask worker`` starts them, dask on workers with
+  the packing settings (``QUIET_WORKERS`` as environment variables: the setting docs/cluster.md
+  recommends, and the one shardkit's own LocalCluster uses), and the local engine;
+- **workers' cores** (a cluster's shape: its scheduler and client run on a login node or their
+  own pod, not on the workers' cores): the first CPU of this process's set runs the scheduler
+  and the client, the others (``taskset``) run one ``dask worker`` process each, with the
+  packing settings; the local engine runs on those same other CPUs with as many encoders.
+  Two packs a round, alternating.
+
+A fresh cluster for each dask pack, fresh stores; on two trees: the large N tiny images
 (packing's fixed costs per image and per shard at their largest share: the worst case for a
 cluster) and ``--photos`` photo-like images (:mod:`shardkit.bench.sample`, mean about 500x375,
 resized to 256 as by default, shards of ``--photo-shard``): the median ratio of each is the
@@ -89,16 +97,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-#: The packing workers' recommended setting (docs/cluster.md): Dask's statistical profiler off.
-NO_PROFILER = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
-#: A throughput round's packs: dask on default workers, on workers without the profiler, local.
-KINDS = ("dask", "noprof", "local")
+def dask_env(config: dict) -> dict[str, str]:
+    """Dask config keys as the environment variables that set them in a ``dask worker``."""
+    return {"DASK_" + key.upper().replace(".", "__").replace("-", "_"): str(value)
+            for key, value in config.items()}
+
+
+def packing_env() -> dict[str, str]:
+    """The packing workers' recommended settings (docs/cluster.md) as environment variables."""
+    from shardkit.packing.dask_engine import QUIET_WORKERS
+
+    return dask_env(QUIET_WORKERS)
+
+
+#: A shared round's packs: dask on default workers, on workers with the packing settings, local.
+KINDS = ("dask", "quiet", "local")
+
+
+def pinned(cpus: list[int] | None) -> list[str]:
+    """``taskset`` for ``cpus`` (nothing for None: any CPU)."""
+    return [] if cpus is None else ["taskset", "-c", ",".join(map(str, cpus))]
 
 
 @contextlib.contextmanager
-def cluster(nworkers: int, env: dict[str, str] | None = None):
+def cluster(nworkers: int, env: dict[str, str] | None = None, worker_cpus: list[int] | None = None,
+            scheduler_cpus: list[int] | None = None):
     """A ``dask scheduler`` and ``dask worker --nworkers N --nthreads 1`` on 127.0.0.1 (with
-    ``env`` added to their environment): (address, the worker processes' pids)."""
+    ``env`` added to their environment; each on its CPUs if given): (address, the worker
+    processes' pids)."""
     from dask.distributed import Client
 
     bindir = os.path.dirname(sys.executable)
@@ -106,10 +132,12 @@ def cluster(nworkers: int, env: dict[str, str] | None = None):
     address = f"tcp://127.0.0.1:{port}"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
              "start_new_session": True, "env": {**os.environ, **(env or {})}}
-    procs = [subprocess.Popen([os.path.join(bindir, "dask"), "scheduler", "--host", "127.0.0.1",
-                               "--port", str(port), "--no-dashboard"], **quiet)]
+    procs = [subprocess.Popen(pinned(scheduler_cpus) + [
+        os.path.join(bindir, "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+        "--no-dashboard"], **quiet)]
     try:
-        procs.append(subprocess.Popen([os.path.join(bindir, "dask"), "worker", address,
+        procs.append(subprocess.Popen(pinned(worker_cpus) + [
+                                      os.path.join(bindir, "dask"), "worker", address,
                                        "--nworkers", str(nworkers), "--nthreads", "1",
                                        "--no-dashboard", "--host", "127.0.0.1"], **quiet))
         for _ in range(600):
@@ -130,9 +158,10 @@ def cluster(nworkers: int, env: dict[str, str] | None = None):
 
 
 def run(src: str, out: str, engine: str, scheduler: str, workers: int, shards: int,
-        size: int = 8) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CLIENT, src, out, engine, scheduler,
-                           str(workers), str(shards), str(size)], capture_output=True, text=True)
+        size: int = 8, cpus: list[int] | None = None) -> dict:
+    proc = subprocess.run(pinned(cpus) + [sys.executable, "-c", CLIENT, src, out, engine,
+                                          scheduler, str(workers), str(shards), str(size)],
+                          capture_output=True, text=True)
     subprocess.run(["rm", "-rf", out], check=True)
     if proc.returncode:
         raise SystemExit(proc.stderr[-3000:])
@@ -142,7 +171,7 @@ def run(src: str, out: str, engine: str, scheduler: str, workers: int, shards: i
 def alternate(src: str, tmp: str, workers: int, shards: int, size: int,
               repeat: int) -> list[tuple[float, float, float]]:
     """``repeat`` rounds of three packs of ``src`` (dask workers as started by default, dask
-    workers without the profiler, the local engine; the order rotates from round to round):
+    workers with the packing settings, the local engine; the order rotates from round to round):
     each one's encoding-phase images/s. A fresh cluster for each dask pack, running only
     during it (idle, its processes still take CPU)."""
     rounds = []
@@ -153,21 +182,62 @@ def alternate(src: str, tmp: str, workers: int, shards: int, size: int,
             if kind == "local":
                 got[kind] = run(src, out, "local", "", workers, shards, size)
                 continue
-            with cluster(workers, NO_PROFILER if kind == "noprof" else None) as (address, _):
+            with cluster(workers, packing_env() if kind == "quiet" else None) as (address, _):
                 got[kind] = run(src, out, "dask", address, workers, shards, size)
         rounds.append(tuple(got[k]["images_per_second"] for k in KINDS))
     return rounds
 
 
-def describe(name: str, rounds: list[tuple[float, float, float]]) -> str:
-    lines = [f"{name}: dask (default workers) / dask (profiler off) / local img/s "
-             + ", ".join(f"{d:.0f}/{n:.0f}/{loc:.0f}" for d, n, loc in rounds)]
-    for label, i in (("default workers", 0), ("profiler off", 1)):
-        ratios = sorted(r[i] / max(1e-9, r[2]) for r in rounds)
-        lines.append(f"  dask/local, {label}: ratios {', '.join(f'{x:.2f}' for x in ratios)}; "
-                     f"median {statistics.median(ratios):.2f} (target >= 0.9)")
+def alternate_pinned(src: str, tmp: str, shards: int, size: int,
+                     repeat: int) -> tuple[list[tuple[float, float]], int]:
+    """``repeat`` rounds of two packs of ``src`` in a cluster's shape (alternating order): dask
+    with the scheduler and the client on the first CPU of this process's set and one worker
+    process (packing settings) on each other CPU, and the local engine on those other CPUs with
+    as many encoders: ([(dask, local) images/s], workers)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    control, workers = cpus[:1], cpus[1:]
+    rounds = []
+    for r in range(repeat):
+        got = {}
+        for kind in ("dask", "local") if r % 2 == 0 else ("local", "dask"):
+            out = os.path.join(tmp, f"pinned-{kind}-r{r}")
+            if kind == "local":
+                got[kind] = run(src, out, "local", "", len(workers), shards, size, workers)
+                continue
+            with cluster(len(workers), packing_env(), workers, control) as (address, _):
+                got[kind] = run(src, out, "dask", address, len(workers), shards, size, control)
+        rounds.append((got["dask"]["images_per_second"], got["local"]["images_per_second"]))
+    return rounds, len(workers)
+
+
+def ratios_line(label: str, ratios: list[float]) -> str:
+    ratios = sorted(ratios)
+    return (f"  dask/local, {label}: ratios {', '.join(f'{x:.2f}' for x in ratios)}; "
+            f"median {statistics.median(ratios):.2f} (target >= 0.9)")
+
+
+def describe(name: str, rounds: list[tuple[float, float, float]],
+             cluster_shape: tuple[list[tuple[float, float]], int] | None) -> str:
+    lines = [f"{name}, shared cores: dask (default workers) / dask (packing settings) / local "
+             "img/s " + ", ".join(f"{d:.0f}/{n:.0f}/{loc:.0f}" for d, n, loc in rounds)]
+    for label, i in (("default workers", 0), ("packing settings", 1)):
+        lines.append(ratios_line(f"shared, {label}", [r[i] / max(1e-9, r[2]) for r in rounds]))
+    if cluster_shape:
+        pairs, workers = cluster_shape
+        lines.append(f"{name}, workers' cores ({workers} for the workers or the local engine's "
+                     "encoders, 1 for the scheduler and client): dask (packing settings) / local "
+                     "img/s " + ", ".join(f"{d:.0f}/{loc:.0f}" for d, loc in pairs))
+        lines.append(ratios_line("workers' cores", [d / max(1e-9, loc) for d, loc in pairs]))
     lines[-1] += f"; load {os.getloadavg()[0]:.2f}"
     return "\n".join(lines)
+
+
+def shape(src: str, tmp: str, shards: int, size: int,
+          args: argparse.Namespace) -> tuple[list[tuple[float, float]], int] | None:
+    """The workers' cores rounds, unless skipped or there is a single CPU."""
+    if args.no_cluster_shape or len(os.sched_getaffinity(0)) < 2:
+        return None
+    return alternate_pinned(src, tmp, shards, size, args.repeat)
 
 
 def main() -> None:
@@ -176,8 +246,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--per-shard", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=5,
-                    help="rounds of alternating throughput runs (dask default, dask without "
-                         "the profiler, local) on each tree (0: none)")
+                    help="rounds of alternating throughput runs (dask default, dask with the "
+                         "packing settings, local; then the workers' cores shape) on each tree "
+                         "(0: none)")
+    ap.add_argument("--no-cluster-shape", action="store_true",
+                    help="skip the rounds with the scheduler and client on a CPU of their own")
     ap.add_argument("--photos", type=int, default=6000,
                     help="photo-like images for the throughput runs (0: none)")
     ap.add_argument("--photo-shard", type=int, default=200, help="photos per shard")
@@ -211,6 +284,7 @@ def main() -> None:
                          f"{shards} shards; load {os.getloadavg()[0]:.2f}")
             if n == args.sizes[1] and args.repeat:
                 tiny = alternate(src, tmp, args.workers, shards, 8, args.repeat)
+                tiny_shape = shape(src, tmp, shards, 8, args)
             subprocess.run(["rm", "-rf", src], check=True)
         if args.photos and args.repeat:
             from shardkit.bench.sample import make_sample
@@ -219,6 +293,7 @@ def main() -> None:
             make_sample(src, args.photos, classes=10)
             shards = max(2, args.photos // args.photo_shard)
             photos = alternate(src, tmp, args.workers, shards, 256, args.repeat)
+            photos_shape = shape(src, tmp, shards, 256, args)
     small, large = args.sizes
     dn = large - small
     client = (rows[large]["client_hwm_kb"] - rows[small]["client_hwm_kb"]) * 1024 / dn
@@ -232,10 +307,10 @@ def main() -> None:
                  f"{rows[large]['images_per_second'] / rows[large]['local_images_per_second']:.2f}")
     if args.repeat:
         lines.append(describe(f"{large:,} tiny images (8x8 -> 8), {large // args.per_shard} "
-                              f"shards, {args.repeat} rounds", tiny))
+                              f"shards, {args.repeat} rounds", tiny, tiny_shape))
     if args.photos and args.repeat:
         lines.append(describe(f"{args.photos:,} photo-like images (-> 256), {shards} shards, "
-                              f"{args.repeat} rounds", photos))
+                              f"{args.repeat} rounds", photos, photos_shape))
     report = "\n".join(lines)
     print(report)
     if args.out:

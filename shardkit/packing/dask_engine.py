@@ -38,6 +38,17 @@ STRAGGLER_FACTOR = 4.0
 STRAGGLER_MIN_DONE = 3  # shards finished before their median means anything
 STRAGGLER_MIN_SECONDS = 10.0  # and never a shard running less than this (tiny shards' noise)
 POLL_SECONDS = 1.0  # how often the client looks at running tasks (stragglers)
+#: Dask settings for packing workers (docs/cluster.md recommends them as environment variables,
+#: ``DASK_`` + the key in capitals, ``.`` -> ``__``, ``-`` -> ``_``; shardkit's own
+#: LocalCluster starts with them). Each is a periodic wake-up of every worker's event loop that
+#: takes the GIL from the task thread: the statistical profiler samples the task thread 100
+#: times a second, the event-loop health check runs 50 times a second in every Dask process
+#: (Dask's own test suite runs it every 500 ms), the system monitor (dashboard plots) twice a
+#: second. An idle 2-worker cluster took 4.7 % of two cores with the profiler off and 1.5 % with
+#: all three (docs/cluster.md has the packing numbers).
+QUIET_WORKERS = {"distributed.worker.profile.enabled": False,
+                 "distributed.admin.tick.interval": "1s",
+                 "distributed.admin.system-monitor.interval": "2s"}
 T = TypeVar("T")
 
 
@@ -61,12 +72,10 @@ class DaskSession:
         if scheduler is None:
             import dask
 
-            # Our own workers: without Dask's statistical profiler, which samples each worker's
-            # task thread 100 times a second (packs ran up to 9 % faster without it:
-            # docs/cluster.md).
-            # Set for the cluster's start only: the nannies pass it to the worker processes, and
-            # the user's own config is left as it was.
-            with dask.config.set({"distributed.worker.profile.enabled": False}):
+            # Our own scheduler and workers start with the packing settings; set for the
+            # cluster's start only: the nannies pass them to the worker processes, and the
+            # user's own config is left as it was.
+            with dask.config.set(QUIET_WORKERS):
                 self.cluster = dd.LocalCluster(n_workers=max(1, workers), threads_per_worker=1,
                                                processes=True, host="127.0.0.1",
                                                dashboard_address=None,

@@ -60,20 +60,26 @@ def test_dask_local_cluster_from_the_cli(src, local, tmp_path):
     assert not os.path.exists(partial_of(out))
 
 
-def test_own_local_cluster_runs_without_the_profiler():
-    """The LocalCluster shardkit starts has Dask's statistical profiler off in its workers (it
-    samples the task thread 100 times a second); the caller's own Dask config is untouched."""
+def test_own_local_cluster_runs_quiet_workers():
+    """The LocalCluster shardkit starts runs its workers with the packing settings
+    (QUIET_WORKERS): no statistical profiler (it samples the task thread 100 times a second),
+    the event-loop check once a second (not 50 times), the system monitor every 2 s (not
+    twice a second); the caller's own Dask config is untouched."""
     import dask
 
-    from shardkit.packing.dask_engine import DaskSession
+    from shardkit.packing.dask_engine import QUIET_WORKERS, DaskSession
 
-    key = "distributed.worker.profile.enabled"
-    before = dask.config.get(key)
+    before = {key: dask.config.get(key) for key in QUIET_WORKERS}
     with DaskSession(None, 1) as session:
-        callbacks = session.client.run(lambda dask_worker: sorted(dask_worker.periodic_callbacks))
-    assert before is True and dask.config.get(key) is True
-    (names,) = callbacks.values()
-    assert "heartbeat" in names and "profile" not in names
+        periods = session.client.run(lambda dask_worker: {
+            name: pc.callback_time for name, pc in dask_worker.periodic_callbacks.items()})
+    assert before == {"distributed.worker.profile.enabled": True,
+                      "distributed.admin.tick.interval": "20ms",
+                      "distributed.admin.system-monitor.interval": "500ms"}
+    assert {key: dask.config.get(key) for key in QUIET_WORKERS} == before
+    (ms,) = periods.values()
+    assert "heartbeat" in ms and "profile" not in ms
+    assert ms["tick"] == 1000 and ms["monitor"] == 2000
 
 
 def test_dask_scheduler_address(src, local, cluster, tmp_path):
