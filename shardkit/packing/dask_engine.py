@@ -44,8 +44,8 @@ POLL_SECONDS = 1.0  # how often the client looks at running tasks (stragglers)
 #: takes the GIL from the task thread: the statistical profiler samples the task thread 100
 #: times a second, the event-loop health check runs 50 times a second in every Dask process
 #: (Dask's own test suite runs it every 500 ms), the system monitor (dashboard plots) twice a
-#: second. An idle 2-worker cluster took 4.7 % of two cores with the profiler off and 1.5 % with
-#: all three (docs/cluster.md has the packing numbers).
+#: second. An idle 2-worker cluster took 5.3-6.4 % of two cores as Dask starts it, 4.1-4.8 %
+#: with the profiler off, 1.4 % with all three (docs/cluster.md has the packing numbers).
 QUIET_WORKERS = {"distributed.worker.profile.enabled": False,
                  "distributed.admin.tick.interval": "1s",
                  "distributed.admin.system-monitor.interval": "2s"}

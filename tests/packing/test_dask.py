@@ -82,6 +82,24 @@ def test_own_local_cluster_runs_quiet_workers():
     assert ms["tick"] == 1000 and ms["monitor"] == 2000
 
 
+def test_docs_recommend_exactly_the_packing_settings():
+    """Every ``DASK_...=`` variable docs/cluster.md tells users to set (the plain workers'
+    exports, dask-jobqueue's prologue) is one of QUIET_WORKERS with its value, and each of
+    them is there: the page and shardkit's own LocalCluster cannot drift apart."""
+    import re
+
+    import dask
+
+    from shardkit.packing.dask_engine import QUIET_WORKERS
+
+    page = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "cluster.md")
+    with open(page) as f:
+        found = set(re.findall(r"export (DASK_[A-Z_]+)=([^\s\"]+)", f.read()))
+    config = dask.config.collect_env(dict(found))
+    assert len(found) == len(QUIET_WORKERS)
+    assert {key: dask.config.get(key, config=config) for key in QUIET_WORKERS} == QUIET_WORKERS
+
+
 def test_dask_scheduler_address(src, local, cluster, tmp_path):
     out = str(tmp_path / "dask-h5")
     pids = set(cluster.scheduler_info["workers"])
