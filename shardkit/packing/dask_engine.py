@@ -75,11 +75,17 @@ class DaskSession:
             # Our own scheduler and workers start with the packing settings; set for the
             # cluster's start only: the nannies pass them to the worker processes, and the
             # user's own config is left as it was.
-            with dask.config.set(QUIET_WORKERS):
-                self.cluster = dd.LocalCluster(n_workers=max(1, workers), threads_per_worker=1,
-                                               processes=True, host="127.0.0.1",
-                                               dashboard_address=None,
-                                               silence_logs=logging.CRITICAL)  # our own lines
+            # No dashboard, and the scheduler's HTTP server (health checks only then) on a free
+            # port of 127.0.0.1: by default it takes 8787, warning when another cluster has it.
+            try:
+                with dask.config.set(QUIET_WORKERS):
+                    self.cluster = dd.LocalCluster(
+                        n_workers=max(1, workers), threads_per_worker=1, processes=True,
+                        host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                        scheduler_kwargs={"dashboard": False},
+                        silence_logs=logging.CRITICAL)  # our own lines
+            except Exception as exc:  # noqa: BLE001 - named in one line
+                raise PackError(_no_local_cluster(exc)) from None
             self.client = dd.Client(self.cluster)
         else:
             try:
@@ -109,6 +115,19 @@ class DaskSession:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _no_local_cluster(exc: BaseException) -> str:
+    """The line for a LocalCluster that did not start; the likely cause when the program is a
+    script: Dask starts each worker process with multiprocessing's spawn, which runs the script
+    again, and an unguarded ``pack`` call in it starts processes during that bootstrap."""
+    cause = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    line = f"could not start Dask's local worker processes ({cause})"
+    if getattr(sys.modules.get("__main__"), "__file__", None):
+        line += ("; a script that calls pack(engine='dask') without `scheduler` must call it "
+                 "under `if __name__ == \"__main__\":` (each Dask worker process starts by "
+                 "running the script again)")
+    return line
 
 
 def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: str | None = None,

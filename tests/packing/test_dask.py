@@ -82,6 +82,54 @@ def test_own_local_cluster_runs_quiet_workers():
     assert ms["tick"] == 1000 and ms["monitor"] == 2000
 
 
+def test_unguarded_script_is_told_to_guard_its_pack_call(src, tmp_path):
+    """A script that calls pack(engine='dask') without a scheduler and without an
+    ``if __name__ == "__main__":`` guard cannot work (Dask starts its workers by running the
+    script again): pack says so in one line, naming the guard, and leaves no OUT. The same
+    script with the guard packs."""
+    call = (f"shardkit.pack({src!r}, 'out', engine='dask', workers=1, num_shards=2, "
+            "size=32, progress=False)")
+    script = tmp_path / "train.py"
+    script.write_text(f"import shardkit\n{call}\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("shardkit.errors.PackError: could not start Dask's local worker "
+                           "processes (RuntimeError: Nanny failed to start.)"), proc.stderr
+    assert 'under `if __name__ == "__main__":`' in last
+    assert sorted(os.listdir(tmp_path)) == ["train.py"]
+    script.write_text(f"import shardkit\nif __name__ == '__main__':\n    {call}\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert verify(str(tmp_path / "out")).ok
+
+
+def test_own_local_cluster_leaves_port_8787_alone():
+    """shardkit's LocalCluster serves no dashboard, and its scheduler's HTTP server listens on
+    a free port of 127.0.0.1: not on Dask's 8787, where a user's own cluster's dashboard may
+    be (Dask would warn that the port is taken and move)."""
+    import socket
+    import warnings
+
+    from shardkit.packing.dask_engine import DaskSession
+
+    held = socket.socket()
+    try:
+        held.bind(("127.0.0.1", 8787))
+        held.listen()
+    except OSError:  # another program has it: the same situation
+        pass
+    with warnings.catch_warnings(record=True) as caught, DaskSession(None, 1) as session:
+        warnings.simplefilter("always")
+        port = session.client.scheduler_info()["services"]["dashboard"]
+    held.close()
+    assert port != 8787
+    assert not [w for w in caught if "8787" in str(w.message)], [str(w.message) for w in caught]
+    assert session.cluster.dashboard_link is None or "8787" not in session.cluster.dashboard_link
+
+
 def test_docs_recommend_exactly_the_packing_settings():
     """Every ``DASK_...=`` variable docs/cluster.md tells users to set (the plain workers'
     exports, dask-jobqueue's prologue) is one of QUIET_WORKERS with its value, and each of
