@@ -110,10 +110,6 @@ def packing_env() -> dict[str, str]:
     return dask_env(QUIET_WORKERS)
 
 
-#: A shared round's packs: dask on default workers, on workers with the packing settings, local.
-KINDS = ("dask", "quiet", "local")
-
-
 def pinned(cpus: list[int] | None) -> list[str]:
     """``taskset`` for ``cpus`` (nothing for None: any CPU)."""
     return [] if cpus is None else ["taskset", "-c", ",".join(map(str, cpus))]
@@ -168,46 +164,37 @@ def run(src: str, out: str, engine: str, scheduler: str, workers: int, shards: i
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def alternate(src: str, tmp: str, workers: int, shards: int, size: int,
-              repeat: int) -> list[tuple[float, float, float]]:
-    """``repeat`` rounds of three packs of ``src`` (dask workers as started by default, dask
-    workers with the packing settings, the local engine; the order rotates from round to round):
-    each one's encoding-phase images/s. A fresh cluster for each dask pack, running only
-    during it (idle, its processes still take CPU)."""
+def alternate(src: str, tmp: str, kinds: dict[str, dict[str, str] | None], workers: int,
+              shards: int, size: int, repeat: int, worker_cpus: list[int] | None = None,
+              control_cpus: list[int] | None = None) -> list[tuple[float, ...]]:
+    """``repeat`` rounds of one pack of ``src`` per kind, the order rotating from round to round
+    (two kinds: alternating): each one's encoding-phase images/s, in ``kinds``' order. A kind is
+    the Dask workers' added environment (``{}``: as ``dask worker`` starts them), or None for
+    the local engine. ``workers`` worker processes or encoders, on ``worker_cpus``; the
+    scheduler and the client on ``control_cpus`` (None: any CPU). A fresh cluster for each dask
+    pack, running only during it (idle, its processes still take CPU)."""
+    names = list(kinds)
     rounds = []
     for r in range(repeat):
         got = {}
-        for kind in KINDS[r % 3:] + KINDS[:r % 3]:
+        for kind in names[r % len(names):] + names[:r % len(names)]:
             out = os.path.join(tmp, f"{kind}-r{r}")
-            if kind == "local":
-                got[kind] = run(src, out, "local", "", workers, shards, size)
+            env = kinds[kind]
+            if env is None:
+                got[kind] = run(src, out, "local", "", workers, shards, size, worker_cpus)
                 continue
-            with cluster(workers, packing_env() if kind == "quiet" else None) as (address, _):
-                got[kind] = run(src, out, "dask", address, workers, shards, size)
-        rounds.append(tuple(got[k]["images_per_second"] for k in KINDS))
+            with cluster(workers, env, worker_cpus, control_cpus) as (address, _):
+                got[kind] = run(src, out, "dask", address, workers, shards, size, control_cpus)
+        rounds.append(tuple(got[k]["images_per_second"] for k in names))
     return rounds
 
 
-def alternate_pinned(src: str, tmp: str, shards: int, size: int,
-                     repeat: int) -> tuple[list[tuple[float, float]], int]:
-    """``repeat`` rounds of two packs of ``src`` in a cluster's shape (alternating order): dask
-    with the scheduler and the client on the first CPU of this process's set and one worker
-    process (packing settings) on each other CPU, and the local engine on those other CPUs with
-    as many encoders: ([(dask, local) images/s], workers)."""
-    cpus = sorted(os.sched_getaffinity(0))
-    control, workers = cpus[:1], cpus[1:]
-    rounds = []
-    for r in range(repeat):
-        got = {}
-        for kind in ("dask", "local") if r % 2 == 0 else ("local", "dask"):
-            out = os.path.join(tmp, f"pinned-{kind}-r{r}")
-            if kind == "local":
-                got[kind] = run(src, out, "local", "", len(workers), shards, size, workers)
-                continue
-            with cluster(len(workers), packing_env(), workers, control) as (address, _):
-                got[kind] = run(src, out, "dask", address, len(workers), shards, size, control)
-        rounds.append((got["dask"]["images_per_second"], got["local"]["images_per_second"]))
-    return rounds, len(workers)
+def shared(src: str, tmp: str, shards: int, size: int,
+           args: argparse.Namespace) -> list[tuple[float, ...]]:
+    """The shared cores rounds: (dask as started by default, dask with the packing settings,
+    local) images/s, ``args.workers`` of each."""
+    return alternate(src, tmp, {"dask": {}, "quiet": packing_env(), "local": None},
+                     args.workers, shards, size, args.repeat)
 
 
 def ratios_line(label: str, ratios: list[float]) -> str:
@@ -216,8 +203,8 @@ def ratios_line(label: str, ratios: list[float]) -> str:
             f"median {statistics.median(ratios):.2f} (target >= 0.9)")
 
 
-def describe(name: str, rounds: list[tuple[float, float, float]],
-             cluster_shape: tuple[list[tuple[float, float]], int] | None) -> str:
+def describe(name: str, rounds: list[tuple[float, ...]],
+             cluster_shape: tuple[list[tuple[float, ...]], int] | None) -> str:
     lines = [f"{name}, shared cores: dask (default workers) / dask (packing settings) / local "
              "img/s " + ", ".join(f"{d:.0f}/{n:.0f}/{loc:.0f}" for d, n, loc in rounds)]
     for label, i in (("default workers", 0), ("packing settings", 1)):
@@ -233,11 +220,17 @@ def describe(name: str, rounds: list[tuple[float, float, float]],
 
 
 def shape(src: str, tmp: str, shards: int, size: int,
-          args: argparse.Namespace) -> tuple[list[tuple[float, float]], int] | None:
-    """The workers' cores rounds, unless skipped or there is a single CPU."""
-    if args.no_cluster_shape or len(os.sched_getaffinity(0)) < 2:
+          args: argparse.Namespace) -> tuple[list[tuple[float, ...]], int] | None:
+    """The workers' cores rounds, unless skipped or there is a single CPU: the scheduler and
+    the client on the first CPU of this process's set, one worker process (packing settings) on
+    each other CPU, against the local engine with as many encoders on those other CPUs:
+    ([(dask, local) images/s], workers)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.no_cluster_shape or len(cpus) < 2:
         return None
-    return alternate_pinned(src, tmp, shards, size, args.repeat)
+    control, workers = cpus[:1], cpus[1:]
+    return alternate(src, tmp, {"quiet": packing_env(), "local": None}, len(workers), shards,
+                     size, args.repeat, workers, control), len(workers)
 
 
 def main() -> None:
@@ -283,7 +276,7 @@ def main() -> None:
                          f"{local['whole_images_per_second']:.0f}); {got['count']} records, "
                          f"{shards} shards; load {os.getloadavg()[0]:.2f}")
             if n == args.sizes[1] and args.repeat:
-                tiny = alternate(src, tmp, args.workers, shards, 8, args.repeat)
+                tiny = shared(src, tmp, shards, 8, args)
                 tiny_shape = shape(src, tmp, shards, 8, args)
             subprocess.run(["rm", "-rf", src], check=True)
         if args.photos and args.repeat:
@@ -292,7 +285,7 @@ def main() -> None:
             src = os.path.join(tmp, "photos")
             make_sample(src, args.photos, classes=10)
             shards = max(2, args.photos // args.photo_shard)
-            photos = alternate(src, tmp, args.workers, shards, 256, args.repeat)
+            photos = shared(src, tmp, shards, 256, args)
             photos_shape = shape(src, tmp, shards, 256, args)
     small, large = args.sizes
     dn = large - small
