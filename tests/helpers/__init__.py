@@ -8,6 +8,7 @@ restated here independently of shardkit, so tests compare shardkit against them,
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -378,6 +379,23 @@ def program_env(env: dict | None = None) -> dict:
 def program_cmd(name: str, python: str = sys.executable) -> list[str]:
     """The command running ``tests/helpers/programs/NAME.py`` (pass ``env=program_env()``)."""
     return [python, "-m", f"helpers.programs.{name}"]
+
+
+def rank_outputs(out: str, world: int) -> list[dict]:
+    """The JSON that each rank of a torchrun program wrote to ``OUT.RANK``, in rank order.
+
+    Each rank writes its own file rather than rank 0 gathering them: a gloo collective on tensors
+    that Python made (``all_gather_object``'s) is released by gloo's own thread a moment after
+    the call returns, and a rank whose interpreter is already exiting then aborts ("terminate
+    called without an active exception"; torch 2.13, 1 run in ~20 here; a barrier after it
+    does not help, it holds the earlier collective until its own release).
+    """
+    got = []
+    for rank in range(world):
+        with open(f"{out}.{rank}") as f:
+            got.append(json.load(f))
+    assert [g["rank"] for g in got] == list(range(world))
+    return got
 
 
 def run_program(name: str, *args: str, python: str = sys.executable, env: dict | None = None,

@@ -20,7 +20,7 @@ import torch
 import shardkit
 from shardkit import BucketSampler, OptionError
 
-from helpers import program_env
+from helpers import program_env, rank_outputs
 from helpers.buckets import COUNTS, SIZES, bucketed_store
 
 N = sum(COUNTS)
@@ -254,8 +254,7 @@ def test_ddp_under_torchrun_every_rank_takes_the_same_steps(store, ds, tmp_path)
                            "--nproc_per_node", "2", "-m", "helpers.programs.bucket_ddp", store,
                            out], env=program_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(out) as f:
-        ranks = sorted(json.load(f)["ranks"], key=lambda g: g["rank"])
+    ranks = rank_outputs(out, 2)
     reference = [BucketSampler(ds, 4, num_replicas=2, rank=r, seed=1) for r in range(2)]
     sizes, buckets = ds.bucket_sizes, ds.buckets
     for got, sampler in zip(ranks, reference):

@@ -3,8 +3,8 @@
 
 Usage: torchrun --standalone --nproc_per_node N -m helpers.programs.bucket_ddp STORE OUT
 
-Every rank takes the same number of steps (else DDP's all-reduce would hang); rank 0 writes
-each rank's batches (indices, image shapes) to OUT (JSON).
+Every rank takes the same number of steps (else DDP's all-reduce would hang); each rank writes
+its batches (indices, image shapes) to OUT.RANK (JSON; ``helpers.rank_outputs`` reads them).
 """
 
 from __future__ import annotations
@@ -35,16 +35,9 @@ def main(store: str, out: str) -> None:
             loss.backward()  # an all-reduce: every rank must take this step
             opt.step()
             seen.append(list(images.shape))
-        got: list = [None] * dist.get_world_size()
-        dist.all_gather_object(got, {"rank": dist.get_rank(), "batches": expect,
-                                     "shapes": seen})
-        if dist.get_rank() == 0:
-            with open(out, "w") as f:
-                json.dump({"ranks": got}, f)
-        # torch's gloo threads free a finished collective's Python tensors a moment after it
-        # returns; a process that finalizes first aborts ("terminate called without an active
-        # exception", 1 run in ~25 here, a plain DDP program too): a barrier outlasts them.
-        dist.barrier()
+        # Each rank its own file, no all_gather_object: see helpers.rank_outputs.
+        with open(f"{out}.{dist.get_rank()}", "w") as f:
+            json.dump({"rank": dist.get_rank(), "batches": expect, "shapes": seen}, f)
     finally:
         dist.destroy_process_group()
 

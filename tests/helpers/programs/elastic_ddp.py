@@ -3,8 +3,8 @@
 Usage: torchrun --standalone --nproc_per_node N -m helpers.programs.elastic_ddp STORE STATE OUT
 
 Each rank loads STATE (JSON) into a ShardSampler built from torch.distributed, reads the rest of
-the epoch through ``ds.loader`` with 2 fork workers, then lists the next epoch; rank 0 writes
-every rank's records (hex) and next-epoch indices to OUT (JSON).
+the epoch through ``ds.loader`` with 2 fork workers, then lists the next epoch; each rank writes
+its records (hex) and next-epoch indices to OUT.RANK (JSON; ``helpers.rank_outputs`` reads them).
 """
 
 from __future__ import annotations
@@ -30,16 +30,9 @@ def main(store: str, state_path: str, out: str) -> None:
                            multiprocessing_context="fork")
         rest = [rec.hex() for batch in loader for rec, _ in batch]
         sampler.set_epoch(state["epoch"] + 1)
-        got: list = [None] * dist.get_world_size()
-        dist.all_gather_object(got, {"rank": dist.get_rank(), "rest": rest,
-                                     "next": list(sampler)})
-        if dist.get_rank() == 0:
-            with open(out, "w") as f:
-                json.dump({"ranks": got}, f)
-        # torch's gloo threads free a finished collective's Python tensors a moment after it
-        # returns; a process that finalizes first aborts ("terminate called without an active
-        # exception", 1 run in ~25 here, a plain DDP program too): a barrier outlasts them.
-        dist.barrier()
+        # Each rank its own file, no all_gather_object: see helpers.rank_outputs.
+        with open(f"{out}.{dist.get_rank()}", "w") as f:
+            json.dump({"rank": dist.get_rank(), "rest": rest, "next": list(sampler)}, f)
     finally:
         dist.destroy_process_group()
 
