@@ -202,9 +202,10 @@ def main(argv: list[str] | None = None) -> None:
     if log:
         log.close()
     if distributed:
-        # gloo's threads release the last collective's tensors a moment after it returns; an
-        # interpreter that exits first aborts (torch 2.13, about 1 run in 25): wait for them.
-        dist.barrier()
+        # No barrier before this: on CPU (gloo) a barrier holds on to a collective still in
+        # flight, here the evaluation's all_reduce, and releases it only as the process exits;
+        # releasing a tensor made in Python then needs the interpreter, and torch 2.13 aborts the
+        # rank ("terminate called without an active exception").
         dist.destroy_process_group()
 
 
