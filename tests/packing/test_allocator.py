@@ -2,9 +2,10 @@
 
 Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which pins glibc's mmap
 threshold at 128 KiB: every image-sized block is then a fresh mmap. Inside ``image_blocks()``
-large blocks come from the heap; after it the pinned behaviour is back; without the variable
+large blocks come from the heap; after it (once the worker is idle and its heap trimmed) the
+pinned behaviour is back; the next task finds the heap the last one grew; without the variable
 nothing is touched (glibc's dynamic threshold stays on). Observed in a real process through
-``mallinfo2().hblkhd`` (bytes in mmapped blocks)."""
+``mallinfo2().hblkhd`` (bytes in mmapped blocks), page faults and resident memory."""
 
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ with image_blocks():
     t = threading.Thread(target=other); t.start(); inner.wait()
 seen["other task still running"] = [mapped(), mapped()]
 leave.set(); t.join()
+for timer in [t for t in threading.enumerate() if isinstance(t, threading.Timer)]:
+    timer.join()  # the idle trim (under Dask's setting): the heap the tasks grew is returned
 seen["after"] = [mapped(), mapped()]
 print(json.dumps(seen))
 """
@@ -77,3 +80,61 @@ def test_nothing_is_touched_without_pinned_thresholds():
     pinned = {"MALLOC_TRIM_THRESHOLD_": "65536", "MALLOC_MMAP_THRESHOLD_": "131072"}
     assert _probe(pinned) == {"before": [True, True], "inside": [True, True],
                               "other task still running": [True, True], "after": [True, True]}
+
+
+
+IDLE_PROBE = r"""
+import ctypes, json, resource, threading
+from shardkit.packing import allocator
+
+allocator.IDLE_TRIM_SECONDS = 60  # no trim between the two tasks, however slow the machine
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+BLOCK = 24 << 20  # under the task's mmap threshold: from the heap
+
+def resident():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+def task(last=False):  # a shard task: an image-sized block, touched, freed
+    with allocator.image_blocks():
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        size = BLOCK - (1 << 20) if last else BLOCK  # fits what is left of the first's block
+        block = libc.malloc(size)
+        ctypes.memset(block, 1, size)
+        seen.setdefault("faults", []).append(
+            resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+        libc.malloc(64 << 10)  # above it and kept: the block stays a free chunk, not the top
+        libc.free(block)
+        if last:
+            allocator.IDLE_TRIM_SECONDS = 0.1
+
+def worker():  # one thread runs shard after shard, as a Dask worker's thread does
+    task()
+    task(last=True)
+    seen["between"] = resident() - base
+
+seen = {}
+base = resident()
+t = threading.Thread(target=worker); t.start(); t.join()
+for timer in [t for t in threading.enumerate() if isinstance(t, threading.Timer)]:
+    timer.join()
+seen["idle"] = resident() - base
+print(json.dumps(seen))
+"""
+
+
+def test_the_heap_is_trimmed_once_the_worker_is_idle_not_after_every_shard():
+    """The next shard finds the heap the last one grew: its block is not faulted in again page
+    by page (6,144 faults for 24 MiB); a worker that runs no shard then gives it back, as
+    Dask's setting wants."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", IDLE_PROBE], capture_output=True, text=True,
+                         env=base | {"MALLOC_TRIM_THRESHOLD_": "65536"}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    pages = (24 << 20) // 4096
+    first, second = seen["faults"]
+    assert first >= pages * 0.9 and second < pages // 10, seen  # 6,144 and 0 here
+    assert seen["between"] >= (24 << 20) * 0.9 and seen["idle"] < (24 << 20) // 2, seen
