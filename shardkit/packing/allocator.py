@@ -15,7 +15,7 @@ back as the environment set them, and once the worker has run no shard for
 ``IDLE_TRIM_SECONDS`` the heap the tasks grew is trimmed, so an idle worker keeps Dask's setting
 and memory. Not at each task's end: the next shard, usually queued already, then faulted its
 working set in again page by page (200,000 8x8 images in 0.1 s shards: 0.89 page faults an
-image against 0.22, and 5-8 % more CPU an image).
+image against 0.23, about 2 µs more system time an image).
 Only on glibc, and only when the environment pinned them the way Dask does (the trim threshold
 set, the mmap threshold not); anything else is left alone. glibc has no call that reads a
 threshold back, which is why the pinned values are taken from the environment.
