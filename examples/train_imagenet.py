@@ -203,9 +203,9 @@ def main(argv: list[str] | None = None) -> None:
         log.close()
     if distributed:
         # No barrier before this: on CPU (gloo) a barrier holds on to a collective still in
-        # flight, here the evaluation's all_reduce, and releases it only as the process exits;
-        # releasing a tensor made in Python then needs the interpreter, and torch 2.13 aborts the
-        # rank ("terminate called without an active exception").
+        # flight, such as the evaluation's all_reduce, and releases it only as the process
+        # exits; releasing a tensor made in Python then needs the interpreter, and torch 2.13
+        # can abort the rank ("terminate called without an active exception").
         dist.destroy_process_group()
 
 

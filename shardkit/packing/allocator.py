@@ -92,14 +92,15 @@ def image_blocks() -> Iterator[None]:
                 mallopt(M_MMAP_THRESHOLD, PINNED_MMAP)
                 _idle_trim = threading.Timer(IDLE_TRIM_SECONDS, _trim_if_idle)
                 _idle_trim.daemon = True
-                _idle_trim.start()
+                with contextlib.suppress(RuntimeError):  # no thread left: the shard still counts
+                    _idle_trim.start()
 
 
 def _trim_if_idle() -> None:
     """The heap the shards grew goes back to the OS, as Dask wants, unless a shard started."""
     global _idle_trim
     with _lock:
-        if _inside or _idle_trim is not threading.current_thread():
+        if _idle_trim is not threading.current_thread():  # cancelled: a shard started since
             return
         _idle_trim = None
         _malloc_trim()

@@ -387,7 +387,7 @@ def rank_outputs(out: str, world: int) -> list[dict]:
     Each rank writes its own file rather than rank 0 gathering them: a gloo collective on tensors
     that Python made (``all_gather_object``'s) is released by gloo's own thread a moment after
     the call returns, and a rank whose interpreter is already exiting then aborts ("terminate
-    called without an active exception"; torch 2.13, 1 run in ~20 here; a barrier after it
+    called without an active exception"; torch 2.13, 2 runs in 22 here; a barrier after it
     does not help, it holds the earlier collective until its own release).
     """
     got = []

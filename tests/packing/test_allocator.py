@@ -51,8 +51,11 @@ with image_blocks():
     t = threading.Thread(target=other); t.start(); inner.wait()
 seen["other task still running"] = [mapped(), mapped()]
 leave.set(); t.join()
+# Under Dask's setting, the idle trim: the heap the tasks grew goes back, so the first 4 MiB
+# block after it is mapped again (while the heap is kept, it comes from there).
 for timer in [t for t in threading.enumerate() if isinstance(t, threading.Timer)]:
-    timer.join()  # the idle trim (under Dask's setting): the heap the tasks grew is returned
+    timer.join(30)
+    assert not timer.is_alive()
 seen["after"] = [mapped(), mapped()]
 print(json.dumps(seen))
 """
@@ -82,20 +85,21 @@ def test_nothing_is_touched_without_pinned_thresholds():
                               "other task still running": [True, True], "after": [True, True]}
 
 
-
 IDLE_PROBE = r"""
 import ctypes, json, resource, threading
 from shardkit.packing import allocator
 
 allocator.IDLE_TRIM_SECONDS = 60  # no trim between the two tasks, however slow the machine
+PAGE = resource.getpagesize()
 libc = ctypes.CDLL(None)
+libc.prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: one fault a page, whatever the THP setting
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 BLOCK = 24 << 20  # under the task's mmap threshold: from the heap
 
 def resident():
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+        return int(f.read().split()[1]) * PAGE
 
 def task(last=False):  # a shard task: an image-sized block, touched, freed
     with allocator.image_blocks():
@@ -108,18 +112,21 @@ def task(last=False):  # a shard task: an image-sized block, touched, freed
         libc.malloc(64 << 10)  # above it and kept: the block stays a free chunk, not the top
         libc.free(block)
         if last:
+            seen["kept"] = resident() - base  # freed, still the heap's
             allocator.IDLE_TRIM_SECONDS = 0.1
 
 def worker():  # one thread runs shard after shard, as a Dask worker's thread does
     task()
     task(last=True)
-    seen["between"] = resident() - base
 
-seen = {}
+seen = {"pages": BLOCK // PAGE}
 base = resident()
 t = threading.Thread(target=worker); t.start(); t.join()
-for timer in [t for t in threading.enumerate() if isinstance(t, threading.Timer)]:
-    timer.join()
+timers = [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
+seen["timers"] = len(timers)  # the first task's was cancelled when the second started
+for timer in timers:
+    timer.join(30)
+    assert not timer.is_alive()
 seen["idle"] = resident() - base
 print(json.dumps(seen))
 """
@@ -127,14 +134,14 @@ print(json.dumps(seen))
 
 def test_the_heap_is_trimmed_once_the_worker_is_idle_not_after_every_shard():
     """The next shard finds the heap the last one grew: its block is not faulted in again page
-    by page (6,144 faults for 24 MiB); a worker that runs no shard then gives it back, as
-    Dask's setting wants."""
+    by page (6,144 faults for 24 MiB of 4 KiB pages); a worker that runs no shard then gives it
+    back, as Dask's setting wants."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     out = subprocess.run([sys.executable, "-c", IDLE_PROBE], capture_output=True, text=True,
                          env=base | {"MALLOC_TRIM_THRESHOLD_": "65536"}, timeout=120)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
-    pages = (24 << 20) // 4096
     first, second = seen["faults"]
-    assert first >= pages * 0.9 and second < pages // 10, seen  # 6,144 and 0 here
-    assert seen["between"] >= (24 << 20) * 0.9 and seen["idle"] < (24 << 20) // 2, seen
+    assert first >= seen["pages"] * 0.9 and second < seen["pages"] // 10, seen  # 6,144 and 0
+    assert seen["timers"] == 1, seen
+    assert seen["kept"] >= (24 << 20) * 0.9 and seen["idle"] < (24 << 20) // 2, seen
