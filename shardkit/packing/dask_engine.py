@@ -121,8 +121,9 @@ def _no_local_cluster(exc: BaseException) -> str:
     """The line for a LocalCluster that did not start; the likely cause when the program is a
     script: Dask starts each worker process with multiprocessing's spawn, which runs the script
     again, and an unguarded ``pack`` call in it starts processes during that bootstrap."""
-    cause = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-    line = f"could not start Dask's local worker processes ({cause})"
+    from ..remote.failures import describe
+
+    line = f"could not start Dask's local worker processes ({describe(exc)})"
     if getattr(sys.modules.get("__main__"), "__file__", None):
         line += ("; a script that calls pack(engine='dask') without `scheduler` must call it "
                  "under `if __name__ == \"__main__\":` (each Dask worker process starts by "
@@ -368,7 +369,9 @@ def _failed(dd: Any, future: Any, k: int, attempt: int, retries: int) -> str:
                         "rerun with `resume=True` to continue") from None
     if isinstance(exc, PackError):  # a fault of the data (strict) or of the options
         raise exc.with_traceback(None) from None
-    cause = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    from ..remote.failures import describe
+
+    cause = describe(exc)
     if attempt > retries:
         tries = f"{attempt} attempt{'s' if attempt != 1 else ''}"
         raise PackError(f"shard {k} failed after {tries} (`retries` is {retries}); last: "
