@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import shardkit
+from helpers import end_rank
 
 
 def main(store: str, out: str) -> None:
@@ -44,3 +45,4 @@ def main(store: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:3])
+    end_rank()  # see there: gloo's threads and the interpreter's exit
