@@ -1,9 +1,11 @@
-"""The Dask engine: one task per shard on a Dask cluster (``--engine dask``).
+"""The Dask engine: shards packed by tasks on a Dask cluster (``--engine dask``).
 
-Each task runs :func:`shardkit.packing.local.pack_shard` on a worker, writing its shard file straight into
-the pack's partial folder, which must be on a filesystem every worker shares. The client collects
-each shard's manifest entry as the task finishes and hands it to ``on_shard_done`` (which records
-it for ``--resume``); the caller then merges the manifest. For a URL OUT each task uploads its
+A task packs one shard, or several consecutive ones when shards are short (:mod:`.grain`: tasks
+of about a second). It runs :func:`shardkit.packing.local.pack_shard` on a worker for each,
+writing each shard file straight into the pack's partial folder, which must be on a filesystem
+every worker shares. The client collects each shard's manifest entry as its task finishes and
+hands it to ``on_shard_done`` (which records it for ``--resume``); the caller then merges the
+manifest. For a URL OUT each task uploads its
 own shard and deletes the local file, but the staging folder (under ``SHARDKIT_CACHE_DIR``) still
 holds the plan that tasks read and the merged labels that tasks write: with a scheduler on other
 machines it must be on a filesystem the workers share, at the same path. Without a
@@ -22,12 +24,14 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from typing import Any, Callable, TypeVar
 
 from ..errors import PackError
 from .allocator import image_blocks
 from ..progress import progress as progress_bar
 from .faults import inject as inject_fault
+from .grain import MOST_SHARDS, Grain, named
 from .local import ShardDone, pack_shard
 from .plan import Plan
 
@@ -136,7 +140,8 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
              strict: bool = False, on_start: Callable[[], None] = lambda: None,
              upload: Any = None, retries: int = DEFAULT_RETRIES,
              session: DaskSession | None = None) -> None:
-    """Pack ``shards`` of ``plan`` on a Dask cluster, one task per shard.
+    """Pack ``shards`` of ``plan`` on a Dask cluster: a task per shard, or per group of
+    consecutive short shards once their times are known (:mod:`.grain`).
 
     Args:
         plan: the pack plan (its folder holds the sources: :mod:`.plan_store`, on a filesystem
@@ -165,12 +170,14 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
 
     A worker that dies (SIGKILL, a preempted node) costs its tasks' time only: Dask runs them
     again elsewhere, up to ``distributed.scheduler.allowed-failures`` lost workers per task
-    (then ``KilledWorker``). A task that raises is submitted again, ``retries`` times; each
-    attempt rewrites its shard file from the start, and only a finished attempt's entry is
+    (then ``KilledWorker``). A shard that raises is submitted again, alone, ``retries`` times
+    (the shards its task finished before it are recorded; those after it go back in line);
+    each attempt rewrites its shard file from the start, and only a finished attempt's entry is
     recorded (``on_shard_done``), so a failed attempt's partial file is never installed.
     After that the pack stops with one line naming the shard and the cause (a PackError); the
-    remaining tasks are cancelled and finished shards stay recorded for ``--resume``. A shard
-    running over :data:`STRAGGLER_FACTOR` times the median shard time is named on stderr once.
+    remaining tasks are cancelled and finished shards stay recorded for ``--resume``. A task
+    running over :data:`STRAGGLER_FACTOR` times the median shard time (times its shards) is
+    named on stderr once.
     """
     if not shards:
         on_start()
@@ -188,7 +195,7 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         else:
             print(line, file=sys.stderr, flush=True)
 
-    current: dict[int, Any] = {}  # shard -> the future of its latest attempt
+    tasks: dict[str, tuple[Any, list[int]]] = {}  # key -> (future, its shards), running
     try:
         link = _dashboard(client)
         if progress and link:
@@ -202,59 +209,103 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         _first_tasks(client, _warm_up, plan_future, shards[0])
         token = uuid.uuid4().hex[:12]
         attempts: dict[int, int] = {}
-        shard_of: dict[str, int] = {}
+        pending = deque(shards)
+        # An upload's task hands its thread on while the network sends (_hand_over): one
+        # shard a task, or the rest of a group would run on a thread the worker lent out.
+        grain = Grain(sizes, most=1 if upload is not None else MOST_SHARDS)
+        threads = _threads(client)
+        submitted = 0
 
-        def submit(k: int) -> Any:
-            attempts[k] = attempts.get(k, 0) + 1
-            future = client.submit(_attempt, k, pack_shard, plan_future, k, dest[k],
-                                   strict=strict, upload=upload, pure=False,
-                                   encoded=None if upload is None else _hand_over,
-                                   key=f"shardkit-shard-{k:05d}-{token}-{attempts[k]}")
-            shard_of[future.key] = k
-            current[k] = future
-            return future
+        def submit(group: list[int]) -> None:
+            nonlocal submitted
+            for k in group:
+                attempts[k] = attempts.get(k, 0) + 1
+            submitted += 1
+            future = client.submit(_attempt, group, pack_shard, plan_future,
+                                   {k: dest[k] for k in group}, strict=strict, upload=upload,
+                                   encoded=None if upload is None else _hand_over, pure=False,
+                                   key=f"shardkit-shard-{group[0]:05d}-{group[-1]:05d}-{token}-{submitted}")
+            tasks[future.key] = (future, group)
+            ready.add(future)
+
+        def put_back(group: list[int]) -> None:  # shards of a task that never ran them
+            for k in reversed(group):
+                attempts[k] -= 1
+                pending.appendleft(k)
+
+        def top_up() -> None:
+            # Two tasks a worker thread (one running, one queued on the scheduler), so that a
+            # thread never waits for this client between tasks; more would only fix the grain
+            # before the shards' times are known.
+            while pending and len(tasks) < 2 * threads + 1:
+                submit(grain.take(pending, threads))
 
         # One as_completed for the whole pack, on the pack's own client's loop (not the
-        # process's default client: a user's, or a test's); a retried attempt is added to it.
+        # process's default client: a user's, or a test's); later tasks are added to it.
         # Not dd.wait(pending, timeout=...) once a second: each call left a waiter on every
         # pending future (O(run time x shards) on the client, 32 MiB at 200,000 sources).
         ready = dd.as_completed(loop=client.loop)
-        ready.update([submit(k) for k in shards])
+        top_up()
         on_start()
         watch = _Stragglers(say)
         finished = 0
         bar.set_postfix_str(f"shards 0/{len(shards)}")
+        asked = time.monotonic()
         while not ready.is_empty():
             done = _next_batch(ready, POLL_SECONDS)
-            watch.running(client, shard_of)
+            watch.running(client, {key: group for key, (_, group) in tasks.items()})
             for future in done:
-                k = shard_of.pop(future.key)
-                if future.status == "error":
-                    retry = _failed(dd, future, k, attempts[k], retries)
+                group = tasks.pop(future.key)[1]
+                if future.status == "error":  # the task itself failed, not one of its shards
+                    exc = future.exception()
                     future.release()
-                    say(retry)
-                    ready.add(submit(k))
+                    if isinstance(exc, dd.KilledWorker):
+                        raise PackError(
+                            f"the Dask worker packing {named(group)} died (more often than "
+                            "Dask's distributed.scheduler.allowed-failures); finished shards "
+                            "are kept: rerun with `resume=True` to continue") from None
+                    put_back(group[1:])
+                    say(_failed(exc, group[0], attempts[group[0]], retries))
+                    submit(group[:1])
                     continue
                 if future.status != "finished":  # cancelled: the scheduler dropped the tasks
                     raise PackError("the Dask scheduler cancelled the pack's tasks (lost "
                                     "connection?); finished shards are kept: rerun with "
                                     "`resume=True` to continue")
-                entry, seconds = future.result()
+                results, failure = future.result()
                 # Forgotten at once: a result held by a worker that dies later would otherwise
                 # be computed again, rewriting a shard already recorded as finished.
                 future.release()
-                del current[k]
-                watch.finished(future.key, seconds)
-                on_shard_done(k, entry)
-                finished += 1
-                bar.set_postfix_str(f"shards {finished}/{len(shards)}", refresh=False)
-                bar.update(sizes[k])
+                for k, entry, seconds in results:
+                    grain.finished(k, seconds)
+                    watch.finished(seconds)
+                    on_shard_done(k, entry)
+                    finished += 1
+                    bar.set_postfix_str(f"shards {finished}/{len(shards)}", refresh=False)
+                    bar.update(sizes[k])
+                if failure is not None:
+                    k, exc = failure
+                    rest = group[group.index(k) + 1:]
+                    put_back(rest)
+                    say(_failed(exc, k, attempts[k], retries))
+                    submit([k])  # alone: its retries and messages are its own
+            if time.monotonic() - asked >= POLL_SECONDS:  # workers come and go
+                threads, asked = _threads(client), time.monotonic()
+            top_up()
     finally:
         bar.close()
-        if current:
-            client.cancel(list(current.values()))
+        if tasks:
+            client.cancel([future for future, _ in tasks.values()])
         if owned:
             session.close()
+
+
+def _threads(client: Any) -> int:
+    """The cluster's worker threads now (1 while it has none)."""
+    try:
+        return max(1, sum(client.nthreads().values()))
+    except Exception:  # noqa: BLE001 - only the window's size; tasks report real failures
+        return 1
 
 
 def _warm_up(plan: Plan, k: int) -> None:
@@ -309,18 +360,35 @@ def _next_batch(ready: Any, seconds: float) -> list[Any]:
     return ready.next_batch(block=False)
 
 
-def _attempt(k: int, task: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, float]:
-    """One attempt at shard ``k`` on a worker: ``task(*args, **kwargs)`` (after any fault a test
-    asked for: :mod:`.faults`) and the seconds it took. Large blocks come from the heap while
-    it runs, as in a plain process (:mod:`.allocator`: Dask's nanny pins glibc's thresholds)."""
-    start = time.perf_counter()
-    inject_fault(k)
-    try:
-        with image_blocks():
-            result = task(*args, **kwargs)
-    finally:
-        _handed_back()
-    return result, time.perf_counter() - start
+def _attempt(group: list[int], task: Callable[..., Any], plan: Plan, dest: dict[int, str],
+             **kwargs: Any) -> tuple[list[tuple[int, Any, float]], tuple[int, Any] | None]:
+    """One attempt at a task's shards on a worker, in order: ``task(plan, k, dest[k], **kwargs)``
+    for each (after any fault a test asked for: :mod:`.faults`). Large blocks come from the heap
+    while a shard runs, as in a plain process (:mod:`.allocator`: Dask's nanny pins glibc's
+    thresholds).
+
+    Returns the finished shards, ``(k, entry, seconds)``, and the first failure, ``(k, cause)``,
+    or None; no shard after a failure is tried. The cause is the PackError itself (a fault of
+    the data or the options: the pack stops) or any other exception's one-line text: returned,
+    not raised, so that the shards this task finished before it are recorded.
+    """
+    done = []
+    for k in group:
+        start = time.perf_counter()
+        try:
+            inject_fault(k)
+            with image_blocks():
+                entry = task(plan, k, dest[k], **kwargs)
+        except PackError as exc:
+            return done, (k, exc.with_traceback(None))
+        except Exception as exc:  # noqa: BLE001 - the client retries the shard
+            from ..remote.failures import describe
+
+            return done, (k, describe(exc))
+        finally:
+            _handed_back()
+        done.append((k, entry, time.perf_counter() - start))
+    return done, None
 
 
 _finishing = 0  # this worker's tasks that have handed their thread slot on (:func:`_hand_over`)
@@ -359,19 +427,16 @@ def _handed_back() -> None:
             _finishing -= 1
 
 
-def _failed(dd: Any, future: Any, k: int, attempt: int, retries: int) -> str:
-    """The line that says shard ``k``'s attempt failed and is retried; raises the pack's one-line
-    PackError when it is not retried (a PackError of the task, a lost worker, no retry left)."""
-    exc = future.exception()
-    if isinstance(exc, dd.KilledWorker):
-        raise PackError(f"the Dask worker packing shard {k} died (more often than Dask's "
-                        "distributed.scheduler.allowed-failures); finished shards are kept: "
-                        "rerun with `resume=True` to continue") from None
-    if isinstance(exc, PackError):  # a fault of the data (strict) or of the options
-        raise exc.with_traceback(None) from None
-    from ..remote.failures import describe
+def _failed(cause: Any, k: int, attempt: int, retries: int) -> str:
+    """The line that says shard ``k``'s attempt failed (``cause``: an exception, or its text)
+    and is retried; raises the pack's one-line PackError when it is not retried (a PackError
+    of the task, no retry left)."""
+    if isinstance(cause, PackError):  # a fault of the data (strict) or of the options
+        raise cause.with_traceback(None) from None
+    if isinstance(cause, BaseException):
+        from ..remote.failures import describe
 
-    cause = describe(exc)
+        cause = describe(cause)
     if attempt > retries:
         tries = f"{attempt} attempt{'s' if attempt != 1 else ''}"
         raise PackError(f"shard {k} failed after {tries} (`retries` is {retries}); last: "
@@ -396,11 +461,11 @@ def _dashboard(client: Any) -> str | None:
 
 
 class _Stragglers:
-    """Names, once each, a shard that runs over ``STRAGGLER_FACTOR`` times the median time of
-    the shards finished so far (after ``STRAGGLER_MIN_DONE`` of them; each measured by its
-    task). A running task's time counts from when a worker is first seen executing it (asked
-    every ``POLL_SECONDS`` once there is a median); a task that moves to another worker (its
-    worker died) starts again."""
+    """Names, once each, a task that runs over ``STRAGGLER_FACTOR`` times the median time of the
+    shards finished so far (after ``STRAGGLER_MIN_DONE`` of them; each measured by its task)
+    times its number of shards. A running task's time counts from when a worker is first seen
+    executing it (asked every ``POLL_SECONDS`` once there is a median); a task that moves to
+    another worker (its worker died) starts again."""
 
     def __init__(self, say: Callable[[str], None]) -> None:
         self.say = say
@@ -409,9 +474,10 @@ class _Stragglers:
         self.reported: set[str] = set()
         self.asked = -POLL_SECONDS
 
-    def running(self, client: Any, shard_of: dict[str, int]) -> None:
+    def running(self, client: Any, groups: dict[str, list[int]]) -> None:
+        """Look at the tasks running now; ``groups``: task key -> its shards."""
         now = time.monotonic()
-        # At most once per POLL_SECONDS, not at every finished shard: each ask is a round trip
+        # At most once per POLL_SECONDS, not at every finished task: each ask is a round trip
         # through the scheduler to every worker, whose event loop then takes the GIL from the
         # task it runs (short shards finish several times a second).
         if len(self.times) < STRAGGLER_MIN_DONE or now - self.asked < POLL_SECONDS:
@@ -424,24 +490,25 @@ class _Stragglers:
         seen: dict[str, tuple[float, str]] = {}
         for worker, keys in executing.items():
             for key in keys:
-                if key in shard_of:
+                if key in groups:
                     start = self.started.get(key)
                     seen[key] = start if start is not None and start[1] == worker else \
                         (now, worker)
         self.started = seen
         median = statistics.median(self.times)
         for key, (start, worker) in seen.items():
-            took = now - start
+            took, group = now - start, groups[key]
             if key not in self.reported and \
-                    took > max(STRAGGLER_FACTOR * median, STRAGGLER_MIN_SECONDS):
+                    took > max(STRAGGLER_FACTOR * median * len(group), STRAGGLER_MIN_SECONDS):
                 self.reported.add(key)
                 typical = f"{median:.1f}" if median >= 1 else f"{median:.2g}"  # 0.012, not 0.0
-                self.say(f"shardkit: shard {shard_of[key]} is slow: running {took:.0f} s on "
-                         f"{worker}, over {STRAGGLER_FACTOR:g}x the median shard time "
-                         f"({typical} s)")
+                many = "" if len(group) == 1 else f" times its {len(group)} shards"
+                self.say(f"shardkit: {named(group)} {'is' if len(group) == 1 else 'are'} slow: "
+                         f"running {took:.0f} s on {worker}, over {STRAGGLER_FACTOR:g}x the "
+                         f"median shard time ({typical} s){many}")
 
-    def finished(self, key: str, seconds: float) -> None:
-        self.started.pop(key, None)
+    def finished(self, seconds: float) -> None:
+        """A shard finished in ``seconds``."""
         self.times.append(seconds)
 
 

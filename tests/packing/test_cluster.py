@@ -261,6 +261,51 @@ def test_a_task_that_always_fails_stops_with_one_line_and_resume_completes(
     assert {k: os.stat(os.path.join(out, f"shard-{k:05d}.lmdb")).st_ino for k in range(3)} == kept
 
 
+def test_short_shards_share_tasks_and_a_shard_that_fails_is_run_again_alone(
+        src, cluster, faults, tmp_path, capsys, monkeypatch):
+    """19 shards of one image: once the first have finished, consecutive shards share a task
+    (the held shard 8 is named as slow with its task's other shards). Shard 6 fails once in a
+    task with shard 5: shard 5 is recorded, not run again; shard 6 runs again alone."""
+    monkeypatch.setattr(dask_engine, "STRAGGLER_MIN_SECONDS", 0.5)
+    reference = str(tmp_path / "local")
+    shardkit.pack(src, reference, workers=1, progress=False, num_shards=19, size=32)
+    go = str(tmp_path / "go")
+    set_faults(faults, {"5": {"fail": 0}, "6": {"fail": 1}, "8": {"hold": go}})
+    out = str(tmp_path / "grouped")
+    code: list[int] = []
+    packer = threading.Thread(target=lambda: code.append(cli_main(
+        ["pack", src, out, "--num-shards", "19", "--size", "32", "-q", "--engine", "dask",
+         "--scheduler", cluster])))
+    with distributed.Client(cluster) as client, distributed.get_task_stream(client) as stream:
+        packer.start()
+        err = ""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and packer.is_alive() and " are slow: " not in err:
+            err += capsys.readouterr().err
+            time.sleep(0.1)
+        open(go, "w").close()
+        packer.join(120)
+    err += capsys.readouterr().err
+    assert code == [0], err
+    # shardkit-shard-FIRST-LAST-...: the shards of each task that ran
+    spans = [tuple(map(int, m.groups())) for m in
+             (re.match(r"shardkit-shard-(\d+)-(\d+)-", str(t["key"])) for t in stream.data) if m]
+    assert len(spans) < 19 + 1 and sorted({k for a, b in spans for k in range(a, b + 1)}) == \
+        list(range(19)), spans
+    assert [span for span in spans if span[0] <= 5 <= span[1]] == \
+        [span for span in spans if span[0] <= 6 <= span[1] and span != (6, 6)]  # 5 with 6
+    assert (6, 6) in spans  # run again alone
+    slow = re.search(r"shardkit: shards (\d+)-(\d+) are slow: running \d+ s on \S+, over 4x "
+                     r"the median shard time \(\S+ s\) times its (\d+) shards", err)
+    assert slow, err
+    first, last, count = map(int, slow.groups())
+    assert first <= 8 <= last and count == last - first + 1 >= 2
+    assert err.count("shardkit: shard 6 failed (OSError: [Errno 5] injected fault at shard 6, "
+                     "attempt 1") == 1, err
+    assert sorted(attempts(faults)) == [5, 6, 6, 8]  # shard 5 not packed again
+    assert store_files(out) == store_files(reference)
+
+
 def test_the_slow_shard_watch_asks_the_workers_once_a_poll(cluster, monkeypatch):
     """Short shards finish several times a second: the watch asks the workers what they run (a
     round trip through the scheduler to each, taking the GIL from their tasks) at most once per
