@@ -221,10 +221,11 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
             for k in group:
                 attempts[k] = attempts.get(k, 0) + 1
             submitted += 1
+            key = f"shardkit-shard-{group[0]:05d}-{group[-1]:05d}-{token}-{submitted}"
             future = client.submit(_attempt, group, pack_shard, plan_future,
                                    {k: dest[k] for k in group}, strict=strict, upload=upload,
                                    encoded=None if upload is None else _hand_over, pure=False,
-                                   key=f"shardkit-shard-{group[0]:05d}-{group[-1]:05d}-{token}-{submitted}")
+                                   key=key)
             tasks[future.key] = (future, group)
             ready.add(future)
 
@@ -233,11 +234,14 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
                 attempts[k] -= 1
                 pending.appendleft(k)
 
+        # Two tasks a worker thread (one running, one queued on the scheduler), so that a
+        # thread never waits for this client between tasks; three with an upload (one more
+        # sending while its thread packs the next); more would only fix the grain before the
+        # shards' times are known.
+        per_thread = 2 if upload is None else 3
+
         def top_up() -> None:
-            # Two tasks a worker thread (one running, one queued on the scheduler), so that a
-            # thread never waits for this client between tasks; more would only fix the grain
-            # before the shards' times are known.
-            while pending and len(tasks) < 2 * threads + 1:
+            while pending and len(tasks) < per_thread * threads + 1:
                 submit(grain.take(pending, threads))
 
         # One as_completed for the whole pack, on the pack's own client's loop (not the
