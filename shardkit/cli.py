@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted sharded pack, keeping finished shards")
     p.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
-                   help="local process pool, or one task per shard on a Dask cluster [local]")
+                   help="local process pool, or shards as tasks on a Dask cluster [local]")
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="Dask scheduler address (default: start a local cluster)")
     p.add_argument("--retries", type=_positive_int, default=None, metavar="N",

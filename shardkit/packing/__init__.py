@@ -14,7 +14,8 @@ never the reader.
 * :mod:`.workers`      an encoding process: ``encode_file`` per source; how one is started
 * :mod:`.stream`       ``WorkerStream``: drives the encoding processes, records in source order
 * :mod:`.local`        the local engine; ``pack_shard`` (one shard in this process)
-* :mod:`.dask_engine`  the Dask engine (one task per shard)
+* :mod:`.dask_engine`  the Dask engine (a task per shard, or per few short ones)
+* :mod:`.grain`        how many shards one Dask task packs
 * :mod:`.staging`      the partial folder: plan, per-shard entries (resume), manifest merge
 * :mod:`.install`      move a finished store into OUT without disturbing its readers
 * :mod:`.console`      Ctrl-C deferral and the progress bar

@@ -158,7 +158,7 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         on_shard_done: called in this process with ``(k, entry)`` as each shard finishes, in
             completion order.
         strict: fail on the first unusable image instead of skipping it.
-        on_start: called once the tasks are submitted.
+        on_start: called once the first tasks are submitted.
         upload: a :class:`shardkit.remote.Uploader` for a URL OUT: each task uploads its shard.
         retries: how many times a shard whose task raised is submitted again (a PackError, a
             fault of the data such as ``strict``'s, is not retried).
@@ -268,9 +268,19 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
                             f"the Dask worker packing {named(group)} died (more often than "
                             "Dask's distributed.scheduler.allowed-failures); finished shards "
                             "are kept: rerun with `resume=True` to continue") from None
-                    put_back(group[1:])
+                    if len(group) > 1:
+                        # Which shard failed is not known: each runs again alone, this attempt
+                        # not counted (alone, each counts its own).
+                        from ..remote.failures import describe
+
+                        put_back(group)
+                        say(f"shardkit: the task packing {named(group)} failed "
+                            f"({describe(exc)}); running them again one shard a task")
+                        for _ in group:
+                            submit([pending.popleft()])
+                        continue
                     say(_failed(exc, group[0], attempts[group[0]], retries))
-                    submit(group[:1])
+                    submit(group)
                     continue
                 if future.status != "finished":  # cancelled: the scheduler dropped the tasks
                     raise PackError("the Dask scheduler cancelled the pack's tasks (lost "
@@ -372,12 +382,14 @@ def _attempt(group: list[int], task: Callable[..., Any], plan: Plan, dest: dict[
     thresholds).
 
     Returns the finished shards, ``(k, entry, seconds)``, and the first failure, ``(k, cause)``,
-    or None; no shard after a failure is tried. The cause is the PackError itself (a fault of
+    or None; no shard after a failure is tried, nor after the client cancelled the task. The cause is the PackError itself (a fault of
     the data or the options: the pack stops) or any other exception's one-line text: returned,
     not raised, so that the shards this task finished before it are recorded.
     """
     done = []
     for k in group:
+        if done and _cancelled():  # the pack stopped: no more shard files written for it
+            break
         start = time.perf_counter()
         try:
             inject_fault(k)
@@ -393,6 +405,20 @@ def _attempt(group: list[int], task: Callable[..., Any], plan: Plan, dest: dict[
             _handed_back()
         done.append((k, entry, time.perf_counter() - start))
     return done, None
+
+
+def _cancelled() -> bool:
+    """Whether the client cancelled the Dask task this thread runs (the pack stopped). Dask
+    cannot stop a running task, so a task of several shards asks before each next one: else it
+    would go on writing shard files that a ``--resume`` started meanwhile writes too."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+        state = worker.state.tasks.get(worker.get_current_task())
+    except Exception:  # noqa: BLE001 - not on a Dask worker (or another distributed)
+        return False
+    return state is None or state.state in ("cancelled", "released", "forgotten")
 
 
 _finishing = 0  # this worker's tasks that have handed their thread slot on (:func:`_hand_over`)

@@ -5,12 +5,14 @@ worker's event loop; about 4 ms here), nothing beside a shard of seconds but 4 %
 (1,000 images of 8x8), and more where the scheduler and client share the workers' cores. Dask's
 own advice is tasks of a second or so. The shard size is the user's choice (``shard_size``,
 ``num_shards``) and says nothing about time, so the grain is measured: until a shard has
-finished, a task packs one shard; after that, consecutive shards go into one task while their
-images at the median rate of the latest finished shards fit in :data:`TASK_SECONDS`.
+finished, a task packs one shard; after that, the next shards in line go into one task while
+their images at the median rate of the latest finished shards fit in :data:`TASK_SECONDS`.
 
-Two caps keep a group from costing what it saves: at most :data:`MOST_SHARDS` shards (a lost
-worker costs its whole task), and at most the pending shards over twice the worker threads, so
-the last tasks shrink and every thread has work to the end.
+Caps keep a group from costing what it saves: at most :data:`MOST_SHARDS` shards (a lost worker
+costs its whole task); at most twice the largest group so far, so that a rate measured on a few
+unusually fast shards (skipped files, small images first) grows the tasks step by step; and at
+most the pending shards over twice the worker threads, so the last tasks shrink and every
+thread has work to the end.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Grain:
         self.most = most
         self.seconds = seconds
         self.rates: deque[float] = deque(maxlen=RATES_KEPT)
+        self.largest = 1
 
     def finished(self, k: int, seconds: float) -> None:
         """Shard ``k`` took ``seconds`` in its task."""
@@ -57,16 +60,19 @@ class Grain:
         if not self.rates:
             return group
         rate = statistics.median(self.rates)
-        most = min(self.most, max(1, (len(pending) + 1) // (2 * max(1, threads))))
+        most = min(self.most, 2 * self.largest,
+                   max(1, (len(pending) + 1) // (2 * max(1, threads))))
         budget = self.seconds - rate * self.sizes[group[0]]
         while pending and len(group) < most and rate * self.sizes[pending[0]] <= budget:
             budget -= rate * self.sizes[pending[0]]
             group.append(pending.popleft())
+        self.largest = max(self.largest, len(group))
         return group
 
 
 def named(shards: list[int]) -> str:
-    """``shard 3``, ``shards 3-12`` (consecutive) or ``shards 3, 5, 9``: for messages."""
+    """``shard 3``, ``shards 3-12`` (consecutive numbers) or ``shards 3, 5, 9`` (a resume's or
+    a node's shards need not be): for messages."""
     if len(shards) == 1:
         return f"shard {shards[0]}"
     if shards == list(range(shards[0], shards[-1] + 1)):

@@ -263,47 +263,77 @@ def test_a_task_that_always_fails_stops_with_one_line_and_resume_completes(
 
 def test_short_shards_share_tasks_and_a_shard_that_fails_is_run_again_alone(
         src, cluster, faults, tmp_path, capsys, monkeypatch):
-    """19 shards of one image: once the first have finished, consecutive shards share a task
-    (the held shard 8 is named as slow with its task's other shards). Shard 6 fails once in a
-    task with shard 5: shard 5 is recorded, not run again; shard 6 runs again alone."""
+    """19 shards of one image: once the first have finished, the next ones share tasks (two
+    worker threads: five single-shard tasks, then [5, 6], then [7, 8, 9]; the held shard 10 is
+    named as slow with its task's other shard). Shard 6 fails once in a task with shard 5:
+    shard 5 is recorded, not run again; shard 6 runs again alone. Shard 7 fails once before
+    shard 8 of its task ran: shard 8 goes back in line with no attempt counted, so that its own
+    failure later still has its retry (`--retries 1`)."""
     monkeypatch.setattr(dask_engine, "STRAGGLER_MIN_SECONDS", 0.5)
     reference = str(tmp_path / "local")
     shardkit.pack(src, reference, workers=1, progress=False, num_shards=19, size=32)
     go = str(tmp_path / "go")
-    set_faults(faults, {"5": {"fail": 0}, "6": {"fail": 1}, "8": {"hold": go}})
+    set_faults(faults, {"5": {"fail": 0}, "6": {"fail": 1}, "7": {"fail": 1}, "8": {"fail": 1},
+                        "10": {"hold": go}})
     out = str(tmp_path / "grouped")
     code: list[int] = []
     packer = threading.Thread(target=lambda: code.append(cli_main(
         ["pack", src, out, "--num-shards", "19", "--size", "32", "-q", "--engine", "dask",
-         "--scheduler", cluster])))
+         "--scheduler", cluster, "--retries", "1"])))
     with distributed.Client(cluster) as client, distributed.get_task_stream(client) as stream:
         packer.start()
         err = ""
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and packer.is_alive() and " are slow: " not in err:
+        while time.monotonic() < deadline and packer.is_alive() and \
+                not re.search(r" (is|are) slow: ", err):
             err += capsys.readouterr().err
             time.sleep(0.1)
         open(go, "w").close()
         packer.join(120)
     err += capsys.readouterr().err
     assert code == [0], err
-    # shardkit-shard-FIRST-LAST-...: the shards of each task that ran
+    # shardkit-shard-FIRST-LAST-...: the shards of each task that ran, in the order they started
     spans = [tuple(map(int, m.groups())) for m in
-             (re.match(r"shardkit-shard-(\d+)-(\d+)-", str(t["key"])) for t in stream.data) if m]
-    assert len(spans) < 19 + 1 and sorted({k for a, b in spans for k in range(a, b + 1)}) == \
-        list(range(19)), spans
-    assert [span for span in spans if span[0] <= 5 <= span[1]] == \
-        [span for span in spans if span[0] <= 6 <= span[1] and span != (6, 6)]  # 5 with 6
-    assert (6, 6) in spans  # run again alone
-    slow = re.search(r"shardkit: shards (\d+)-(\d+) are slow: running \d+ s on \S+, over 4x "
-                     r"the median shard time \(\S+ s\) times its (\d+) shards", err)
-    assert slow, err
-    first, last, count = map(int, slow.groups())
-    assert first <= 8 <= last and count == last - first + 1 >= 2
-    assert err.count("shardkit: shard 6 failed (OSError: [Errno 5] injected fault at shard 6, "
-                     "attempt 1") == 1, err
-    assert sorted(attempts(faults)) == [5, 6, 6, 8]  # shard 5 not packed again
+             (re.match(r"shardkit-shard-(\d+)-(\d+)-", str(t["key"])) for t in
+              sorted(stream.data, key=lambda t: t["startstops"][0]["start"])) if m]
+    assert sorted({k for a, b in spans for k in range(a, b + 1)}) == list(range(19)), spans
+    assert (5, 6) in spans and (6, 6) in spans  # shard 6 run again alone, shard 5 not
+    assert (7, 9) in spans and (7, 7) in spans
+    assert [span for span in spans if span[0] <= 8 <= span[1]][0] == (7, 9)  # 8 first with 7
+    slow = re.findall(r"shardkit: shards (\d+)-(\d+) are slow: running \d+ s on \S+, over 4x "
+                      r"the median shard time \(\S+ s\) times its (\d+) shards", err)
+    assert any(int(a) <= 10 <= int(b) and int(n) == int(b) - int(a) + 1 >= 2
+               for a, b, n in slow), err
+    for k in (6, 7, 8):
+        assert err.count(f"shardkit: shard {k} failed (OSError: [Errno 5] injected fault at "
+                         f"shard {k}, attempt 1") == 1, err
+    assert sorted(attempts(faults)) == [5, 6, 6, 7, 7, 8, 8, 10]  # shard 5 not packed again
     assert store_files(out) == store_files(reference)
+
+
+def test_a_task_of_several_shards_stops_at_the_next_shard_once_the_pack_stopped(
+        src, cluster, faults, tmp_path):
+    """Dask cannot stop a running task: the task [7, 8, 9] is held in shard 8 while shard 12
+    fails (`--retries 0`) and the pack stops; released, it finishes shard 8 and does not start
+    shard 9 (a `--resume` run meanwhile could be writing shard 9's file)."""
+    go = str(tmp_path / "go")
+    set_faults(faults, {"8": {"hold": go}, "9": {"fail": 0}, "12": {"fail": -1}})
+    out = str(tmp_path / "stopped")
+
+    def running(dask_worker) -> list[str]:  # by value to the workers (cloudpickle)
+        return [str(key) for key in dask_worker.active_threads.values()
+                if str(key).startswith("shardkit-shard-")]
+
+    with distributed.Client(cluster) as client:
+        assert cli_main(["pack", src, out, "--num-shards", "19", "--size", "32", "-q",
+                         "--engine", "dask", "--scheduler", cluster, "--retries", "0"]) == 1
+        assert os.path.exists(f"{faults}.held-8")  # still held: the pack stopped meanwhile
+        open(go, "w").close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(client.run(running).values()):
+            time.sleep(0.05)
+        assert not any(client.run(running).values())
+    assert sorted(attempts(faults)) == [8, 12]  # shard 9 never started
 
 
 def test_the_slow_shard_watch_asks_the_workers_once_a_poll(cluster, monkeypatch):
