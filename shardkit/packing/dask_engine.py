@@ -382,9 +382,10 @@ def _attempt(group: list[int], task: Callable[..., Any], plan: Plan, dest: dict[
     thresholds).
 
     Returns the finished shards, ``(k, entry, seconds)``, and the first failure, ``(k, cause)``,
-    or None; no shard after a failure is tried, nor after the client cancelled the task. The cause is the PackError itself (a fault of
-    the data or the options: the pack stops) or any other exception's one-line text: returned,
-    not raised, so that the shards this task finished before it are recorded.
+    or None; no shard after a failure is tried, nor after the client cancelled the task. The
+    cause is the PackError itself (a fault of the data or the options: the pack stops) or any
+    other exception's one-line text: returned, not raised, so that the shards this task
+    finished before it are recorded.
     """
     done = []
     for k in group:
