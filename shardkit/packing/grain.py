@@ -3,10 +3,12 @@
 Dask spends a few milliseconds of a worker's core on every task (its messages through the
 worker's event loop; about 4 ms here), nothing beside a shard of seconds but 4 % of a 0.1 s one
 (1,000 images of 8x8), and more where the scheduler and client share the workers' cores. Dask's
-own advice is tasks of a second or so. The shard size is the user's choice (``shard_size``,
-``num_shards``) and says nothing about time, so the grain is measured: until a shard has
-finished, a task packs one shard; after that, the next shards in line go into one task while
-their images at the median rate of the latest finished shards fit in :data:`TASK_SECONDS`.
+best practices count about 1 ms of overhead a task and ask for tasks of 100 ms or more; at the
+4 ms measured here, a task of a second keeps it under 0.5 %. The shard size is the user's
+choice (``shard_size``, ``num_shards``) and says nothing about time, so the grain is measured:
+until a shard has finished, a task packs one shard; after that, the next shards in line go into
+one task while their images at the median rate of the latest finished shards fit in
+:data:`TASK_SECONDS`.
 
 Caps keep a group from costing what it saves: at most :data:`MOST_SHARDS` shards (a lost worker
 costs its whole task); at most twice the largest group so far, so that a rate measured on a few
