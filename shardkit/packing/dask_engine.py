@@ -395,7 +395,7 @@ def _attempt(group: list[int], task: Callable[..., Any], plan: Plan, dest: dict[
         try:
             inject_fault(k)
             with image_blocks():
-                entry = task(plan, k, dest[k], **kwargs)
+                entry = task(plan, k, dest[k], stop=_cancelled, **kwargs)
         except PackError as exc:
             return done, (k, exc.with_traceback(None))
         except Exception as exc:  # noqa: BLE001 - the client retries the shard
@@ -409,9 +409,11 @@ def _attempt(group: list[int], task: Callable[..., Any], plan: Plan, dest: dict[
 
 
 def _cancelled() -> bool:
-    """Whether the client cancelled the Dask task this thread runs (the pack stopped). Dask
-    cannot stop a running task, so a task of several shards asks before each next one: else it
-    would go on writing shard files that a ``--resume`` started meanwhile writes too."""
+    """Whether the client cancelled the Dask task this thread runs (the pack stopped: Ctrl-C,
+    a failed shard). Dask cannot stop a running task, so a task asks before each next shard
+    and a shard every few hundred records (``pack_shard``'s ``stop``): else it would go on
+    writing shard files, holding the worker from the next pack's tasks, while a ``--resume``
+    started meanwhile writes the same files."""
     try:
         from distributed import get_worker
 

@@ -17,6 +17,12 @@ from .encoding import Encoded
 from .writer import StoreWriter, remove_store_files
 
 ShardDone = Callable[[int, dict[str, Any]], None]
+#: A shard being packed asks its ``stop`` check once every this many records (and at its first).
+STOP_EVERY = 256
+
+
+class ShardStopped(Exception):
+    """A shard's packing stopped because its ``stop`` check said so (its pack stopped)."""
 
 
 def add_source(writer: StoreWriter, plan: Plan, source: int, path: str, label: int,
@@ -66,14 +72,17 @@ def run_local(plan: Plan, shards: list[int], dest: dict[int, str], *, workers: i
 
 
 def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False, upload: Any = None,
-               encoded: Callable[[], Any] | None = None) -> dict[str, Any]:
+               encoded: Callable[[], Any] | None = None,
+               stop: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Pack shard ``k`` of ``plan`` in this process into ``dest``; returns its manifest entry.
 
     With ``upload`` (a :class:`shardkit.remote.Uploader`) the shard is uploaded from here and
     its local file deleted (see :func:`upload_shard`). ``encoded`` is called once every record
     is in, before the file is finished (index, fsync, checksum) and uploaded: what is left is
     mostly waiting on the disk and the network (the Dask engine hands the core on there when
-    it uploads).
+    it uploads). ``stop`` is asked before the first record and every :data:`STOP_EVERY`
+    records: when it says True the partial file is deleted and :class:`ShardStopped` raised
+    (the Dask engine's task whose pack stopped: Dask cannot stop a running task).
     """
     if upload is not None:  # a staging folder on this worker's own disk
         os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -82,7 +91,9 @@ def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False, upload: Any 
     rows, items = plan.rows(k)
     records = encoders.encode_many(items, plan.settings)
     with plan.shard_writer(k, dest) as writer:
-        for source, path, label, record in zip(*rows, records):
+        for i, (source, path, label, record) in enumerate(zip(*rows, records)):
+            if stop is not None and i % STOP_EVERY == 0 and stop():
+                raise ShardStopped(f"shard {k}: its pack stopped")
             add_source(writer, plan, source, path, label, record, None, strict)
         if encoded is not None:
             encoded()

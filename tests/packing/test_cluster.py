@@ -311,13 +311,15 @@ def test_short_shards_share_tasks_and_a_shard_that_fails_is_run_again_alone(
     assert store_files(out) == store_files(reference)
 
 
-def test_a_task_of_several_shards_stops_at_the_next_shard_once_the_pack_stopped(
-        src, cluster, faults, tmp_path):
-    """Dask cannot stop a running task: the task [7, 8, 9] is held in shard 8 while shard 12
-    fails (`--retries 0`) and the pack stops; released, it finishes shard 8 and does not start
-    shard 9 (a `--resume` run meanwhile could be writing shard 9's file)."""
+def test_a_running_task_stops_once_its_pack_stopped(src, cluster, faults, tmp_path):
+    """Dask cannot stop a running task: the task [7, 8, 9] is held as shard 8 starts while
+    shard 12 fails (`--retries 0`) and the pack stops; released, it writes no record of shard 8
+    (its partial file deleted) and does not start shard 9: it holds no worker from the next
+    pack, and a `--resume` run meanwhile is the only writer of those files."""
     go = str(tmp_path / "go")
-    set_faults(faults, {"8": {"hold": go}, "9": {"fail": 0}, "12": {"fail": -1}})
+    # shard 12 fails only once shard 8 is held (its attempt writes faults.held-8 first)
+    set_faults(faults, {"8": {"hold": go}, "9": {"fail": 0},
+                        "12": {"fail": -1, "hold": f"{faults}.held-8"}})
     out = str(tmp_path / "stopped")
 
     def running(dask_worker) -> list[str]:  # by value to the workers (cloudpickle)
@@ -334,6 +336,9 @@ def test_a_task_of_several_shards_stops_at_the_next_shard_once_the_pack_stopped(
             time.sleep(0.05)
         assert not any(client.run(running).values())
     assert sorted(attempts(faults)) == [8, 12]  # shard 9 never started
+    partial = partial_of(out)
+    assert os.path.exists(os.path.join(partial, "shard-00007.lmdb"))  # finished before
+    assert not [name for name in os.listdir(partial) if name.startswith("shard-00008")]
 
 
 def test_the_slow_shard_watch_asks_the_workers_once_a_poll(cluster, monkeypatch):
