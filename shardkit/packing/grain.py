@@ -37,16 +37,16 @@ class Grain:
         sizes: shard number -> its number of sources.
         most: shards in one task at most (1: one shard a task, as for an upload, whose task
             hands its thread on while the network sends).
-        seconds: the time a task aims at.
+        seconds: the time a task aims at (default: :data:`TASK_SECONDS` as it is then).
     """
 
     def __init__(self, sizes: Mapping[int, int], most: int = MOST_SHARDS,
-                 seconds: float = TASK_SECONDS) -> None:
+                 seconds: float | None = None) -> None:
         if most < 1:
             raise ValueError(f"`most` must be at least 1, got {most}")
         self.sizes = sizes
         self.most = most
-        self.seconds = seconds
+        self.seconds = TASK_SECONDS if seconds is None else seconds
         self.rates: deque[float] = deque(maxlen=RATES_KEPT)
         self.largest = 1
 

@@ -31,7 +31,7 @@ from moto.s3.models import s3_backends
 import shardkit
 import shardkit.remote.access
 from shardkit.cli import main as cli_main
-from shardkit.packing import dask_engine
+from shardkit.packing import dask_engine, grain
 from shardkit.read.store import Store
 
 from helpers import image_tree, jpeg_bytes, random_photo, write_bytes
@@ -270,6 +270,8 @@ def test_short_shards_share_tasks_and_a_shard_that_fails_is_run_again_alone(
     shard 8 of its task ran: shard 8 goes back in line with no attempt counted, so that its own
     failure later still has its retry (`--retries 1`)."""
     monkeypatch.setattr(dask_engine, "STRAGGLER_MIN_SECONDS", 0.5)
+    # Only the caps shape these tasks, not how long a one-image shard took on a busy machine
+    monkeypatch.setattr(grain, "TASK_SECONDS", 3600.0)
     reference = str(tmp_path / "local")
     shardkit.pack(src, reference, workers=1, progress=False, num_shards=19, size=32)
     go = str(tmp_path / "go")
@@ -311,11 +313,13 @@ def test_short_shards_share_tasks_and_a_shard_that_fails_is_run_again_alone(
     assert store_files(out) == store_files(reference)
 
 
-def test_a_running_task_stops_once_its_pack_stopped(src, cluster, faults, tmp_path):
+def test_a_running_task_stops_once_its_pack_stopped(src, cluster, faults, tmp_path,
+                                                    monkeypatch):
     """Dask cannot stop a running task: the task [7, 8, 9] is held as shard 8 starts while
     shard 12 fails (`--retries 0`) and the pack stops; released, it writes no record of shard 8
     (its partial file deleted) and does not start shard 9: it holds no worker from the next
     pack, and a `--resume` run meanwhile is the only writer of those files."""
+    monkeypatch.setattr(grain, "TASK_SECONDS", 3600.0)  # the caps alone shape the tasks
     go = str(tmp_path / "go")
     # shard 12 fails only once shard 8 is held (its attempt writes faults.held-8 first)
     set_faults(faults, {"8": {"hold": go}, "9": {"fail": 0},
