@@ -273,11 +273,11 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
                         # not counted (alone, each counts its own).
                         from ..remote.failures import describe
 
-                        put_back(group)
                         say(f"shardkit: the task packing {named(group)} failed "
                             f"({describe(exc)}); running them again one shard a task")
-                        for _ in group:
-                            submit([pending.popleft()])
+                        for k in group:
+                            attempts[k] -= 1  # submit counts it again
+                            submit([k])
                         continue
                     say(_failed(exc, group[0], attempts[group[0]], retries))
                     submit(group)
