@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 from ..errors import PackError
@@ -17,8 +17,12 @@ from .encoding import Encoded
 from .writer import StoreWriter, remove_store_files
 
 ShardDone = Callable[[int, dict[str, Any]], None]
-#: A shard being packed asks its ``stop`` check once every this many records (and at its first).
-STOP_EVERY = 256
+#: :func:`pack_shard` encodes up to this many records, or this many bytes of them, before it
+#: writes them. Encoding and writing one record at a time took 9-10 % more CPU an image (8x8
+#: images: 84-89 µs against 76-80, alternating runs on one CPU): the decoder's and the store's
+#: code and data take turns in the core's caches; the local engine's encoders and writer are
+#: apart by design.
+BATCH_RECORDS, BATCH_BYTES = 64, 8 << 20
 
 
 class ShardStopped(Exception):
@@ -80,8 +84,8 @@ def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False, upload: Any 
     its local file deleted (see :func:`upload_shard`). ``encoded`` is called once every record
     is in, before the file is finished (index, fsync, checksum) and uploaded: what is left is
     mostly waiting on the disk and the network (the Dask engine hands the core on there when
-    it uploads). ``stop`` is asked before the first record and every :data:`STOP_EVERY`
-    records: when it says True the partial file is deleted and :class:`ShardStopped` raised
+    it uploads). ``stop`` is asked before each batch of records (:data:`BATCH_RECORDS`): when
+    it says True the partial file is deleted and :class:`ShardStopped` raised
     (the Dask engine's task whose pack stopped: Dask cannot stop a running task).
     """
     if upload is not None:  # a staging folder on this worker's own disk
@@ -89,15 +93,31 @@ def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False, upload: Any 
     # Left by an attempt that was killed (a lost Dask worker, say).
     remove_store_files([dest], plan.settings.format)
     rows, items = plan.rows(k)
-    records = encoders.encode_many(items, plan.settings)
+    records = zip(*rows, encoders.encode_many(items, plan.settings))
     with plan.shard_writer(k, dest) as writer:
-        for i, (source, path, label, record) in enumerate(zip(*rows, records)):
-            if stop is not None and i % STOP_EVERY == 0 and stop():
+        while True:
+            if stop is not None and stop():
                 raise ShardStopped(f"shard {k}: its pack stopped")
-            add_source(writer, plan, source, path, label, record, None, strict)
+            batch = _batch(records)
+            if not batch:
+                break
+            for source, path, label, record in batch:
+                add_source(writer, plan, source, path, label, record, None, strict)
         if encoded is not None:
             encoded()
     return writer.entry if upload is None else upload_shard(upload, dest, writer.entry)
+
+
+def _batch(records: Iterator[tuple[int, str, int, Encoded]]) -> list[tuple[int, str, int, Encoded]]:
+    """The next records encoded: up to :data:`BATCH_RECORDS`, or fewer holding
+    :data:`BATCH_BYTES` (an empty list at the end)."""
+    batch, size = [], 0
+    for row in records:
+        batch.append(row)
+        size += len(row[3].data or b"")
+        if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
+            break
+    return batch
 
 
 def upload_shard(uploader: Any, path: str, entry: dict[str, Any]) -> dict[str, Any]:
