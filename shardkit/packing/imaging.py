@@ -29,9 +29,12 @@ Rules, applied in this order:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
+import threading
 import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -162,6 +165,40 @@ def decode_rgb(data: bytes, size: int = 0, max_pixels: int = PILLOW_PIXEL_LIMIT)
     return decode_sized(data, size, max_pixels)[0]
 
 
+_quiet_lock = threading.Lock()
+_quiet_inside = 0  # threads inside quiet_warnings()
+_quiet_saved: warnings.catch_warnings | None = None  # the filters to put back
+
+
+@contextlib.contextmanager
+def quiet_warnings() -> Iterator[None]:
+    """Warnings ignored while the block decodes an image: Pillow's (DecompressionBombWarning
+    and the like) decide nothing here (``max_pixels`` does, and a file is kept exactly when
+    ImageFolder's loader would keep it), and under ``python -W error`` they would reject it.
+
+    Python's warning filters are one list for the whole process, and two threads' interleaved
+    ``warnings.catch_warnings()`` blocks can leave "ignore" installed for good (the second to
+    enter saves the first's "ignore" and restores it last): a Dask worker runs several packing
+    threads. So the first of shardkit's threads to enter installs "ignore" and the last to
+    leave puts the filters back as they were. While it lasts it applies to the process's other
+    threads too, as any ``catch_warnings`` does before Python 3.14."""
+    global _quiet_inside, _quiet_saved
+    with _quiet_lock:
+        if not _quiet_inside:
+            _quiet_saved = warnings.catch_warnings()
+            _quiet_saved.__enter__()
+            warnings.simplefilter("ignore")
+        _quiet_inside += 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet_inside -= 1
+            if not _quiet_inside:
+                saved, _quiet_saved = _quiet_saved, None
+                saved.__exit__(None, None, None)
+
+
 def decode_sized(data: bytes, size: int = 0, max_pixels: int = PILLOW_PIXEL_LIMIT,
                  size_for: Callable[[int, int], int] | None = None
                  ) -> tuple[np.ndarray, tuple[int, int]]:
@@ -175,8 +212,7 @@ def decode_sized(data: bytes, size: int = 0, max_pixels: int = PILLOW_PIXEL_LIMI
     """
     if not data:
         raise ImageRejected("empty file (0 bytes)")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # e.g. DecompressionBombWarning: max_pixels decides
+    with quiet_warnings():  # e.g. DecompressionBombWarning: max_pixels decides
         try:
             im = Image.open(io.BytesIO(data))  # reads the header only (ICO: decodes its icon)
         except Image.UnidentifiedImageError:

@@ -10,6 +10,7 @@ import io
 import os
 import struct
 import threading
+import warnings
 import zlib
 
 import numpy as np
@@ -18,7 +19,8 @@ import simplejpeg
 from PIL import Image, ImageOps
 
 from helpers import all_records, jpeg_bytes, noise, run_program, write_bytes
-from shardkit.packing.imaging import ImageRejected, decode_rgb, load_rgb
+from shardkit.packing.imaging import ImageRejected, decode_rgb, load_rgb, quiet_warnings
+from shardkit.packing.sources.encode import clean_jpeg
 from shardkit.packing.api import pack
 from shardkit.packing.settings import PackSettings
 from shardkit.packing.stream import chunk_bounds, largest_chunk
@@ -310,3 +312,51 @@ def test_float_fallback_resize_agrees_with_the_uint8_kernel():
     slow = resize.resize_float(torch.from_numpy(arr).permute(2, 0, 1).unsqueeze(0), 341, 256)
     assert slow.shape == fast.shape and slow.flags.c_contiguous
     assert np.abs(slow.astype(int) - fast.astype(int)).max() <= 1
+
+
+def test_pillows_warnings_neither_reject_an_image_nor_outlive_its_decode(monkeypatch):
+    """An image over Pillow's warning limit but under its error limit is decoded even where
+    warnings are errors (``python -W error``), for a JPEG (simplejpeg's check) and a PNG, and
+    the caller's filters are as they were afterwards."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 40x40 = 1,600: warns, under 2,000
+    pixels = noise(np.random.default_rng(3), 40, 40)
+    images = {"PNG": _png_bytes(pixels, 1), "JPEG": jpeg_bytes(pixels)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        before = list(warnings.filters)
+        for fmt, data in images.items():
+            with pytest.raises(Image.DecompressionBombWarning):  # what a plain open does here
+                Image.open(io.BytesIO(data))
+            assert decode_rgb(data, 0, 0).shape == (40, 40, 3), fmt
+            assert clean_jpeg(data, 0) == ((40, 40) if fmt == "JPEG" else None)
+            assert warnings.filters == before
+
+
+def test_interleaved_decoding_threads_leave_the_filters_as_they_were():
+    """Thread A enters, B enters, A leaves, B leaves (forced by events): B's decode still
+    ignores warnings after A left, and the filters are the caller's once both left (with
+    ``warnings.catch_warnings`` in each thread, B put back the "ignore" A had installed)."""
+    before = list(warnings.filters)
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def a() -> None:
+        with quiet_warnings():
+            a_in.set()
+            b_in.wait(30)
+        a_out.set()
+
+    def b() -> None:
+        a_in.wait(30)
+        with quiet_warnings():
+            b_in.set()
+            a_out.wait(30)
+            seen.append(warnings.filters[0][0])
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert seen == ["ignore"]
+    assert warnings.filters == before

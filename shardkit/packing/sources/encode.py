@@ -10,11 +10,10 @@ would have encoded, without a second lossy step.
 from __future__ import annotations
 
 import io
-import warnings
 
 import simplejpeg
 
-from ..imaging import exif_orientation
+from ..imaging import exif_orientation, quiet_warnings
 from ..settings import PackSettings
 from ..encoding import Encoded, encode_data
 from . import MemberError, read_item
@@ -27,8 +26,7 @@ def clean_jpeg(data: bytes, max_pixels: int) -> tuple[int, int] | None:
         return None
     from PIL import Image
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with quiet_warnings():
         try:
             im = Image.open(io.BytesIO(data))
             if im.format != "JPEG" or im.mode not in ("RGB", "L"):
