@@ -41,7 +41,7 @@ DEFAULT_RETRIES = 3
 STRAGGLER_FACTOR = 4.0
 STRAGGLER_MIN_DONE = 3  # shards finished before their median means anything
 STRAGGLER_MIN_SECONDS = 10.0  # and never a shard running less than this (tiny shards' noise)
-POLL_SECONDS = 1.0  # how often the client looks at running tasks (stragglers)
+POLL_SECONDS = 1.0  # how often, at most, the client asks what the workers run (stragglers)
 #: Dask settings for packing workers (docs/cluster.md recommends them as environment variables,
 #: ``DASK_`` + the key in capitals, ``.`` -> ``__``, ``-`` -> ``_``; shardkit's own
 #: LocalCluster starts with them). Each is a periodic wake-up of every worker's event loop that
@@ -195,7 +195,8 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         else:
             print(line, file=sys.stderr, flush=True)
 
-    tasks: dict[str, tuple[Any, list[int]]] = {}  # key -> (future, its shards), running
+    # key -> (future, its shards, when submitted), in flight
+    tasks: dict[str, tuple[Any, list[int], float]] = {}
     try:
         link = _dashboard(client)
         if progress and link:
@@ -226,7 +227,7 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
                                    {k: dest[k] for k in group}, strict=strict, upload=upload,
                                    encoded=None if upload is None else _hand_over, pure=False,
                                    key=key)
-            tasks[future.key] = (future, group)
+            tasks[future.key] = (future, group, time.monotonic())
             ready.add(future)
 
         def put_back(group: list[int]) -> None:  # shards of a task that never ran them
@@ -257,7 +258,8 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         asked = time.monotonic()
         while not ready.is_empty():
             done = _next_batch(ready, POLL_SECONDS)
-            watch.running(client, {key: group for key, (_, group) in tasks.items()})
+            watch.running(client, {key: (group, since)
+                                    for key, (_, group, since) in tasks.items()})
             for future in done:
                 group = tasks.pop(future.key)[1]
                 if future.status == "error":  # the task itself failed, not one of its shards
@@ -309,7 +311,7 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
     finally:
         bar.close()
         if tasks:
-            client.cancel([future for future, _ in tasks.values()])
+            client.cancel([future for future, *_ in tasks.values()])
         if owned:
             session.close()
 
@@ -496,56 +498,63 @@ def _dashboard(client: Any) -> str | None:
 class _Stragglers:
     """Names, once each, a task that runs over ``STRAGGLER_FACTOR`` times the median time of the
     shards finished so far (after ``STRAGGLER_MIN_DONE`` of them; each measured by its task)
-    times its number of shards. A running task's time counts from when a worker is first seen
-    executing it (asked every ``POLL_SECONDS`` once there is a median); a task that moves to
-    another worker (its worker died) starts again."""
+    times its number of shards, and at least ``STRAGGLER_MIN_SECONDS``: its limit. A task's
+    time is its worker's (from when it started running there; a task that moved to another
+    worker, its first one lost, starts again).
+
+    The workers are asked what they run (:func:`_executing`) only while some task has been
+    submitted for longer than its limit (it cannot have run longer than that), and then at
+    most once per ``POLL_SECONDS``: each ask is a round trip through the scheduler to every
+    worker, whose event loop takes the GIL from the task it runs and logs a line
+    ("Run out-of-band function"). A pack whose tasks all take their usual time never asks."""
 
     def __init__(self, say: Callable[[str], None]) -> None:
         self.say = say
-        self.started: dict[str, tuple[float, str]] = {}
         self.times: list[float] = []
         self.reported: set[str] = set()
         self.asked = -POLL_SECONDS
 
-    def running(self, client: Any, groups: dict[str, list[int]]) -> None:
-        """Look at the tasks running now; ``groups``: task key -> its shards."""
+    def running(self, client: Any, tasks: dict[str, tuple[list[int], float]]) -> None:
+        """Look at the tasks in flight; ``tasks``: key -> (its shards, when it was submitted,
+        ``time.monotonic()``)."""
         now = time.monotonic()
-        # At most once per POLL_SECONDS, not at every finished task: each ask is a round trip
-        # through the scheduler to every worker, whose event loop then takes the GIL from the
-        # task it runs (short shards finish several times a second).
         if len(self.times) < STRAGGLER_MIN_DONE or now - self.asked < POLL_SECONDS:
+            return
+        median = statistics.median(self.times)
+        limits = {key: max(STRAGGLER_FACTOR * median * len(group), STRAGGLER_MIN_SECONDS)
+                  for key, (group, _) in tasks.items() if key not in self.reported}
+        if not any(now - tasks[key][1] > limit for key, limit in limits.items()):
             return
         self.asked = now
         try:
             executing = client.run(_executing, on_error="ignore")
         except Exception:  # noqa: BLE001 - a report only
             return
-        seen: dict[str, tuple[float, str]] = {}
-        for worker, keys in executing.items():
-            for key in keys:
-                if key in groups:
-                    start = self.started.get(key)
-                    seen[key] = start if start is not None and start[1] == worker else \
-                        (now, worker)
-        self.started = seen
-        median = statistics.median(self.times)
-        for key, (start, worker) in seen.items():
-            took, group = now - start, groups[key]
-            if key not in self.reported and \
-                    took > max(STRAGGLER_FACTOR * median * len(group), STRAGGLER_MIN_SECONDS):
-                self.reported.add(key)
-                typical = f"{median:.1f}" if median >= 1 else f"{median:.2g}"  # 0.012, not 0.0
-                many = "" if len(group) == 1 else f" times its {len(group)} shards"
-                self.say(f"shardkit: {named(group)} {'is' if len(group) == 1 else 'are'} slow: "
-                         f"running {took:.0f} s on {worker}, over {STRAGGLER_FACTOR:g}x the "
-                         f"median shard time ({typical} s){many}")
+        for worker, running in executing.items():
+            if not isinstance(running, dict):  # that worker's error (on_error="ignore")
+                continue
+            for key, took in running.items():
+                if key in limits and key not in self.reported and took > limits[key]:
+                    self.reported.add(key)
+                    group = tasks[key][0]
+                    typical = f"{median:.1f}" if median >= 1 else f"{median:.2g}"  # not 0.0
+                    many = "" if len(group) == 1 else f" times its {len(group)} shards"
+                    self.say(f"shardkit: {named(group)} "
+                             f"{'is' if len(group) == 1 else 'are'} slow: running {took:.0f} s "
+                             f"on {worker}, over {STRAGGLER_FACTOR:g}x the median shard time "
+                             f"({typical} s){many}")
 
     def finished(self, seconds: float) -> None:
         """A shard finished in ``seconds``."""
         self.times.append(seconds)
 
 
-def _executing(dask_worker: Any) -> list[str]:
-    """The keys a worker is executing now, finishing ones included (not those queued on it)."""
+def _executing(dask_worker: Any) -> dict[str, float]:
+    """The tasks a worker is running now, finishing (seceded) ones included, not those queued
+    on it: key -> seconds since it started running there (the worker's own clock)."""
+    from distributed.metrics import time as now_on_worker  # the clock of ts.start_time
+
     state = dask_worker.state
-    return [str(ts.key) for ts in list(state.executing) + list(state.long_running)]
+    now = now_on_worker()
+    return {str(ts.key): now - ts.start_time
+            for ts in list(state.executing) + list(state.long_running) if ts.start_time}

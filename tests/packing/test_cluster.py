@@ -341,19 +341,47 @@ def test_a_running_task_stops_once_its_pack_stopped(src, cluster, faults, tmp_pa
     assert not [name for name in os.listdir(partial) if name.startswith("shard-00008")]
 
 
-def test_the_slow_shard_watch_asks_the_workers_once_a_poll(cluster, monkeypatch):
-    """Short shards finish several times a second: the watch asks the workers what they run (a
-    round trip through the scheduler to each, taking the GIL from their tasks) at most once per
-    POLL_SECONDS, not at every finished shard."""
-    asked = []
+def test_the_slow_shard_watch_asks_only_while_a_task_may_be_slow(cluster, tmp_path,
+                                                                  monkeypatch):
+    """The watch asks the workers what they run (a round trip through the scheduler to each,
+    taking the GIL from their tasks, a log line on each) only while a task has been in flight
+    longer than its limit, and then at most once per POLL_SECONDS; the limit is the median shard
+    time times the task's shards. A real task held on a worker: named as one shard, not as 30."""
+    monkeypatch.setattr(dask_engine, "STRAGGLER_MIN_SECONDS", 0.0)
+    asked, said = [], []
+    go = tmp_path / "go"
+
+    def hold(path: str) -> None:
+        while not os.path.exists(path):
+            time.sleep(0.01)
+
     with distributed.Client(cluster) as client:
         real = client.run
         monkeypatch.setattr(client, "run", lambda *a, **k: asked.append(a[0]) or real(*a, **k))
-        watch = dask_engine._Stragglers(lambda line: None)
-        watch.times = [1.0] * dask_engine.STRAGGLER_MIN_DONE
-        for _ in range(20):
-            watch.running(client, {})
-        assert asked == [dask_engine._executing]
-        monkeypatch.setattr(dask_engine, "POLL_SECONDS", 0.0)
-        watch.running(client, {})
-        assert len(asked) == 2
+        future = client.submit(hold, str(go), key="held-task", pure=False)
+        try:
+            deadline = time.monotonic() + 60  # until it runs (the ask here is not the watch's)
+            while not any(real(dask_engine._executing).values()):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            watch = dask_engine._Stragglers(said.append)
+            watch.times = [0.1] * dask_engine.STRAGGLER_MIN_DONE  # a limit of 0.4 s a shard
+            now = time.monotonic()
+            for _ in range(20):  # just submitted: cannot have run 0.4 s yet
+                watch.running(client, {"held-task": ([7], now)})
+            assert asked == []
+            long_ago = now - 100
+            time.sleep(0.5)  # the task has now run over 0.4 s, and under 30 x 0.4 s = 12 s
+            for _ in range(20):
+                watch.running(client, {"held-task": (list(range(7, 37)), long_ago)})
+            assert asked == [dask_engine._executing] and said == []  # asked once a poll
+            monkeypatch.setattr(dask_engine, "POLL_SECONDS", 0.0)
+            watch.running(client, {"held-task": ([7], long_ago)})
+            assert len(asked) == 2
+            assert len(said) == 1 and said[0].startswith("shardkit: shard 7 is slow: running "), \
+                said
+            watch.running(client, {"held-task": ([7], long_ago)})  # named once; nothing to ask
+            assert len(asked) == 2 and len(said) == 1
+        finally:
+            go.touch()
+            future.result(timeout=60)
