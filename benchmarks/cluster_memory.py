@@ -55,9 +55,11 @@ CLIENT = r"""
 import json, os, sys, time
 import shardkit
 src, out, engine, scheduler, workers, shards, size = sys.argv[1:8]
-kw = dict(size=int(size), num_shards=int(shards), progress=False, workers=int(workers))
-if engine == "dask":
+kw = dict(size=int(size), num_shards=int(shards), progress=False)
+if engine == "dask":  # the cluster's workers pack
     kw.update(engine="dask", scheduler=scheduler)
+else:
+    kw.update(workers=int(workers))
 t0 = time.perf_counter()
 r = shardkit.pack(src, out, **kw)
 status = dict(line.split(":", 1) for line in open("/proc/self/status"))

@@ -260,6 +260,9 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
                               "`retries` must be >= 0")
     if shard_size is not None and num_shards is not None:
         raise PackOptionError("give `shard_size` or `num_shards`, not both")
+    if scheduler is not None and workers is not None:  # the cluster's workers pack
+        raise PackOptionError("give `workers` (local processes) or `scheduler` (a running "
+                              "cluster's workers), not both")
     check_options(out, shard_size is not None or num_shards is not None, resume, engine,
                   scheduler, num_nodes, node_rank)
     check_order(order, layout_seed)

@@ -61,7 +61,10 @@ def test_out_under_a_file_names_it(src, tmp_path):
     (["--scheduler", "tcp://127.0.0.1:1", "--num-shards", "2"], "--scheduler needs --engine dask"),
     (["--resume"], "--resume needs a sharded OUT"),
     (["--num-nodes", "2"], "--num-nodes needs a sharded OUT"),
-], ids=["dask", "dask-scheduler", "scheduler-local", "resume", "num-nodes"])
+    (["--engine", "dask", "--scheduler", "tcp://127.0.0.1:1", "--num-shards", "2", "--workers",
+      "2"], "give --workers (local processes) or --scheduler (a running cluster's workers), "
+     "not both"),
+], ids=["dask", "dask-scheduler", "scheduler-local", "resume", "num-nodes", "workers-scheduler"])
 def test_cli_refuses_options_before_any_work(tmp_path, args, message):
     """SRC does not exist: the refusal must come before discovery would notice."""
     proc = run_cli("pack", str(tmp_path / "no-src"), str(tmp_path / "out"), "-q", *args)
@@ -76,6 +79,8 @@ def test_cli_refuses_options_before_any_work(tmp_path, args, message):
     ({"scheduler": "tcp://127.0.0.1:1", "num_shards": 2}, "`scheduler` needs `engine='dask'`"),
     ({"resume": True}, "`resume=True` needs a sharded OUT"),
     ({"shard_size": 1 << 20, "num_shards": 2}, "give `shard_size` or `num_shards`, not both"),
+    ({"engine": "dask", "scheduler": "tcp://127.0.0.1:1", "num_shards": 2, "workers": 1},
+     "give `workers` (local processes) or `scheduler` (a running cluster's workers), not both"),
     ({"num_nodes": 2, "node_rank": 2, "num_shards": 2}, "`node_rank` must be in 0..`num_nodes`-1"),
     ({"size": -1}, "`size` must be >= 0 (0 keeps the original size)"),
     ({"quality": 0}, "`quality` must be between 1 and 100"),
@@ -90,7 +95,7 @@ def test_cli_refuses_options_before_any_work(tmp_path, args, message):
     ({"num_shards": 2.0}, "`num_shards` must be an integer, not 2.0"),
     ({"shard_size": "1GiB"}, "`shard_size` must be an integer, not '1GiB'"),
     ({"num_nodes": "2", "num_shards": 2}, "`num_nodes` must be an integer, not '2'"),
-], ids=["engine", "dask", "scheduler", "resume", "both-sizes", "node-rank", "size", "quality-0",
+], ids=["engine", "dask", "scheduler", "resume", "both-sizes", "workers-scheduler", "node-rank", "size", "quality-0",
         "quality-101", "encoding", "format", "max-pixels", "size-str", "quality-float",
         "max-pixels-bool", "workers-str", "num-shards-float", "shard-size-str", "num-nodes-str"])
 def test_pack_refuses_options_before_any_work(tmp_path, kwargs, message):
