@@ -97,6 +97,13 @@ class DaskSession:
             except OSError as exc:
                 raise PackError(f"cannot reach the Dask scheduler at {scheduler}: {exc}"
                                 ) from None
+            try:
+                idle = not self.client.scheduler_info(n_workers=-1)["workers"]
+            except Exception:  # noqa: BLE001 - only the notice: the pack's tasks report failures
+                idle = False
+            if idle:  # else the pack would wait in silence (a worker command not yet run)
+                print(f"shardkit: the Dask scheduler at {scheduler} has no workers yet; "
+                      "waiting for one to join", file=sys.stderr, flush=True)
 
     def lister(self, fn: Callable[..., T], args: list[tuple[Any, ...]]) -> list[T]:
         """``[fn(*a) for a in args]``, one task each on the cluster (listing, merging): small
@@ -105,6 +112,10 @@ class DaskSession:
             return []
         futures = [self.client.submit(fn, *a, pure=False) for a in args]
         try:
+            # Waited for here, gathered once done: Ctrl-C during client.gather's own wait left
+            # its per-future waiters failing with AllExit, printed as asyncio tracebacks.
+            for _ in _import_dask().as_completed(futures, loop=self.client.loop):
+                pass
             return self.client.gather(futures)
         finally:
             self.client.cancel(futures)

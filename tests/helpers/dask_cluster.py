@@ -19,11 +19,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def worker_command(address: str, nworkers: int = 1) -> list[str]:
+    """``dask worker`` for the scheduler at ``address``: ``nworkers`` single-threaded
+    processes on 127.0.0.1."""
+    return [os.path.join(os.path.dirname(sys.executable), "dask"), "worker", address,
+            "--nworkers", str(nworkers), "--nthreads", "1", "--no-dashboard", "--host",
+            "127.0.0.1"]
+
+
 @contextlib.contextmanager
 def dask_cluster(nworkers: int = 2, timeout: float = 120, env: dict | None = None
                  ) -> Iterator[tuple[str, list[subprocess.Popen]]]:
     """(scheduler address, [scheduler process, worker process]): ``nworkers`` single-threaded
-    worker processes under one ``dask worker`` (with its nanny), ready when the context opens."""
+    worker processes under one ``dask worker`` (with its nanny), ready when the context opens;
+    ``nworkers=0``: the scheduler alone (``worker_command`` starts a worker for it)."""
     from dask.distributed import Client
 
     bindir = os.path.dirname(sys.executable)
@@ -35,15 +44,16 @@ def dask_cluster(nworkers: int = 2, timeout: float = 120, env: dict | None = Non
     procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                "--no-dashboard"], env=env, start_new_session=True, **quiet)]
     try:
-        procs.append(subprocess.Popen([dask, "worker", address, "--nworkers", str(nworkers),
-                                       "--nthreads", "1", "--no-dashboard",
-                                       "--host", "127.0.0.1"], env=env, start_new_session=True,
-                                      **quiet))
+        if nworkers:
+            procs.append(subprocess.Popen(worker_command(address, nworkers), env=env,
+                                          start_new_session=True, **quiet))
         deadline = time.monotonic() + timeout
         while True:
             try:
                 with Client(address, timeout=5) as client:
-                    client.wait_for_workers(nworkers, timeout=max(1, deadline - time.monotonic()))
+                    if nworkers:
+                        client.wait_for_workers(nworkers,
+                                                timeout=max(1, deadline - time.monotonic()))
                 break
             except OSError:
                 if time.monotonic() > deadline:

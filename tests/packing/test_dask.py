@@ -242,3 +242,46 @@ def test_static_split_nodes_run_concurrently(src, local, tmp_path):
     assert cli_main(["merge", out]) == 0
     assert store_files(out) == store_files(local["hdf5"])
     assert verify(out).ok
+
+
+def test_a_scheduler_without_workers_is_said_then_waited_for(src, local, tmp_path):
+    """A pack on a scheduler with no worker yet says so at once (it would wait in silence);
+    Ctrl-C while its listing tasks wait is one line, exit 130 (client.gather's waiters had
+    printed asyncio tracebacks); a worker that joins later packs the same store."""
+    import signal
+
+    from helpers.dask_cluster import dask_cluster, worker_command
+
+    out = str(tmp_path / "late")
+    with dask_cluster(0) as (address, _), distributed.Client(address) as client:
+        waiting = (f"shardkit: the Dask scheduler at {address} has no workers yet; waiting for "
+                   "one to join\n")
+        cmd = [sys.executable, "-m", "shardkit.cli", "pack", src, out, *ARGS, "--engine",
+               "dask", "--scheduler", address]
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stderr.readline() == waiting
+            # until its listing tasks are on the scheduler, waiting for a worker
+            while not client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)):
+                assert proc.poll() is None
+            proc.send_signal(signal.SIGINT)
+            assert (proc.stderr.read(), proc.wait(timeout=120)) == \
+                ("shardkit pack: interrupted\n", 130)
+        finally:
+            proc.kill()
+        assert not os.path.exists(out)
+
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        worker = None
+        try:
+            assert proc.stderr.readline() == waiting
+            worker = subprocess.Popen(worker_command(address), start_new_session=True,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            rest = proc.stderr.read()
+            assert proc.wait(timeout=300) == 0 and rest.startswith("packed 30 images"), rest
+        finally:
+            proc.kill()
+            if worker is not None:
+                os.killpg(worker.pid, signal.SIGTERM)
+                worker.wait(timeout=60)
+    assert store_files(out) == store_files(local["lmdb"])
