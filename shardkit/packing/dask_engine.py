@@ -30,7 +30,7 @@ from typing import Any, Callable, TypeVar
 from ..errors import PackError
 from .allocator import image_blocks
 from ..progress import progress as progress_bar
-from .faults import inject as inject_fault
+from .faults import inject as inject_fault, inject_task as inject_task_fault
 from .grain import MOST_SHARDS, Grain, named
 from .local import ShardDone, pack_shard
 from .plan import Plan
@@ -400,6 +400,7 @@ def _attempt(group: list[int], task: Callable[..., Any], plan: Plan, dest: dict[
     other exception's one-line text: returned, not raised, so that the shards this task
     finished before it are recorded.
     """
+    inject_task_fault(group)  # a failure of the task, not of one of its shards (a test's)
     done = []
     for k in group:
         if done and _cancelled():  # the pack stopped: no more shard files written for it

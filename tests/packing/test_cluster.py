@@ -313,6 +313,33 @@ def test_short_shards_share_tasks_and_a_shard_that_fails_is_run_again_alone(
     assert store_files(out) == store_files(reference)
 
 
+def test_a_task_that_fails_as_a_whole_runs_each_of_its_shards_again_alone(
+        src, cluster, faults, tmp_path, capsys, monkeypatch):
+    """The task [7, 8, 9] raises before any of its shards runs (not one shard's failure): each
+    of its shards runs again alone, that attempt not counted, so shard 8, failing once alone
+    after it, still has its one retry (`--retries 1`); the store is the local engine's."""
+    monkeypatch.setattr(grain, "TASK_SECONDS", 3600.0)  # the caps alone shape the tasks
+    reference = str(tmp_path / "local")
+    shardkit.pack(src, reference, workers=1, progress=False, num_shards=19, size=32)
+    set_faults(faults, {"7": {"task": 1}, "8": {"fail": 1}})
+    out = str(tmp_path / "whole")
+    with distributed.Client(cluster) as client, distributed.get_task_stream(client) as stream:
+        assert cli_main(["pack", src, out, "--num-shards", "19", "--size", "32", "-q",
+                         "--engine", "dask", "--scheduler", cluster, "--retries", "1"]) == 0
+    err = capsys.readouterr().err
+    spans = [tuple(map(int, m.groups())) for m in
+             (re.match(r"shardkit-shard-(\d+)-(\d+)-", str(t["key"])) for t in
+              sorted(stream.data, key=lambda t: t["startstops"][0]["start"])) if m]
+    assert [span for span in spans if span[0] <= 7 <= span[1]] == [(7, 9), (7, 7)], spans
+    assert spans.count((8, 8)) == 2 and spans.count((9, 9)) == 1, spans
+    assert err.count("shardkit: the task packing shards 7-9 failed (OSError: [Errno 5] injected "
+                     "task fault at shard 7, task 1") == 1, err
+    assert "running them again one shard a task" in err, err
+    assert err.count("shardkit: shard 8 failed (OSError: [Errno 5] injected fault at shard 8, "
+                     "attempt 1") == 1 and "running it again (1 of 1)" in err, err
+    assert store_files(out) == store_files(reference)
+
+
 def test_a_running_task_stops_once_its_pack_stopped(src, cluster, faults, tmp_path,
                                                     monkeypatch):
     """Dask cannot stop a running task: the task [7, 8, 9] is held as shard 8 starts while
