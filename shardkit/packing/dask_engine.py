@@ -41,6 +41,7 @@ DEFAULT_RETRIES = 3
 STRAGGLER_FACTOR = 4.0
 STRAGGLER_MIN_DONE = 3  # shards finished before their median means anything
 STRAGGLER_MIN_SECONDS = 10.0  # and never a shard running less than this (tiny shards' noise)
+STRAGGLER_TIMES_KEPT = 1000  # the median is of the latest this many finished shards
 POLL_SECONDS = 1.0  # how often, at most, the client asks what the workers run (stragglers)
 #: Dask settings for packing workers (docs/cluster.md recommends them as environment variables,
 #: ``DASK_`` + the key in capitals, ``.`` -> ``__``, ``-`` -> ``_``; shardkit's own
@@ -509,8 +510,9 @@ def _dashboard(client: Any) -> str | None:
 
 class _Stragglers:
     """Names, once each, a task that runs over ``STRAGGLER_FACTOR`` times the median time of the
-    shards finished so far (after ``STRAGGLER_MIN_DONE`` of them; each measured by its task)
-    times its number of shards, and at least ``STRAGGLER_MIN_SECONDS``: its limit. A task's
+    latest ``STRAGGLER_TIMES_KEPT`` finished shards (after ``STRAGGLER_MIN_DONE`` of them; each
+    measured by its task; the median taken at most once per ``POLL_SECONDS``) times its number
+    of shards, and at least ``STRAGGLER_MIN_SECONDS``: its limit. A task's
     time is its worker's (from when it started running there; a task that moved to another
     worker, its first one lost, starts again).
 
@@ -522,9 +524,10 @@ class _Stragglers:
 
     def __init__(self, say: Callable[[str], None]) -> None:
         self.say = say
-        self.times: list[float] = []
+        self.times: deque[float] = deque(maxlen=STRAGGLER_TIMES_KEPT)
         self.reported: set[str] = set()
         self.asked = -POLL_SECONDS
+        self.median: tuple[float, float] | None = None  # (when taken, the median)
 
     def running(self, client: Any, tasks: dict[str, tuple[list[int], float]]) -> None:
         """Look at the tasks in flight; ``tasks``: key -> (its shards, when it was submitted,
@@ -532,7 +535,9 @@ class _Stragglers:
         now = time.monotonic()
         if len(self.times) < STRAGGLER_MIN_DONE or now - self.asked < POLL_SECONDS:
             return
-        median = statistics.median(self.times)
+        if self.median is None or now - self.median[0] >= POLL_SECONDS:
+            self.median = (now, statistics.median(self.times))
+        median = self.median[1]
         limits = {key: max(STRAGGLER_FACTOR * median * len(group), STRAGGLER_MIN_SECONDS)
                   for key, (group, _) in tasks.items() if key not in self.reported}
         if not any(now - tasks[key][1] > limit for key, limit in limits.items()):
