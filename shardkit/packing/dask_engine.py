@@ -426,7 +426,7 @@ def _attempt(group: list[int], task: Callable[..., Any], plan: Plan, dest: dict[
 def _cancelled() -> bool:
     """Whether the client cancelled the Dask task this thread runs (the pack stopped: Ctrl-C,
     a failed shard). Dask cannot stop a running task, so a task asks before each next shard
-    and a shard every few hundred records (``pack_shard``'s ``stop``): else it would go on
+    and a shard before each batch of up to 64 records (``pack_shard``'s ``stop``): else it would go on
     writing shard files, holding the worker from the next pack's tasks, while a ``--resume``
     started meanwhile writes the same files."""
     try:
@@ -520,7 +520,8 @@ class _Stragglers:
     submitted for longer than its limit (it cannot have run longer than that), and then at
     most once per ``POLL_SECONDS``: each ask is a round trip through the scheduler to every
     worker, whose event loop takes the GIL from the task it runs and logs a line
-    ("Run out-of-band function"). A pack whose tasks all take their usual time never asks."""
+    ("Run out-of-band function"). A pack whose tasks all take their usual time asks rarely if
+    ever (a task queued behind a slow one can pass its limit before it runs)."""
 
     def __init__(self, say: Callable[[str], None]) -> None:
         self.say = say

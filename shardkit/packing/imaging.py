@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -181,8 +182,17 @@ def quiet_warnings() -> Iterator[None]:
     enter saves the first's "ignore" and restores it last): a Dask worker runs several packing
     threads. So the first of shardkit's threads to enter installs "ignore" and the last to
     leave puts the filters back as they were. While it lasts it applies to the process's other
-    threads too, as any ``catch_warnings`` does before Python 3.14."""
+    threads too, as any ``catch_warnings`` does before Python 3.14 (on a worker whose threads
+    decode without pause that can be most of the pack; a filter another thread adds meanwhile
+    is gone when they are put back). Where warnings are context-aware (Python 3.14's
+    ``-X context_aware_warnings``, the default without the GIL) each thread's filters are its
+    own, and ``catch_warnings`` is used as it is."""
     global _quiet_inside, _quiet_saved
+    if getattr(sys.flags, "context_aware_warnings", False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+        return
     with _quiet_lock:
         if not _quiet_inside:
             _quiet_saved = warnings.catch_warnings()

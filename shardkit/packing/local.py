@@ -93,13 +93,13 @@ def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False, upload: Any 
     # Left by an attempt that was killed (a lost Dask worker, say).
     remove_store_files([dest], plan.settings.format)
     rows, items = plan.rows(k)
-    records = zip(*rows, encoders.encode_many(items, plan.settings))
+    batches = _batches(zip(*rows, encoders.encode_many(items, plan.settings)), strict)
     with plan.shard_writer(k, dest) as writer:
         while True:
             if stop is not None and stop():
                 raise ShardStopped(f"shard {k}: its pack stopped")
-            batch = _batch(records)
-            if not batch:
+            batch = next(batches, None)  # encoded here, after the check
+            if batch is None:
                 break
             for source, path, label, record in batch:
                 add_source(writer, plan, source, path, label, record, None, strict)
@@ -108,16 +108,28 @@ def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False, upload: Any 
     return writer.entry if upload is None else upload_shard(upload, dest, writer.entry)
 
 
-def _batch(records: Iterator[tuple[int, str, int, Encoded]]) -> list[tuple[int, str, int, Encoded]]:
-    """The next records encoded: up to :data:`BATCH_RECORDS`, or fewer holding
-    :data:`BATCH_BYTES` (an empty list at the end)."""
+def _batches(records: Iterator[tuple[int, str, int, Encoded]], strict: bool
+             ) -> Iterator[list[tuple[int, str, int, Encoded]]]:
+    """``records`` encoded a batch at a time: up to :data:`BATCH_RECORDS`, or fewer holding
+    :data:`BATCH_BYTES`. What happens is what one record at a time did: an error while a
+    record is read or encoded (a URL's read out of retries) comes after the records before it
+    are handed on, and with ``strict`` a rejected record ends its batch (its PackError first,
+    no record after it decoded for nothing)."""
     batch, size = [], 0
-    for row in records:
-        batch.append(row)
-        size += len(row[3].data or b"")
-        if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
-            break
-    return batch
+    try:
+        for row in records:
+            batch.append(row)
+            size += len(row[3].data or b"")
+            if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES or \
+                    (strict and row[3].data is None):
+                yield batch
+                batch, size = [], 0
+    except Exception:
+        if batch:
+            yield batch
+        raise
+    if batch:
+        yield batch
 
 
 def upload_shard(uploader: Any, path: str, entry: dict[str, Any]) -> dict[str, Any]:

@@ -391,13 +391,14 @@ def test_the_slow_shard_watch_asks_only_while_a_task_may_be_slow(cluster, tmp_pa
             while not any(real(dask_engine._executing).values()):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
+            monkeypatch.setattr(dask_engine, "POLL_SECONDS", 3600.0)  # one ask in this phase
             watch = dask_engine._Stragglers(said.append)
+            watch.asked = float("-inf")
             watch.times = [0.1] * dask_engine.STRAGGLER_MIN_DONE  # a limit of 0.4 s a shard
-            now = time.monotonic()
-            for _ in range(20):  # just submitted: cannot have run 0.4 s yet
-                watch.running(client, {"held-task": ([7], now)})
+            for _ in range(20):  # submitted just now: cannot have run 0.4 s yet
+                watch.running(client, {"held-task": ([7], time.monotonic())})
             assert asked == []
-            long_ago = now - 100
+            long_ago = time.monotonic() - 100
             time.sleep(0.5)  # the task has now run over 0.4 s, and under 30 x 0.4 s = 12 s
             for _ in range(20):
                 watch.running(client, {"held-task": (list(range(7, 37)), long_ago)})

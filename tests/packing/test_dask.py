@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -262,8 +263,10 @@ def test_a_scheduler_without_workers_is_said_then_waited_for(src, local, tmp_pat
         try:
             assert proc.stderr.readline() == waiting
             # until its listing tasks are on the scheduler, waiting for a worker
+            deadline = time.monotonic() + 120
             while not client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)):
-                assert proc.poll() is None
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
             proc.send_signal(signal.SIGINT)
             assert (proc.stderr.read(), proc.wait(timeout=120)) == \
                 ("shardkit pack: interrupted\n", 130)

@@ -1,6 +1,6 @@
 """``pack_shard``, one shard packed in this process (the unit of a Dask task): records are
-encoded a batch at a time, then written (the stop check asked before each batch), and a shard
-stopped between batches leaves no file."""
+encoded a batch at a time, then written (the stop check asked before each batch), a shard
+stopped between batches leaves no file, and errors come as one record at a time gave them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import os
 
 import pytest
 
+from shardkit.errors import PackError
 from shardkit.packing import local
 from shardkit.packing import workers as encoders
+from shardkit.packing.encoding import Encoded
 from shardkit.packing.plan import make_plan
 from shardkit.packing.settings import PackSettings
 from shardkit.packing.sources import SourceOptions, resolve
@@ -72,3 +74,33 @@ def test_a_shard_stopped_between_batches_leaves_no_file(plan, encoded, tmp_path)
         local.pack_shard(plan, 0, dest, stop=lambda: asked.append(encoded[0]) or len(asked) == 2)
     assert asked == [0, 64]  # no record encoded after the check said stop
     assert not os.listdir(tmp_path)
+
+
+def test_errors_come_in_the_order_one_record_at_a_time_gave(plan, monkeypatch, tmp_path):
+    """Record 1 is rejected and reading record 4 raises (a URL out of retries, say): with
+    ``strict`` the rejection's PackError comes and record 2 is never read; without it records
+    0-3 are handed to the writer, then the read's error comes."""
+    real = encoders.encode_file
+    calls = []
+
+    def faulty(path, settings):
+        calls.append(path)
+        if len(calls) == 2:
+            return Encoded.rejected("forged rejection")
+        if len(calls) == 5:
+            raise RuntimeError("read failed")
+        return real(path, settings)
+
+    monkeypatch.setattr(encoders, "encode_file", faulty)
+    with pytest.raises(PackError, match="forged rejection"):
+        local.pack_shard(plan, 0, str(tmp_path / "strict.lmdb"), strict=True)
+    assert len(calls) == 2
+    calls.clear()
+    added = []
+    real_add = local.add_source
+    monkeypatch.setattr(local, "add_source",
+                        lambda writer, plan, source, *a: added.append(source) or
+                        real_add(writer, plan, source, *a))
+    with pytest.raises(RuntimeError, match="read failed"):
+        local.pack_shard(plan, 0, str(tmp_path / "lenient.lmdb"))
+    assert added == list(plan.rows(0)[0][0][:4])
