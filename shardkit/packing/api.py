@@ -310,6 +310,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         if not run.remote:
             make_parent(out, PackError)  # `mkdir -p` OUT's folder
         count, skipped, sources = (_pack_sharded if plan.sharded else _pack_single)(plan, run)
+    except KeyboardInterrupt:  # before packing began (connecting, listing, planning)
+        raise Interrupted("interrupted; no output written") from None
     finally:
         remove(plan_dir)  # moved into a sharded pack's partial folder, else done with
         if run.session is not None:

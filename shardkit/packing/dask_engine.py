@@ -495,7 +495,8 @@ def _failed(cause: Any, k: int, attempt: int, retries: int) -> str:
 
 def _dashboard(client: Any) -> str | None:
     """The address of the scheduler's dashboard, None without one (its HTTP server runs without
-    bokeh or with ``--no-dashboard`` too, answering 404 there: so the page is asked for)."""
+    bokeh or with ``--no-dashboard`` too, answering 404 or a page asking for bokeh there: so
+    the page is asked for)."""
     import urllib.request
 
     try:
@@ -503,7 +504,9 @@ def _dashboard(client: Any) -> str | None:
             return None
         link = client.dashboard_link
         with urllib.request.urlopen(link, timeout=2) as page:
-            return link if page.status == 200 else None
+            # Without bokeh the scheduler answers 200 too, with a page that says it needs it.
+            return link if page.status == 200 and b"needs bokeh" not in page.read(4096) \
+                else None
     except Exception:  # noqa: BLE001 - only a convenience: no dashboard, or not reachable here
         return None
 

@@ -131,6 +131,21 @@ def test_own_local_cluster_leaves_port_8787_alone():
     assert session.cluster.dashboard_link is None or "8787" not in session.cluster.dashboard_link
 
 
+def test_a_dashboard_is_named_only_where_the_scheduler_serves_one():
+    """A scheduler's HTTP server answers its dashboard's address without bokeh too, with a page
+    asking for bokeh: no dashboard line then (a user would open a page that is not one)."""
+    import importlib.util
+
+    from shardkit.packing.dask_engine import _dashboard
+
+    with distributed.LocalCluster(n_workers=0, processes=True, host="127.0.0.1",
+                                  dashboard_address="127.0.0.1:0") as cluster, \
+            distributed.Client(cluster) as client:
+        assert "dashboard" in client.scheduler_info()["services"]
+        link = _dashboard(client)
+    assert (link is not None) == (importlib.util.find_spec("bokeh") is not None), link
+
+
 def test_docs_recommend_exactly_the_packing_settings():
     """Every ``DASK_...=`` variable docs/cluster.md tells users to set (the plain workers'
     exports, dask-jobqueue's prologue) is one of QUIET_WORKERS with its value, and each of
@@ -248,7 +263,8 @@ def test_static_split_nodes_run_concurrently(src, local, tmp_path):
 def test_a_scheduler_without_workers_is_said_then_waited_for(src, local, tmp_path):
     """A pack on a scheduler with no worker yet says so at once (it would wait in silence);
     Ctrl-C while its listing tasks wait is one line, exit 130 (client.gather's waiters had
-    printed asyncio tracebacks); a worker that joins later packs the same store."""
+    printed asyncio tracebacks), and ``shardkit.pack`` raises Interrupted there (it raised
+    KeyboardInterrupt before packing began); a worker that joins later packs the same store."""
     import signal
 
     from helpers.dask_cluster import dask_cluster, worker_command
@@ -259,19 +275,27 @@ def test_a_scheduler_without_workers_is_said_then_waited_for(src, local, tmp_pat
                    "one to join\n")
         cmd = [sys.executable, "-m", "shardkit.cli", "pack", src, out, *ARGS, "--engine",
                "dask", "--scheduler", address]
-        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-        try:
-            assert proc.stderr.readline() == waiting
-            # until its listing tasks are on the scheduler, waiting for a worker
-            deadline = time.monotonic() + 120
-            while not client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)):
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.05)
-            proc.send_signal(signal.SIGINT)
-            assert (proc.stderr.read(), proc.wait(timeout=120)) == \
-                ("shardkit pack: interrupted\n", 130)
-        finally:
-            proc.kill()
+        api = [sys.executable, "-c", "import sys, shardkit\ntry:\n    shardkit.pack(sys.argv[1], "
+               "sys.argv[2], num_shards=5, size=32, progress=False, engine='dask', "
+               "scheduler=sys.argv[3])\nexcept BaseException as exc:\n    print(type(exc), exc, "
+               "file=sys.stderr)\n", src, out, address]
+        said = {"cli": ("shardkit pack: interrupted; no output written\n", 130),
+                "api": ("<class 'shardkit.errors.Interrupted'> interrupted; no output "
+                        "written\n", 0)}
+        for name, command in (("cli", cmd), ("api", api)):  # the CLI first: a fresh scheduler
+            proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+            try:
+                assert proc.stderr.readline() == waiting
+                # until its listing tasks are on the scheduler, waiting for a worker
+                deadline = time.monotonic() + 120
+                while not client.run_on_scheduler(
+                        lambda dask_scheduler: len(dask_scheduler.tasks)):
+                    assert proc.poll() is None and time.monotonic() < deadline
+                    time.sleep(0.05)
+                proc.send_signal(signal.SIGINT)
+                assert (proc.stderr.read(), proc.wait(timeout=120)) == said[name]
+            finally:
+                proc.kill()
         assert not os.path.exists(out)
 
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
