@@ -43,6 +43,8 @@ STRAGGLER_MIN_DONE = 3  # shards finished before their median means anything
 STRAGGLER_MIN_SECONDS = 10.0  # and never a shard running less than this (tiny shards' noise)
 STRAGGLER_TIMES_KEPT = 1000  # the median is of the latest this many finished shards
 POLL_SECONDS = 1.0  # how often, at most, the client asks what the workers run (stragglers)
+CONNECT_SECONDS = 60  # how long a scheduler address is tried before the pack stops
+CONNECT_NOTICE_SECONDS = 5.0  # connecting this long is said on stderr
 #: Dask settings for packing workers (docs/cluster.md recommends them as environment variables,
 #: ``DASK_`` + the key in capitals, ``.`` -> ``__``, ``-`` -> ``_``; shardkit's own
 #: LocalCluster starts with them). Each is a periodic wake-up of every worker's event loop that
@@ -93,11 +95,19 @@ class DaskSession:
                 raise PackError(_no_local_cluster(exc)) from None
             self.client = dd.Client(self.cluster)
         else:
+            # Said once connecting outlasts a moment (Dask retries for the whole timeout).
+            notice = threading.Timer(CONNECT_NOTICE_SECONDS, lambda: print(
+                f"shardkit: connecting to the Dask scheduler at {scheduler} (up to "
+                f"{CONNECT_SECONDS:g} s)", file=sys.stderr, flush=True))
+            notice.daemon = True
+            notice.start()
             try:
-                self.client = dd.Client(scheduler, timeout="60s")
+                self.client = dd.Client(scheduler, timeout=f"{CONNECT_SECONDS}s")
             except OSError as exc:
                 raise PackError(f"cannot reach the Dask scheduler at {scheduler}: {exc}"
                                 ) from None
+            finally:
+                notice.cancel()
             try:
                 idle = not self.client.scheduler_info(n_workers=-1)["workers"]
             except Exception:  # noqa: BLE001 - only the notice: the pack's tasks report failures

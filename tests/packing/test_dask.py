@@ -260,6 +260,27 @@ def test_static_split_nodes_run_concurrently(src, local, tmp_path):
     assert verify(out).ok
 
 
+def first_line(proc: subprocess.Popen) -> str:
+    """The first line a pack printed on stderr, past a connecting notice (a slow moment)."""
+    line = proc.stderr.readline()
+    return proc.stderr.readline() if line.startswith("shardkit: connecting to") else line
+
+
+def test_an_unreachable_scheduler_is_said_while_tried_then_named(monkeypatch, capsys):
+    """Dask tries an address for the whole timeout: after a moment the pack says it is
+    connecting (it was silent for 60 s), then stops with one line naming the address."""
+    from helpers.dask_cluster import free_port
+    from shardkit.packing import dask_engine
+
+    monkeypatch.setattr(dask_engine, "CONNECT_SECONDS", 2)
+    monkeypatch.setattr(dask_engine, "CONNECT_NOTICE_SECONDS", 0.2)
+    address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(PackError, match=f"^cannot reach the Dask scheduler at {address}: "):
+        dask_engine.DaskSession(address)
+    assert capsys.readouterr().err == (f"shardkit: connecting to the Dask scheduler at "
+                                       f"{address} (up to 2 s)\n")
+
+
 def test_a_scheduler_without_workers_is_said_then_waited_for(src, local, tmp_path):
     """A pack on a scheduler with no worker yet says so at once (it would wait in silence);
     Ctrl-C while its listing tasks wait is one line, exit 130 (client.gather's waiters had
@@ -285,7 +306,7 @@ def test_a_scheduler_without_workers_is_said_then_waited_for(src, local, tmp_pat
         for name, command in (("cli", cmd), ("api", api)):  # the CLI first: a fresh scheduler
             proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
             try:
-                assert proc.stderr.readline() == waiting
+                assert first_line(proc) == waiting
                 # until its listing tasks are on the scheduler, waiting for a worker
                 deadline = time.monotonic() + 120
                 while not client.run_on_scheduler(
@@ -301,7 +322,7 @@ def test_a_scheduler_without_workers_is_said_then_waited_for(src, local, tmp_pat
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         worker = None
         try:
-            assert proc.stderr.readline() == waiting
+            assert first_line(proc) == waiting
             worker = subprocess.Popen(worker_command(address), start_new_session=True,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             rest = proc.stderr.read()
