@@ -280,8 +280,7 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         asked = time.monotonic()
         while not ready.is_empty():
             done = _next_batch(ready, POLL_SECONDS)
-            watch.running(client, {key: (group, since)
-                                    for key, (_, group, since) in tasks.items()})
+            watch.running(client, tasks)
             for future in done:
                 group = tasks.pop(future.key)[1]
                 if future.status == "error":  # the task itself failed, not one of its shards
@@ -436,9 +435,9 @@ def _attempt(group: list[int], task: Callable[..., Any], plan: Plan, dest: dict[
 def _cancelled() -> bool:
     """Whether the client cancelled the Dask task this thread runs (the pack stopped: Ctrl-C,
     a failed shard). Dask cannot stop a running task, so a task asks before each next shard
-    and a shard before each batch of up to 64 records (``pack_shard``'s ``stop``): else it would go on
-    writing shard files, holding the worker from the next pack's tasks, while a ``--resume``
-    started meanwhile writes the same files."""
+    and a shard before each batch of up to 64 records (``pack_shard``'s ``stop``): else it
+    would go on writing shard files, holding the worker from the next pack's tasks, while a
+    ``--resume`` started meanwhile writes the same files."""
     try:
         from distributed import get_worker
 
@@ -543,18 +542,23 @@ class _Stragglers:
         self.asked = -POLL_SECONDS
         self.median: tuple[float, float] | None = None  # (when taken, the median)
 
-    def running(self, client: Any, tasks: dict[str, tuple[list[int], float]]) -> None:
-        """Look at the tasks in flight; ``tasks``: key -> (its shards, when it was submitted,
-        ``time.monotonic()``)."""
+    def running(self, client: Any, tasks: dict[str, tuple[Any, list[int], float]]) -> None:
+        """Look at the tasks in flight; ``tasks``: key -> (its future, its shards, when it was
+        submitted, ``time.monotonic()``), in the order submitted (the first is the oldest)."""
         now = time.monotonic()
-        if len(self.times) < STRAGGLER_MIN_DONE or now - self.asked < POLL_SECONDS:
+        if len(self.times) < STRAGGLER_MIN_DONE or now - self.asked < POLL_SECONDS or not tasks:
             return
         if self.median is None or now - self.median[0] >= POLL_SECONDS:
             self.median = (now, statistics.median(self.times))
         median = self.median[1]
+        # Called at every turn of the client's loop: while even the oldest task is younger
+        # than the least limit (one shard's), no task is looked at one by one.
+        if now - next(iter(tasks.values()))[2] <= max(STRAGGLER_FACTOR * median,
+                                                      STRAGGLER_MIN_SECONDS):
+            return
         limits = {key: max(STRAGGLER_FACTOR * median * len(group), STRAGGLER_MIN_SECONDS)
-                  for key, (group, _) in tasks.items() if key not in self.reported}
-        if not any(now - tasks[key][1] > limit for key, limit in limits.items()):
+                  for key, (_, group, _) in tasks.items() if key not in self.reported}
+        if not any(now - tasks[key][2] > limit for key, limit in limits.items()):
             return
         self.asked = now
         try:
@@ -567,7 +571,7 @@ class _Stragglers:
             for key, took in running.items():
                 if key in limits and key not in self.reported and took > limits[key]:
                     self.reported.add(key)
-                    group = tasks[key][0]
+                    group = tasks[key][1]
                     typical = f"{median:.1f}" if median >= 1 else f"{median:.2g}"  # not 0.0
                     many = "" if len(group) == 1 else f" times its {len(group)} shards"
                     self.say(f"shardkit: {named(group)} "

@@ -396,19 +396,20 @@ def test_the_slow_shard_watch_asks_only_while_a_task_may_be_slow(cluster, tmp_pa
             watch.asked = float("-inf")
             watch.times = [0.1] * dask_engine.STRAGGLER_MIN_DONE  # a limit of 0.4 s a shard
             for _ in range(20):  # submitted just now: cannot have run 0.4 s yet
-                watch.running(client, {"held-task": ([7], time.monotonic())})
+                watch.running(client, {"held-task": (future, [7], time.monotonic())})
             assert asked == []
             long_ago = time.monotonic() - 100
             time.sleep(0.5)  # the task has now run over 0.4 s, and under 30 x 0.4 s = 12 s
             for _ in range(20):
-                watch.running(client, {"held-task": (list(range(7, 37)), long_ago)})
+                watch.running(client, {"held-task": (future, list(range(7, 37)), long_ago)})
             assert asked == [dask_engine._executing] and said == []  # asked once a poll
             monkeypatch.setattr(dask_engine, "POLL_SECONDS", 0.0)
-            watch.running(client, {"held-task": ([7], long_ago)})
+            watch.running(client, {"held-task": (future, [7], long_ago)})
             assert len(asked) == 2
             assert len(said) == 1 and said[0].startswith("shardkit: shard 7 is slow: running "), \
                 said
-            watch.running(client, {"held-task": ([7], long_ago)})  # named once; nothing to ask
+            # named once: nothing left to ask about
+            watch.running(client, {"held-task": (future, [7], long_ago)})
             assert len(asked) == 2 and len(said) == 1
         finally:
             go.touch()

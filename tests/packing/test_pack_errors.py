@@ -95,7 +95,8 @@ def test_cli_refuses_options_before_any_work(tmp_path, args, message):
     ({"num_shards": 2.0}, "`num_shards` must be an integer, not 2.0"),
     ({"shard_size": "1GiB"}, "`shard_size` must be an integer, not '1GiB'"),
     ({"num_nodes": "2", "num_shards": 2}, "`num_nodes` must be an integer, not '2'"),
-], ids=["engine", "dask", "scheduler", "resume", "both-sizes", "workers-scheduler", "node-rank", "size", "quality-0",
+], ids=["engine", "dask", "scheduler", "resume", "both-sizes", "workers-scheduler",
+        "node-rank", "size", "quality-0",
         "quality-101", "encoding", "format", "max-pixels", "size-str", "quality-float",
         "max-pixels-bool", "workers-str", "num-shards-float", "shard-size-str", "num-nodes-str"])
 def test_pack_refuses_options_before_any_work(tmp_path, kwargs, message):
