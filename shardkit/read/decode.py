@@ -1,8 +1,9 @@
 """A stored record checked and decoded: the one place, used by ``ShardDataset`` and ``verify``.
 
 Faults come out as ``StoreError`` naming the store, the shard and the record: a CRC32 that does
-not match the index (the stored bytes are damaged), or bytes that do not decode to the image the
-index describes (``codec.RecordDecodeError``).
+not match the index (the stored bytes are damaged), a row index that does not hold the record's
+own restart markers (a partial decode would return other rows, with no error), or bytes that do
+not decode to the image the index describes (``codec.RecordDecodeError``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import codec
+from .. import codec, jpegrows
 from ..errors import StoreError
 from . import augment, partial
 
@@ -49,6 +50,24 @@ class Decoder:
         if zlib.crc32(buf) != int(shard.crc32[local]):
             raise self.error(k, local, "checksum mismatch (CRC32): the stored bytes are damaged")
 
+    def check_rows(self, shard: OpenShard, k: int, local: int, buf) -> None:
+        """Raise unless the shard's row index holds exactly the row starts found in the record's
+        own restart markers (none where it has none). The index's checksum proves only that the
+        index is as written: a forged one, checksums recomputed, passes it, and a partial decode
+        through it returns other rows of the image."""
+        if shard.row_offsets is None:  # a store packed before row markers: decoded whole
+            return
+        indexed = partial.record_rows(shard, local)
+        found = jpegrows.row_starts(buf) if self.encoding == "jpeg" else None
+        if found is None and indexed is None:
+            return
+        if found is None or indexed is None or not np.array_equal(found, indexed):
+            said = "no rows" if indexed is None else f"{len(indexed) - 1} rows"
+            held = "no row markers" if found is None else f"{len(found) - 1} rows"
+            why = "at other offsets" if said == held else f"{held}, the index says {said}"
+            raise self.error(k, local, f"row index does not match the record's restart markers "
+                                       f"({why}; damaged or forged store)")
+
     def image(self, shard: OpenShard, k: int, local: int, buf) -> np.ndarray:
         """The whole image, HxWx3 uint8, in memory the caller owns."""
         if self.verify:
@@ -70,6 +89,7 @@ class Decoder:
         flipped (``[None]``: one plain centre crop)."""
         if self.verify:
             self.check(shard, k, local, buf)
+            self.check_rows(shard, k, local, buf)
         try:
             augment.decode_views(outs, buf, self.encoding, height, width, plans, self.fast,
                                  partial.record_rows(shard, local))
@@ -77,8 +97,10 @@ class Decoder:
             raise self.error(k, local, exc) from None
 
     def prove(self, shard: OpenShard, k: int, local: int, buf) -> None:
-        """``verify``'s check: the CRC32, then an exact decode (into a reused buffer)."""
+        """``verify``'s check: the CRC32, the row index against the record's markers, then an
+        exact decode (into a reused buffer)."""
         self.check(shard, k, local, buf)
+        self.check_rows(shard, k, local, buf)
         height, width = int(shard.heights[local]), int(shard.widths[local])
         try:
             codec.decode(buf, self.encoding, height, width, False,

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import bucketmeta
 from ..errors import StoreError
 from ..fileutil import sha256_file
 from ..progress import progress as progress_bar
@@ -68,6 +69,43 @@ def row_markers(meta: dict[str, Any]) -> int:
     return sum(int(entry.get("row_markers", 0)) for entry in meta["shards"])
 
 
+def bucket_difference(said: dict[str, Any] | None, found: dict[str, Any]) -> str | None:
+    """How a ``buckets`` entry differs from the histogram of the records' sizes (None: equal),
+    by the first bucket whose count differs."""
+    have = {} if said is None else dict(zip(map(tuple, said["sizes"]), said["counts"]))
+    real = dict(zip(map(tuple, found["sizes"]), found["counts"]))
+    for h, w in sorted(set(have) | set(real)):
+        if have.get((h, w), 0) != real.get((h, w), 0):
+            return (f"bucket {h}x{w} holds {real.get((h, w), 0)} records, the metadata says "
+                    f"{have.get((h, w), 0)} (damaged or forged store)")
+    return None
+
+
+def index_faults(store: Store, k: int, shard: Any, where: str) -> list[str]:
+    """What shard ``k``'s metadata says of its records that their index contradicts: its count
+    of records with row markers, and a bucketed store's buckets (the shard's own metadata and,
+    in a folder store, its manifest entry) against its records' sizes."""
+    out = []
+    entry = store.meta["shards"][k] if store.meta["kind"] == "sharded" else None
+    offsets = shard.row_offsets
+    marked = 0 if offsets is None else int(np.count_nonzero(np.diff(offsets)))
+    for what, said in (("metadata", shard.meta), ("manifest entry", entry)):
+        if said is not None and said.get("row_markers", 0) != marked:
+            out.append(f"{where}: its {what} counts {said.get('row_markers', 0)} records with "
+                       f"row markers, its row index {marked} (damaged or forged store)")
+    spec = store.settings.get(bucketmeta.KEY)
+    if spec is not None:
+        found = bucketmeta.histogram(spec, shard.heights, shard.widths)
+        # a manifest entry may leave the shard's buckets out (the manifest sums them)
+        for what, said in (("metadata", shard.meta), ("manifest entry", entry)):
+            if said is None or (said is entry and bucketmeta.KEY not in said):
+                continue
+            msg = bucket_difference(said.get(bucketmeta.KEY), found)
+            if msg is not None:
+                out.append(f"{where}: its {what}'s buckets differ from its records' sizes: {msg}")
+    return out
+
+
 @dataclass
 class VerifyReport:
     path: str
@@ -84,6 +122,11 @@ def verify(path: str | os.PathLike, progress: bool = False, *,
            storage_options: dict[str, Any] | None = None) -> VerifyReport:
     """Check checksums of shard files, metadata consistency, and decode every record.
 
+    What the index and metadata say is re-derived from the records themselves, since a forged
+    store may carry recomputed checksums: each JPEG record's row index against its own restart
+    markers (and each shard's count of such records), and a bucketed store's ``buckets``
+    (sizes and counts, per shard and for the store) against the records' heights and widths.
+
     Faults are collected (up to ``MAX_FAULTS``) rather than raised, so one run lists them all.
     A store that cannot be opened at all raises ``StoreError``. A remote store's shards are
     fetched into ``cache_dir`` one at a time (each released before the next).
@@ -99,6 +142,8 @@ def verify(path: str | os.PathLike, progress: bool = False, *,
 
     n_classes = len(store.classes)
     labels_seen = []
+    spec = store.settings.get(bucketmeta.KEY)
+    held: list[dict[str, Any]] = []  # each shard's buckets, from its records' sizes
     bar = progress_bar(store.count, progress, "verify", unit="rec")
     try:
         store.attach()  # a folder store: its lock keeps the files read below in place
@@ -133,6 +178,10 @@ def verify(path: str | os.PathLike, progress: bool = False, *,
                 fault(f"{where}: labels of a store without classes must be -1")
             elif len(labels) and n_classes and (labels.min() < 0 or labels.max() >= n_classes):
                 fault(f"{where}: labels outside 0..{n_classes - 1}")
+            for msg in index_faults(store, k, shard, where):
+                fault(msg)
+            if spec is not None:
+                held.append(bucketmeta.histogram(spec, shard.heights, shard.widths))
             with shard.reader.records() as get:
                 for local in range(entry.count):
                     try:
@@ -149,6 +198,11 @@ def verify(path: str | os.PathLike, progress: bool = False, *,
                     fault("labels.npy disagrees with the labels stored in the shards")
             except StoreError as exc:
                 fault(str(exc))
+        if spec is not None and not report.faults and store.meta["kind"] == "sharded":
+            msg = bucket_difference(store.meta.get(bucketmeta.KEY),
+                                    bucketmeta.merge(spec, held))
+            if msg is not None:
+                fault(f"{store.path}: the manifest's buckets differ from the records' sizes: {msg}")
         if report.records != store.count and not report.faults:
             fault(f"read {report.records} records, metadata says {store.count}")
     finally:
