@@ -68,9 +68,9 @@ def dct_difference(path: str, fast: bool) -> tuple[float, float, int]:
     """Mean |difference| per image between DCT-scaled and full-size decoding of the same boxes:
     (mean over images, worst image, images decoded scaled)."""
     kwargs = dict(crop=CROP, crop_mode="random_resized", flip=0.5, fast_decode=fast)
-    scaled, full = ShardDataset(path, **kwargs), ShardDataset(path, dct_scale=False, **kwargs)
+    scaled, full = ShardDataset(path, dct_scale=True, **kwargs), ShardDataset(path, **kwargs)
     shard = scaled.store.shard(0)
-    recipe = augment.Recipe(CROP, "random_resized", flip=0.5)  # the same draws, to count them
+    recipe = augment.Recipe(CROP, "random_resized", flip=0.5, dct_scale=True)  # to count them
     torch.manual_seed(0)
     plans = [recipe.draw(int(shard.heights[i]), int(shard.widths[i])) for i in range(len(scaled))]
     torch.manual_seed(0)
@@ -109,10 +109,10 @@ def main() -> int:
                 shardkit.pack(src, out, size=size, workers=1, progress=False)
         recipe = dict(crop=CROP, crop_mode="random_resized", flip=0.5, fast_decode=fast)
         configs = {
-            "1600x1200 packed at size 0, recipe at decode, DCT-scaled (default)":
+            "1600x1200 packed at size 0, recipe at decode, DCT-scaled (dct_scale=True)":
+                ShardDataset(large, dct_scale=True, **recipe),
+            "1600x1200 packed at size 0, recipe at decode, full size (default)":
                 ShardDataset(large, **recipe),
-            "1600x1200 packed at size 0, recipe at decode, dct_scale=False":
-                ShardDataset(large, dct_scale=False, **recipe),
             "1600x1200 packed at size 0, recipe as a per-sample transform":
                 ShardDataset(large, transform=transform, fast_decode=fast),
             "photos packed at 256, recipe at decode": ShardDataset(packed256, **recipe),

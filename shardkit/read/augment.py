@@ -12,10 +12,12 @@ the record, resizes the box with the kernel torchvision v2 uses on uint8 tensors
 elsewhere) straight into ``out`` and flips it (a flipped JPEG is decoded BGR and each resized
 row written back to front: the mirror image in RGB, in one pass).
 
-A JPEG whose box is at least twice the output size on both sides is decoded DCT-scaled (1/2, 1/4
-or 1/8: the factors libjpeg-turbo decodes faster than full size), the box mapped onto the smaller
-image, unless the recipe says ``dct_scale=False``. The pixels then differ slightly from
-torchvision's; with stores packed at 256 (the default) a 224 crop never qualifies.
+With ``dct_scale`` (an opt-in speed option; off by default, so every pixel is torchvision's) a
+JPEG whose box is at least twice the output size on both sides is decoded DCT-scaled (1/2, 1/4
+or 1/8: the factors libjpeg-turbo decodes faster than full size), the box mapped onto the
+smaller image. The pixels then differ from torchvision's: the box's edges move by up to half a
+scaled pixel and libjpeg's scaling does part of the downsizing. Small outputs qualify on any
+store (a 64 px crop from a box of 128 px or more of a store packed at 256).
 
 Several views of one sample (``View``: self-supervised multi-crop) are one recipe each, drawn one
 after the other per sample (``draw_views``: what ``Compose([RandomResizedCrop, RandomHorizontalFlip])``
@@ -134,7 +136,7 @@ class View:
             raise OptionError(f"View flip must be a probability between 0 and 1, got {flip!r}")
         object.__setattr__(self, "flip", float(flip))
 
-    def recipe(self, dct_scale: bool = True) -> "Recipe":
+    def recipe(self, dct_scale: bool = False) -> "Recipe":
         """The recipe that draws this view's box and flip (its flip drawn even at 0, as
         ``RandomHorizontalFlip(0)`` draws)."""
         return Recipe(self.size, "random_resized", self.scale, self.ratio, self.flip, dct_scale,
@@ -158,7 +160,7 @@ class Recipe:
     def __init__(self, size: int | tuple[int, int], mode: str,
                  scale: Sequence[float] = (0.08, 1.0),
                  ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip: float = 0.0,
-                 dct_scale: bool = True, always_draw_flip: bool = False) -> None:
+                 dct_scale: bool = False, always_draw_flip: bool = False) -> None:
         # ``size``: the output, square or (height, width) (``random_resized`` only).
         self.out = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
         self.size = size if isinstance(size, int) else self.out[0]
@@ -271,7 +273,7 @@ def draw_views(recipes: Sequence[Recipe], sizes: Sequence[Sequence[int]],
 
 
 def recipe(crop: int | None, mode: str, scale: Sequence[float], ratio: Sequence[float],
-           flip: float, dct_scale: bool = True) -> Recipe | None:
+           flip: float, dct_scale: bool = False) -> Recipe | None:
     """A dataset's ``Recipe``, or None for a plain centre crop (the fast path draws nothing)."""
     if mode not in codec.CROP_MODES:
         raise OptionError(f"crop_mode must be one of {codec.CROP_MODES}, got {mode!r}")

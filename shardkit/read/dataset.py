@@ -75,10 +75,14 @@ class ShardDataset(OpenedInWorkers, Dataset):
             workers or threads and after a resume.
         scale, ratio: ``RandomResizedCrop``'s area and aspect-ratio ranges.
         flip: probability of a horizontal flip per sample (``RandomHorizontalFlip(flip)``).
-        dct_scale: decode a JPEG at 1/2, 1/4 or 1/8 size when the crop box is at least that many
-            times the output (faster, pixels a little off torchvision's); False: always full size.
-            None (default): True with ``crop``, False with ``views`` (exact; a record is decoded
-            once, at the smallest scale any of its views allows).
+        dct_scale: opt-in speed option: decode a JPEG at 1/2, 1/4 or 1/8 size when the crop box
+            is at least that many times the output on both sides (a small output from a large
+            box: also a 64-96 px crop of a store packed at 256), the box mapped onto the smaller
+            image. Faster, but not torchvision's pixels: the box edges move by up to half a
+            scaled pixel and libjpeg's DCT scaling replaces part of the anti-aliased resize (see
+            ``docs/training-recipe.md``, *Reduced-scale decode*). False (default): every crop
+            decoded at full size, every pixel torchvision's. With ``views`` a record is decoded
+            once, at the smallest scale any of its views allows.
         threads: decode a batch with this many threads, the calling thread being one of them (0
             or 1: in the calling thread only). Wins when the DataLoader runs with
             ``num_workers=0`` and the training step leaves the CPU idle (a GPU step); worker
@@ -128,7 +132,7 @@ class ShardDataset(OpenedInWorkers, Dataset):
                  max_open_shards: int | None = None,
                  scale: Sequence[float] = (0.08, 1.0),
                  ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip: float = 0.0,
-                 dct_scale: bool | None = None, cache_dir: str | os.PathLike | None = None,
+                 dct_scale: bool = False, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | None = None,
                  storage_options: dict[str, Any] | None = None,
                  fields: Sequence[str] | None = None, transforms: Callable | None = None,
@@ -155,7 +159,7 @@ class ShardDataset(OpenedInWorkers, Dataset):
                 raise OptionError("views cannot be used with crop, crop_mode, scale, ratio, "
                                   "flip (each View has its own) or output='bytes'")
         fanout = Fanout(threads)
-        dct_scale = (views is None) if dct_scale is None else bool(dct_scale)
+        dct_scale = bool(dct_scale)
         recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale)
         # Through the pack's record layout: ds[i] is logical record i wherever its shard holds it.
         self.store = open_layout(Store(path, max_open_shards, cache_dir=cache_dir,
@@ -217,7 +221,7 @@ class ShardDataset(OpenedInWorkers, Dataset):
     def with_recipe(self, crop: int, crop_mode: codec.CropMode = "center",
                     scale: Sequence[float] = (0.08, 1.0),
                     ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip: float = 0.0,
-                    dct_scale: bool = True) -> "ShardDataset":
+                    dct_scale: bool = False) -> "ShardDataset":
         """This dataset (same store, output, options), cropping at decode with another recipe:
         what ``ShardDataset(path, crop=crop, crop_mode=..., ...)`` with the same other arguments
         gives. The copy shares the store's handles (``close()`` on either closes both)."""

@@ -361,17 +361,52 @@ def test_dct_factor_keeps_the_box_at_least_the_output_size():
     assert augment.dct_factor(256, 256, 224) == 1  # stores packed at 256: never scaled
 
 
+def test_small_outputs_decode_at_full_size_unless_dct_scale_is_asked(stores):
+    """A 64 px random-resized crop of a store packed at 256: most boxes are at least twice the
+    output, which ``dct_scale=True`` decodes at a reduced scale (other pixels). By default every
+    sample, item or batch, is the full-size decode's box resized with torchvision's kernel."""
+    path, out = stores["lmdb"], 64
+    raw = ShardDataset(path, output="bytes")
+    shard = raw.store.shard(0)
+    sizes = list(zip(shard.heights.tolist(), shard.widths.tolist()))
+    kwargs = dict(crop=out, crop_mode="random_resized", flip=0.5)
+    ds, scaled = ShardDataset(path, **kwargs), ShardDataset(path, dct_scale=True, **kwargs)
+    recipe = augment.Recipe(out, "random_resized", flip=0.5, dct_scale=True)  # which qualify
+    qualifying = differing = 0
+    for seed in range(2):
+        torch.manual_seed(seed)
+        plans = [recipe.draw(h, w) for h, w in sizes]
+        torch.manual_seed(seed)
+        items = [ds[i][0] for i in range(len(sizes))]
+        torch.manual_seed(seed)
+        batch = ds.__getitems__(range(len(sizes))).images
+        torch.manual_seed(seed)
+        fast = [scaled[i][0] for i in range(len(sizes))]
+        for i, ((h, w), plan) in enumerate(zip(sizes, plans)):
+            full = codec.decode(raw[i][0], "jpeg", h, w)
+            exact = reference_resize(full[plan.top:plan.top + plan.height,
+                                          plan.left:plan.left + plan.width], out)
+            exact = torch.from_numpy(np.ascontiguousarray(exact[:, ::-1] if plan.flip
+                                                          else exact)).permute(2, 0, 1)
+            assert torch.equal(items[i], exact) and torch.equal(batch[i], exact), (seed, i)
+            qualifying += plan.dct > 1
+            differing += not torch.equal(fast[i], exact)
+    # the case is one the option changes: most boxes qualify and most of those come out other
+    assert qualifying > len(sizes) and differing > qualifying // 2
+
+
 def test_large_records_decode_dct_scaled_close_to_full_size(stores):
-    """Boxes at least twice the output size decode at 1/2, 1/4 or 1/8, and the dataset does so;
-    the result stays within the measured distance of the full-size decode."""
+    """With ``dct_scale=True``, boxes at least twice the output size decode at 1/2, 1/4 or 1/8,
+    and the dataset does so; the result stays within the measured distance of the full-size
+    decode (the default)."""
     path = stores["big"]
     raw = ShardDataset(path, output="bytes")
     shard = raw.store.shard(0)
     sizes = list(zip(shard.heights.tolist(), shard.widths.tolist()))
     kwargs = dict(crop=224, crop_mode="random_resized", scale=(0.01, 1.0), flip=0.5)
-    ds = ShardDataset(path, **kwargs)
-    full_size = ShardDataset(path, **kwargs, dct_scale=False)
-    recipe = augment.Recipe(224, "random_resized", scale=(0.01, 1.0), flip=0.5)
+    ds = ShardDataset(path, **kwargs, dct_scale=True)
+    full_size = ShardDataset(path, **kwargs)
+    recipe = augment.Recipe(224, "random_resized", scale=(0.01, 1.0), flip=0.5, dct_scale=True)
     factors, means, worst = [], [], 0
     for seed in range(24):
         torch.manual_seed(seed)

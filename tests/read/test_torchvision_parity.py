@@ -93,7 +93,7 @@ def probe(tv_python, tmp_path_factory) -> dict:
     resized = np.flatnonzero(short == 256).tolist()  # sources at least 256: resized when packed
 
     def recipe(store: str, mode: str, crop: int, seeds: list[int], flip: float = 0.5,
-               scale=(0.08, 1.0), ratio=RATIO, indices=None, dct_scale=True) -> dict:
+               scale=(0.08, 1.0), ratio=RATIO, indices=None, dct_scale=None) -> dict:
         return {"check": "recipe", "store": stores[store], "mode": mode, "crop": crop,
                 "scale": list(scale), "ratio": list(ratio), "flip": flip, "seeds": seeds,
                 "indices": indices, "dct_scale": dct_scale}
@@ -105,10 +105,9 @@ def probe(tv_python, tmp_path_factory) -> dict:
         # fail and torchvision's central fallback (ratio clamped) decides.
         "fallback": recipe("lmdb", "random_resized", 224, SEEDS[:3], scale=(0.9, 1.0),
                            ratio=(0.9, 1.1)),
-        # Boxes of 192+ px would decode DCT-scaled for a 96 px output: dct_scale=False keeps
-        # every box at full size.
-        "small_output": recipe("lmdb", "random_resized", 96, SEEDS[:2], flip=1.0,
-                               dct_scale=False),
+        # A 64 px output from boxes of 128+ px: the default decodes them at full size (with
+        # dct_scale=True most would decode at a reduced scale, other pixels).
+        "small_output": recipe("lmdb", "random_resized", 64, SEEDS[:2], flip=1.0),
         # RandomCrop needs images at least the crop; 256 is also every resized image's short
         # side, where RandomCrop draws nothing.
         "random": recipe("lmdb", "random", 256, SEEDS[:3], flip=0.3, indices=resized),

@@ -65,8 +65,9 @@ def check_recipe(cfg: dict) -> dict:
     scale, ratio, flip = tuple(cfg["scale"]), tuple(cfg["ratio"]), cfg["flip"]
     full = ShardDataset(path)
     indices = cfg.get("indices") or list(range(len(full)))
-    kwargs = dict(crop=crop, crop_mode=mode, scale=scale, ratio=ratio, flip=flip,
-                  dct_scale=cfg.get("dct_scale", True))
+    kwargs = dict(crop=crop, crop_mode=mode, scale=scale, ratio=ratio, flip=flip)
+    if cfg.get("dct_scale") is not None:  # else shardkit's default
+        kwargs["dct_scale"] = cfg["dct_scale"]
     paths = {"batch": ShardDataset(path, **kwargs),
              "batch_threads2": ShardDataset(path, threads=2, **kwargs),
              "batch_numpy": ShardDataset(path, output="numpy", **kwargs),
