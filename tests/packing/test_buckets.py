@@ -33,10 +33,12 @@ from shardkit.read.store import Store
 SIDE, STEP = 256, 32
 FIELDS = ["original_size", "crop_top_left", "target_size"]
 # (width, height) of the shared PNG sources: landscape, portrait, wide, tall, square, exactly a
-# bucket, small (its own size in steps), under the step (skipped)
+# bucket, small (its own size in steps), smaller than its bucket on one side only (its own size
+# too), under the step (skipped)
 SOURCES = {"a/land.png": (400, 300), "a/port.png": (300, 400), "a/wide.png": (700, 210),
            "b/tall.png": (230, 690), "b/square.png": (333, 333), "b/exact.png": (288, 224),
-           "b/small.png": (150, 100), "b/thin.png": (20, 300)}
+           "b/small.png": (150, 100), "a/half.png": (340, 170), "b/thin.png": (20, 300)}
+OWN_SIZE = ("b/small.png", "a/half.png")  # not resized without bucket_upscale
 EXIF_RAW = (400, 200)  # b/exif.jpg: raw 400x200 with orientation 6, shown 200 wide, 400 tall
 
 
@@ -157,7 +159,7 @@ def test_every_record_is_its_bucket_and_its_pixels_are_resize_then_center_crop(s
             want = resize_rgb(source, resized[1], resized[0]) if resized != (height, width) \
                 else source
             assert np.array_equal(pixels, want[top:top + bucket[0], left:left + bucket[1]]), rel
-        if rel != "b/small.png":
+        if rel not in OWN_SIZE:
             assert bucket in sizes and min(b / s for b, s in zip(bucket, (height, width))) <= 1
     # the odd excess anchors as v2's CenterCrop does (round half to even)
     assert got["b/square.png"][1]["target_size"] == [256, 256]
@@ -184,7 +186,7 @@ def test_exif_rotated_source_buckets_by_its_oriented_size(stores):
     assert pixels.shape == (352, 160, 3)  # w/h 0.5: 352x160 (0.45) beats 384x160 (0.42)
 
 
-def test_small_sources_are_not_upscaled_unless_asked(stores):
+def test_small_sources_are_not_upscaled_unless_asked(src, stores):
     own = records(stores["single"])["b/small.png"][1]  # 150 wide, 100 tall
     nearest_bucket = nearest(kohya(SIDE, STEP), 100, 150)
     assert nearest_bucket == (192, 320)  # larger than the source on both sides
@@ -198,6 +200,15 @@ def test_small_sources_are_not_upscaled_unless_asked(stores):
         assert fields["crop_top_left"] == list(anchor)
     assert up["b/small.png"][1]["target_size"] == [192, 320]
     assert up["b/small.png"][1]["crop_top_left"] == [11, 0]  # 150 -> 320 wide, 100 -> 214 tall
+    # 340 wide, 170 tall: its nearest bucket, 160x352, is lower than the source and wider.
+    # Without upscaling the source keeps its size, cut to 160x320 (its width in steps); with
+    # it, resized to 176x352 to cover the bucket.
+    assert nearest(kohya(SIDE, STEP), 170, 340) == (160, 352)
+    half = records(stores["single"])["a/half.png"]
+    assert half[1]["target_size"] == [160, 320] and half[1]["crop_top_left"] == [5, 10]
+    assert np.array_equal(half[0], oriented_pixels(src, "a/half.png")[5:165, 10:330])
+    assert up["a/half.png"][1]["target_size"] == [160, 352]
+    assert up["a/half.png"][1]["crop_top_left"] == [8, 0]
     assert Store(stores["upscale"]).meta["buckets"]["upscale"] is True
 
 
