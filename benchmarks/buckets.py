@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Aspect-ratio buckets (issue 27): how much the bucket crop cuts, how fast a bucketed store
+"""Aspect-ratio buckets: how much the bucket crop cuts, how fast a bucketed store
 reads against what training scripts do today, and what bucketing costs at pack time.
 
 Photos: ``shardkit.bench.sample.photo_like`` content at common photo aspect ratios (1:1, 5:4,
@@ -113,7 +113,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=300, help="photos [300]")
     parser.add_argument("--side", type=int, default=1024, help="the bucket side: area side^2 "
-                        "[1024, SDXL's]")
+                        "[1024]")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers, and pack "
                         "workers [2]")
     parser.add_argument("--batch-size", type=int, default=8, help="[8]")

@@ -10,7 +10,8 @@ speed hits all of them. Printed per configuration: median images/s (wall clock) 
 per image (this process's CPU time: less sensitive to other load on the machine); the ratios are
 of images per CPU second. The torchvision row is ``ShardDataset(path, transform=...)`` whose
 transform applies each view's ``v2.Compose([RandomResizedCrop(size, scale, antialias=True),
-RandomHorizontalFlip()])`` in turn (DINO's ``DataAugmentation``): run it with the torchvision
+RandomHorizontalFlip()])`` in turn (the crop and flip of DINO's ``DataAugmentationDINO``,
+bilinear where DINO's is bicubic, without its colour steps): run it with the torchvision
 environment. Images: ``shardkit.bench.sample.make_sample`` photos packed at 256 (the default).
 
     .venv-tv/bin/python benchmarks/views.py > benchmarks/results/views.txt

@@ -3,8 +3,9 @@
 
 Each sample comes as ``2`` global views and ``--locals`` local views, all cut from one decode of
 its record (``ShardDataset(path, views=[View(...), ...])``): exactly torchvision v2's
-``RandomResizedCrop`` + ``RandomHorizontalFlip`` of each view in turn, as DINO's
-``DataAugmentation`` makes them. The student sees every view, the teacher (an exponential moving
+``RandomResizedCrop`` + ``RandomHorizontalFlip`` of each view in turn. That is the crop and flip
+of DINO's ``DataAugmentationDINO``; DINO resizes with PIL's bicubic filter and adds colour jitter,
+grayscale, blur and solarisation, left out of this small loop. The student sees every view, the teacher (an exponential moving
 average of the student) the global ones; the loss is DINO's cross-entropy between the teacher's
 centred, sharpened output and the student's, over pairs of different views.
 

@@ -85,9 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=_positive_int, default=None,
                    help="resize the shorter side to this (never upscale; 0 keeps size) [256]")
     p.add_argument("--buckets", type=_buckets, metavar="SIDE|HxW,...",
-                   help="aspect-ratio buckets instead of --size: SDXL/kohya's set on an area of "
-                   "SIDE x SIDE (e.g. 1024), or a list of HEIGHTxWIDTH sizes; each image is "
-                   "resized to cover its nearest bucket and centre-cropped to it")
+                   help="aspect-ratio buckets instead of --size: sides in steps of --bucket-step, "
+                   "area at most SIDE x SIDE, ratios within 1:4..4:1 (1024: kohya's "
+                   "make_bucket_resolutions with min 512, max 2048, step 64; 33 of SDXL's "
+                   "40 sizes), or a list of HEIGHTxWIDTH sizes; each image is resized to "
+                   "cover its nearest bucket and centre-cropped to it")
     p.add_argument("--bucket-step", type=_positive_int, default=None, metavar="N",
                    help="bucket sides in steps of N [64]")
     p.add_argument("--bucket-upscale", action="store_true",

@@ -1,18 +1,22 @@
 """Aspect-ratio buckets at pack time: each image is stored at the resolution it trains at.
 
-The bucket set (``buckets=N``, rule ``"kohya"``): kohya sd-scripts' ``make_bucket_resolutions``
-as SDXL uses it, on an area of ``N * N`` pixels. For every width ``w`` that is a multiple of
-``step`` from ``step`` up to ``2 * N``, the height is the largest multiple of ``step`` with
-``w * h <= N * N``; ``(h, w)`` and ``(w, h)`` are both buckets, kept when the aspect ratio lies
-within 1:4..4:1 (that bound, not a minimum side, is what limits the sides: from ``N / 2`` to
-``2 * N``). For 1024 and step 64 that is SDXL's list (512x2048 ... 1024x1024 ... 2048x512). An
-explicit list of ``(height, width)`` sizes (rule ``"list"``) replaces the set.
+The bucket set (``buckets=N``, rule ``"kohya"``), on an area of ``N * N`` pixels: for every width
+``w`` that is a multiple of ``step`` from ``step`` up to ``2 * N``, the height is the largest
+multiple of ``step`` with ``w * h <= N * N``; ``(h, w)`` and ``(w, h)`` are both buckets, kept
+when the aspect ratio lies within 1:4..4:1 (that bound, not a minimum side, is what limits the
+sides: from ``N / 2`` to ``2 * N``). Where ``N`` is a multiple of ``2 * step`` this is exactly
+kohya sd-scripts' ``make_bucket_resolutions((N, N), min_size=N / 2, max_size=2 * N,
+divisible=step)`` (not its defaults, 256 and 1024). For 1024 and step 64: 33 sizes from 512x2048
+to 2048x512, 33 of the 40 sizes SDXL lists (without its 960x1024, 1024x960, 896x1088,
+1088x896, 832x1152, 1152x832 and 1344x704, height x width), so an image nearest one of those
+ratios lands in a neighbour. An explicit list of ``(height, width)`` sizes (rule ``"list"``)
+replaces the set: SDXL's own list, say.
 
 Assignment (:meth:`BucketSpec.place`), on the EXIF-oriented source of ``height`` x ``width``:
 
-1. The bucket whose aspect ratio is nearest: kohya's measure, the absolute difference of the
-   ``width / height`` ratios (``|bw / bh - W / H|``); a tie goes to the first in ``(h, w)``
-   order.
+1. The bucket whose aspect ratio is nearest: the absolute difference of the ``width / height``
+   ratios (``|bw / bh - W / H|``), as kohya's ``BucketManager.select_bucket`` measures it; a tie
+   goes to the first in ``(h, w)`` order (kohya's: the first in its ``(w, h)`` order).
 2. The image is resized, never squashed, so that it covers the bucket: one scale factor, the
    smallest that makes both sides at least the bucket's. In integers: the side that binds
    becomes the bucket's exactly and the other ``ceil`` of the scaled side (so it always covers).
@@ -22,15 +26,23 @@ Assignment (:meth:`BucketSpec.place`), on the EXIF-oriented source of ``height``
    excess starts the crop at 2, not 1). So the record is ``v2.Resize(size=(rh, rw))`` followed
    by ``v2.CenterCrop((bh, bw))`` of the oriented source, and boxes and masks move with exactly
    that arithmetic (:mod:`shardkit.fields.geometry`; :class:`BucketFields`).
-4. No upscaling (kohya's ``bucket_no_upscale``): a source smaller than its bucket on either side
-   is not resized; it is centre-cropped to its own size cut down to multiples of ``step`` (and
-   to the bucket's side where it is larger there: a record is never larger than the bucket it
-   was assigned), a bucket of its own. A source under ``step`` on a side is skipped with the
-   reason. ``upscale=True`` resizes it up to cover its bucket instead.
+4. No upscaling (the default): a source smaller than its bucket on either side is not resized;
+   it is centre-cropped to its own size cut down to multiples of ``step`` (and to the bucket's
+   side where it is larger there: a record is never larger than the bucket it was assigned), a
+   bucket of its own. A source under ``step`` on a side is skipped with the reason.
+   ``upscale=True`` resizes it up to cover its bucket instead. This is not kohya's
+   ``bucket_no_upscale``, which never resizes a source of at most ``N * N`` pixels but cuts
+   each side down to the step (this rule's record has that size where it fits inside the
+   source's bucket; otherwise a side is cut to the bucket's, or a source at least its bucket's
+   size is resized to cover it), and gives a larger source a bucket of its own (resized to the
+   area at its own ratio, each side cut down to the step), where this rule resizes it to cover
+   the nearest bucket.
 
 Per record the store keeps ``original_size`` (the oriented source's (height, width)),
-``crop_top_left`` ((top, left) of the crop in the resized image) and ``target_size`` (the
-bucket): SDXL's micro-conditioning. The store's metadata ``buckets`` lists the buckets that hold
+``crop_top_left`` ((top, left) of the crop in the resized image, as diffusers' SDXL training
+script computes it for its centre crop; kohya's ``get_crop_ltrb`` gives other values: the offset
+of the image fitted inside the bucket) and ``target_size`` (the bucket): SDXL's
+micro-conditioning inputs. The store's metadata ``buckets`` lists the buckets that hold
 records and how many (:mod:`shardkit.bucketmeta`).
 """
 

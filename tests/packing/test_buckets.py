@@ -1,4 +1,4 @@
-"""Aspect-ratio buckets at pack time (issue 27, store side): the bucket set, the nearest-aspect
+"""Aspect-ratio buckets at pack time (store side): the bucket set, the nearest-aspect
 rule, resize-to-cover + v2 CenterCrop's anchor, no upscaling unless asked, EXIF orientation,
 the per-record fields, the metadata's histogram (and a forged one refused), COCO boxes and masks
 (against torchvision v2 in ``.venv-tv``), a WebDataset source, the CLI and its option errors.
@@ -13,6 +13,7 @@ import io
 import json
 import math
 import os
+import re
 import tarfile
 from fractions import Fraction
 
@@ -39,6 +40,7 @@ SOURCES = {"a/land.png": (400, 300), "a/port.png": (300, 400), "a/wide.png": (70
            "b/tall.png": (230, 690), "b/square.png": (333, 333), "b/exact.png": (288, 224),
            "b/small.png": (150, 100), "a/half.png": (340, 170), "b/thin.png": (20, 300)}
 OWN_SIZE = ("b/small.png", "a/half.png")  # not resized without bucket_upscale
+DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs")
 EXIF_RAW = (400, 200)  # b/exif.jpg: raw 400x200 with orientation 6, shown 200 wide, 400 tall
 
 
@@ -116,15 +118,122 @@ def records(store: str) -> dict[str, tuple[np.ndarray, dict]]:
                         for k, v in ds[i][1].items()}) for i in range(len(ds))}
 
 
-def test_the_1024_set_is_kohyas_rule_and_sdxls_list():
+# SDXL's 40 training sizes, (height, width)
+SDXL = [(2048, 512), (1984, 512), (1920, 512), (1856, 512), (1792, 576), (1728, 576), (1664, 576),
+        (1600, 640), (1536, 640), (1472, 704), (1408, 704), (1344, 704), (1344, 768), (1280, 768),
+        (1216, 832), (1152, 832), (1152, 896), (1088, 896), (1088, 960), (1024, 960),
+        (1024, 1024), (960, 1024), (960, 1088), (896, 1088), (896, 1152), (832, 1152),
+        (832, 1216), (768, 1280), (768, 1344), (704, 1408), (704, 1472), (640, 1536),
+        (640, 1600), (576, 1664), (576, 1728), (576, 1792), (512, 1856), (512, 1920),
+        (512, 1984), (512, 2048)]
+
+
+def kohya_resolutions(side: int, min_size: int, max_size: int, step: int) -> set[tuple[int, int]]:
+    """kohya sd-scripts' ``make_bucket_resolutions((side, side), min_size, max_size, step)``
+    restated from its text, as (height, width): the square of the area's side cut down to the
+    step; then for each width from ``min_size`` in steps up to ``max_size``, the height is
+    ``area // width`` cut down to the step and capped at ``max_size``, kept (both turns) if it
+    is at least ``min_size``."""
+    area = side * side
+    out = {(math.isqrt(area) // step * step,) * 2}
+    for w in range(min_size, max_size + 1, step):
+        h = min(max_size, area // w // step * step)
+        if h >= min_size:
+            out |= {(h, w), (w, h)}
+    return out
+
+
+def buckets_doc() -> str:
+    from shardkit.packing import buckets
+
+    return buckets.__doc__
+
+
+def kohya_no_upscale_bucket(height: int, width: int, side: int, step: int) -> tuple[int, int]:
+    """The bucket kohya's ``bucket_no_upscale`` gives a source of at most ``side * side``
+    pixels: its own size, each side cut down to the step (a larger one is resized to the area
+    first, which this does not restate)."""
+    assert height * width <= side * side
+    return height - height % step, width - width % step
+
+
+def test_the_1024_set_is_kohyas_rule_at_min_512_max_2048_and_not_sdxls_list():
     spec = make_spec(1024, 64, False)
+    assert set(spec.sizes) == kohya_resolutions(1024, 512, 2048, 64) and len(spec.sizes) == 33
     assert list(spec.sizes) == kohya(1024, 64)
-    assert spec.area == 1024 * 1024 and len(spec.sizes) == 33
-    # SDXL's published training resolutions (height, width) are all in it
-    for size in [(1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344, 768),
-                 (768, 1344), (1536, 640), (640, 1536), (512, 2048), (2048, 512)]:
-        assert size in spec.sizes
-    assert all(h * w <= 1024 * 1024 and h % 64 == 0 == w % 64 for h, w in spec.sizes)
+    # not kohya's defaults (256 and 1024), and not SDXL's list: 33 of its 40 sizes
+    assert set(spec.sizes) != kohya_resolutions(1024, 256, 1024, 64)
+    assert len(SDXL) == len(set(SDXL)) == 40 and set(spec.sizes) < set(SDXL)
+    missing = sorted(set(SDXL) - set(spec.sizes))
+    assert len(set(SDXL) & set(spec.sizes)) == 33 and missing == [
+        (832, 1152), (896, 1088), (960, 1024), (1024, 960), (1088, 896), (1152, 832),
+        (1344, 704)]
+    # any side that is a multiple of twice the step: kohya's rule at N/2 and 2N
+    for step in (16, 32, 64):
+        for side in range(2 * step, 2049, 2 * step):
+            assert set(make_spec(side, step, False).sizes) == kohya_resolutions(
+                side, side // 2, 2 * side, step), (side, step)
+    # what the docs and the CLI's help say is exactly this
+    pages = {name: open(os.path.join(DOCS, name)).read() for name in ("packing.md", "buckets.md")}
+    for name, text in pages.items():
+        flat = " ".join(text.split())
+        assert ("`make_bucket_resolutions((1024, 1024), min_size=512, max_size=2048, "
+                "divisible=64)`") in flat, name
+        assert "33 of the 40 sizes SDXL lists" in flat, name
+        listed = re.search(r"also has ([0-9x, and]+) \(height x width\)", flat)
+        assert listed, name
+        sizes = re.findall(r"(\d+)x(\d+)", listed.group(1))
+        assert sorted((int(h), int(w)) for h, w in sizes) == missing, name
+        assert "SDXL's list" not in flat and "SDXL's buckets" not in flat, name
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command").choices["pack"]
+    assert "kohya's make_bucket_resolutions with min 512, max 2048, step 64; 33 of SDXL's 40 " \
+        "sizes" in " ".join(sub.format_help().split())
+
+
+def test_no_upscale_is_kohyas_only_for_sources_smaller_than_their_bucket():
+    """kohya's ``bucket_no_upscale`` never resizes a source of at most the area: it cuts each
+    side down to the step. shardkit's default record has that size where it fits inside the
+    source's nearest bucket (not resized where the source is smaller than the bucket on a
+    side), and another size elsewhere; over the area kohya resizes to the area at the source's
+    own ratio, shardkit to cover the nearest bucket of the set. As the docs say."""
+    spec = make_spec(SIDE, STEP, False)
+    other = 0
+    for height in range(STEP, 4 * SIDE + 1):
+        for width in range(max(STEP, -(-height // 4)), min(4 * height, SIDE * SIDE // height) + 1):
+            place = spec.place(height, width)
+            (bh, bw), (ch, cw) = spec.nearest(height, width), kohya_no_upscale_bucket(
+                height, width, SIDE, STEP)
+            if ch <= bh and cw <= bw:
+                assert place.size == (ch, cw), (height, width)
+                assert place.resized == (height, width) or (height >= bh and width >= bw)
+            else:
+                other += 1
+                assert place.size != (ch, cw)
+    assert other > 0  # the rules differ there
+    # 1100 wide, 1000 tall at 1024: kohya resizes it to 1056 x 960 and cuts a bucket of its own,
+    # 960 tall and 1024 wide (not in the set); shardkit covers the set's nearest, 960 x 1088
+    assert make_spec(1024, 64, False).place(1000, 1100).size == (960, 1088)
+    for name in ("packing.md", "buckets.md"):
+        flat = " ".join(open(os.path.join(DOCS, name)).read().split())
+        assert "not kohya's `bucket_no_upscale`" in flat, name
+    assert "not kohya's ``bucket_no_upscale``" in " ".join(buckets_doc().split())
+
+
+def test_crop_top_left_is_diffusers_crop_offset_not_kohyas_fit_offset():
+    """``crop_top_left`` is where the crop starts in the resized image, as diffusers' SDXL
+    script computes it (``int(round((resized - size) / 2.0))`` per side); kohya's
+    ``get_crop_ltrb`` gives the offset of the source fitted inside the bucket, another value."""
+    place = make_spec(1024, 64, False).place(3000, 4000)
+    (rh, rw), (bh, bw) = place.resized, place.size
+    assert (place.top, place.left) == (max(0, int(round((rh - bh) / 2.0))),
+                                       max(0, int(round((rw - bw) / 2.0)))) == (0, 22)
+    # kohya: the source's ratio is wider than the bucket's, so it is fitted to the bucket's
+    # width and centred vertically: left 0, top half the height it leaves over
+    fitted_height = bw * 3000 / 4000
+    assert (int((bh - fitted_height) // 2), 0) == (16, 0) != (place.top, place.left)
+    flat = " ".join(open(os.path.join(DOCS, "packing.md")).read().split())
+    assert "as diffusers' SDXL training script computes it for its centre crop; kohya's " \
+        "`get_crop_ltrb` gives other values" in flat
 
 
 def test_nearest_aspect_ratio_is_kohyas_measure():
