@@ -297,3 +297,33 @@ def test_lightning_uses_the_bucket_sampler_as_given_and_sets_its_epoch(ds, tmp_p
         assert model.seen[epoch] == [(labels[b].tolist(), sizes[buckets[b[0]]].tolist())
                                      for b in reference], epoch
     assert model.seen[0] != model.seen[1]  # Lightning called set_epoch
+
+
+def test_random_crops_are_each_samples_own_at_every_world_size(store):
+    """Crops and flips drawn at decode under a ``ds.loader`` follow each batch's place in the
+    global sequence (``drop_last``: 12 full batches, every world size dividing them reads the
+    same ones): at 2 and 4 ranks every sample gets the crop it gets at 1 rank, the ranks read
+    disjoint batches that together are the 1-rank epoch, and no two ranks share a draw seed."""
+    rand = shardkit.ShardDataset(store, crop=16, crop_mode="random_resized", flip=0.5)
+
+    def epoch(world):
+        crops, seeds = {}, []
+        for rank in range(world):
+            sampler = BucketSampler(rand, 4, num_replicas=world, rank=rank, seed=3,
+                                    drop_last=True, num_canonical=4)
+            sampler.set_epoch(1)
+            loader = rand.loader(batch_sampler=sampler,
+                                 generator=torch.Generator().manual_seed(5))
+            seeds += [s for batch in loader._index_sampler for s in batch.seeds.tolist()]
+            for (images, _), idx in zip(loader, list(sampler)):
+                assert not set(idx) & set(crops)  # no sample twice, within or across ranks
+                crops.update(zip(idx, images.clone()))
+        assert len(seeds) == len(set(seeds)) == len(crops)
+        return crops
+
+    one = epoch(1)
+    assert len(one) == 12 * 4
+    for world in (2, 4):
+        got = epoch(world)
+        assert sorted(got) == sorted(one)
+        assert all(torch.equal(got[i], one[i]) for i in one), world
