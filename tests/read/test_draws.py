@@ -170,6 +170,29 @@ def test_a_resumed_epoch_yields_the_same_remaining_batches_pixels_included(store
     assert len(head) + len(tail) == len(loader) and same(again, tail)
 
 
+def test_a_state_saved_at_an_epochs_end_resumes_with_the_next_epochs_draws(store):
+    """Saved after the last batch of an epoch (a sampler without an epoch of its own: the loader
+    counts epochs), a fresh loader resumes into the next epoch and draws what the uninterrupted
+    loader's second epoch drew, not the first epoch's boxes again."""
+    ds = shardkit.ShardDataset(store, **CROP)
+
+    def make():
+        return ds.loader(batch_size=5, sampler=range(len(ds)))
+
+    torch.manual_seed(1)
+    loader = make()
+    first, second = images_of(loader, seed=None), images_of(loader, seed=None)
+    assert not any(torch.equal(a, b) for a, b in zip(samples(first), samples(second)))
+    torch.manual_seed(1)
+    ended = make()
+    assert same(images_of(ended, seed=None), first)
+    state = roundtrip(ended.state_dict())
+    torch.manual_seed(99)  # a new process: the state's seed and epoch replace its own
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert same(images_of(resumed, seed=None), second)
+
+
 def test_an_elastic_resume_keeps_each_samples_draws(store):
     """Saved at 2 ranks after 2 batches each, resumed at 4: each remaining sample (no padding:
     24 samples) gets the pixels it got in the uninterrupted 2-rank run, and no two ranks ever
