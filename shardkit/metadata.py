@@ -28,6 +28,11 @@ MAX_META_BYTES = 1 << 30
 #: it is read. A shard's entry takes about 190 bytes and a skipped source about 120, so 1M shards
 #: and 1M skipped sources come to ~310 MB: 512 MiB leaves headroom over that.
 MAX_MANIFEST_BYTES = 512 << 20
+#: The longest string (a class name, a path, a skip reason, ...) metadata may hold: bytes as
+#: written in the JSON, escapes included. Checked on the raw bytes before they are parsed, so a
+#: forged 100 MB class name costs a scan, not the copies that parsing and the seal's check make
+#: of it. A path or a reason is a few kB at most.
+MAX_STRING_BYTES = 1 << 16
 
 # Per-record index arrays every shard holds (name -> dtype); path_blob/path_offsets hold the
 # UTF-8 (surrogate-escaped) source paths back to back.
@@ -54,10 +59,16 @@ def seal(obj: dict[str, Any]) -> dict[str, Any]:
     """``obj`` plus its own checksum: CRC32 of its canonical JSON (``dumps``) without the seal.
 
     Shard metadata and manifests are sealed, so a damaged byte that still leaves valid JSON (a
-    class name, a count, a setting) is refused instead of read as different data.
+    class name, a count, a setting) is refused instead of read as different data. ValueError
+    for a string over ``MAX_STRING_BYTES``, which no reader would accept: shardkit never writes
+    a store it cannot read.
     """
     body = {k: v for k, v in obj.items() if k != SEAL_KEY}
-    return body | {SEAL_KEY: zlib.crc32(dumps(body))}
+    raw = dumps(body)
+    if longest_string(raw) > MAX_STRING_BYTES:
+        raise ValueError(f"metadata holds a string of over {MAX_STRING_BYTES} bytes, the most "
+                         "a store may hold")
+    return body | {SEAL_KEY: zlib.crc32(raw)}
 
 
 def check_seal(obj: dict[str, Any], where: str) -> None:
@@ -74,9 +85,51 @@ def check_seal(obj: dict[str, Any], where: str) -> None:
         raise StoreError(f"{where}: metadata checksum mismatch (damaged store)")
 
 
+def longest_string(raw: bytes) -> int:
+    """The bytes of the longest string in the JSON text ``raw`` (escapes counted as written; an
+    unterminated one to the end), read in blocks without copies of the text.
+
+    A quote opens or closes a string unless an odd run of backslashes precedes it; the quotes
+    that do pair up in order, the first opening. A run of backslashes longer than
+    ``MAX_STRING_BYTES`` lies in a string at least that long: its length is returned then."""
+    import numpy as np
+
+    data = np.frombuffer(raw, np.uint8)
+    longest, opened, block = 0, -1, 1 << 20
+    for start in range(0, len(data), block):
+        quotes = np.flatnonzero(data[start:start + block] == 0x22) + start
+        run = np.zeros(quotes.size, np.int64)  # backslashes just before each quote
+        active = np.flatnonzero(data[np.maximum(quotes - 1, 0)] == 0x5C) if start or \
+            not quotes.size or quotes[0] else np.flatnonzero(
+                (quotes > 0) & (data[np.maximum(quotes - 1, 0)] == 0x5C))
+        k = 1
+        while active.size:
+            run[active] = k
+            if k > MAX_STRING_BYTES:
+                return k
+            before = quotes[active] - 1 - k
+            active = active[before >= 0]
+            active = active[data[before[before >= 0]] == 0x5C]
+            k += 1
+        quotes = quotes[run % 2 == 0]
+        if opened >= 0:
+            quotes = np.concatenate(([opened], quotes))
+        opens, closes = quotes[0::2], quotes[1::2]
+        if closes.size:
+            longest = max(longest, int((closes - opens[:closes.size]).max()) - 1)
+        opened = int(opens[-1]) if opens.size > closes.size else -1
+    return max(longest, len(data) - opened - 1) if opened >= 0 else longest
+
+
 def loads(raw: bytes | str, where: str) -> dict[str, Any]:
     if len(raw) > MAX_META_BYTES:
         raise StoreError(f"{where}: metadata is implausibly large ({len(raw)} bytes)")
+    if len(raw) > MAX_STRING_BYTES:
+        data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+        if longest_string(data) > MAX_STRING_BYTES:
+            raise StoreError(f"{where}: metadata holds a string of over {MAX_STRING_BYTES} "
+                             "bytes, the most shardkit writes (damaged store or not written by "
+                             "shardkit)")
     try:
         obj = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -71,3 +71,41 @@ def test_a_forged_record_count_is_refused_at_open(store, tmp_path):
     proc = run_cli("info", folder)
     assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
     assert f"manifest says {2 ** 40} records" in proc.stderr
+
+
+def test_a_sealed_manifest_with_a_huge_class_name_is_refused_before_it_is_parsed(store, tmp_path):
+    """A 16 MB class name, class_to_idx to match and the seal recomputed: every check but the
+    string bound passes. It is refused with the bound in the message, and opening costs what
+    reading the file costs, not the copies parsing and the seal's check would make."""
+    import json
+    import tracemalloc
+    import zlib
+
+    folder = str(tmp_path / "store")
+    shutil.copytree(store, folder)
+    path = os.path.join(folder, metadata.MANIFEST_NAME)
+    with open(path) as f:
+        manifest = json.load(f)
+    name = "c" * (16 << 20)
+    manifest["classes"][0] = name
+    manifest["class_to_idx"] = {c: i for i, c in enumerate(manifest["classes"])}
+    body = {k: v for k, v in manifest.items() if k != metadata.SEAL_KEY}
+    raw = metadata.dumps(body | {metadata.SEAL_KEY: zlib.crc32(metadata.dumps(body))})
+    with open(path, "wb") as f:
+        f.write(raw)
+    del manifest, body, name
+    tracemalloc.start()
+    try:
+        with pytest.raises(StoreError, match=rf"manifest.json: metadata holds a string of over "
+                           rf"{metadata.MAX_STRING_BYTES} bytes, the most shardkit writes "
+                           r"\(damaged store or not written by shardkit\)$"):
+            ShardDataset(folder)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # the read (1 MB blocks joined: twice the file) and the scan's 1 MB blocks; parsing it
+    # and checking its seal took three times the file more
+    assert peak < 2 * len(raw) + (8 << 20), peak
+    # the writer refuses to seal such metadata: no store it could not read
+    with pytest.raises(ValueError, match="a string of over 65536 bytes, the most a store may"):
+        metadata.seal({"classes": ["c" * (metadata.MAX_STRING_BYTES + 1)]})
