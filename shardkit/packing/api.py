@@ -26,8 +26,11 @@ from .plan import Plan, make_plan
 from .layout import check_order
 from .sources import SourceOptions, resolve
 from .settings import ENGINES, Engine, PackSettings, check_integers
+from .plan_seal import plan_id as combined_id
+from .plan_store import START_OVER, PlanError
+from .resume_check import refusal
 from .staging import (PLAN_NAME, StagingLock, adopt_plan, entry_path, finalize_sharded,
-                      prepare_partial, read_entries, staging_fault, staging_path)
+                      plan_folder, prepare_partial, read_entries, staging_fault, staging_path)
 from .workers import default_workers
 from .writer import remove_store_files
 
@@ -443,7 +446,8 @@ def _pack_sharded(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]
     """Pack this node's shards into the partial folder (uploading each to a URL OUT), then, on
     the last node to finish, merge the manifest and install OUT: (count, skipped, sources)."""
     out, partial, remote = run.out, run.partial, run.remote
-    plan_id = plan.plan_id()
+    parts = plan.fingerprint()
+    plan_id = combined_id(parts)
     ours = [k for k in range(plan.num_shards) if k % run.num_nodes == run.node_rank]
     uploader = None
     finished: set[int] = set()  # shards a rerun with `resume` keeps (this run's and earlier)
@@ -463,13 +467,23 @@ def _pack_sharded(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]
 
     staging = StagingLock(out, partial) if remote else None  # held until the pack ends
     try:
+        resume = run.resume or run.num_nodes > 1
+        problem = refusal(partial, plan, parts) if resume else None
+        if problem is not None:
+            if run.num_nodes > 1:  # never removed under the other nodes
+                raise PlanError(f"cannot resume: {problem}",
+                                f"delete {partial} to start over, once no node uses it")
+            if not run.overwrite:
+                raise PlanError(f"cannot resume: {problem}", START_OVER)
+            resume = False  # `overwrite`: the earlier run's work goes, the pack starts over
         if remote:
             from ..remote import Uploader
 
             uploader = Uploader(out, run.storage_options, resume=run.resume,
                                 overwrite=run.overwrite)
-        done = prepare_partial(partial, plan, plan_id, run.resume or run.num_nodes > 1, ours,
-                               uploader)
+        done = prepare_partial(partial, plan, plan_id, resume, ours, uploader)
+        if run.num_nodes == 1:  # the plan made now replaces the one checked: its paths are
+            remove(plan_folder(partial))  # under the root the source is at now
         finished.update(done)
         if run.num_nodes == 1:  # a node's own result counts only its own share (below)
             run.kept[:] = [plan.bounds[k + 1] - plan.bounds[k] for k in sorted(done)]

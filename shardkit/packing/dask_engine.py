@@ -33,7 +33,7 @@ from ..progress import progress as progress_bar
 from .faults import inject as inject_fault, inject_task as inject_task_fault
 from .grain import MOST_SHARDS, Grain, named
 from .local import ShardDone, pack_shard
-from .plan import Plan
+from .plan import Plan, PlanRef
 
 #: Times a shard whose task raised is submitted again (``pack(retries=...)``, ``--retries``).
 DEFAULT_RETRIES = 3
@@ -223,10 +223,11 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         link = _dashboard(client)
         if progress and link:
             say(f"shardkit: Dask dashboard at {link}")
-        # A plan pickles as its folder (O(1) in sources); typed fields (COCO annotations, a
-        # metadata table) travel with it: then one copy per worker instead of one per task.
-        plan_future = plan if plan.fields is None else \
-            client.scatter([plan], broadcast=True, hash=False)[0]
+        # A plan travels as its folder (O(1) in sources), opened in the task; typed fields
+        # (COCO annotations, a metadata table) travel with it: then one copy per worker
+        # instead of one per task.
+        plan_future = plan.ref() if plan.fields is None else \
+            client.scatter([plan.ref()], broadcast=True, hash=False)[0]
         # Each worker imports the packing code and opens the plan now, as the local engine
         # does before its encoders start, not inside its first shard's time.
         _first_tasks(client, _warm_up, plan_future, shards[0])
@@ -345,12 +346,12 @@ def _threads(client: Any) -> int:
         return 1
 
 
-def _warm_up(plan: Plan, k: int) -> None:
+def _warm_up(ref: PlanRef, k: int) -> None:
     """Import what a shard task needs (a worker's first task would, inside its time): the
     encoders and store writers, Pillow's plugins, and for a pack that resizes the resize kernel
     (torch: ~1.5 s and ~180 MiB a worker; the local engine imports it before its encoders start
     too), so a pack that resizes nothing never imports it; and read shard ``k``'s rows (the plan
-    files opened). A failure here is the first task's to report."""
+    files opened and checked). A failure here is the first task's to report."""
     try:
         from PIL import Image
 
@@ -358,6 +359,7 @@ def _warm_up(plan: Plan, k: int) -> None:
         from . import resize
 
         Image.preinit()  # the standard formats' plugins (else on the first open)
+        plan = ref.open()
         if plan.settings.size > 0 or plan.settings.buckets is not None:
             resize.prepare()
         plan.rows(k)
@@ -397,12 +399,12 @@ def _next_batch(ready: Any, seconds: float) -> list[Any]:
     return ready.next_batch(block=False)
 
 
-def _attempt(group: list[int], task: Callable[..., Any], plan: Plan, dest: dict[int, str],
+def _attempt(group: list[int], task: Callable[..., Any], ref: PlanRef, dest: dict[int, str],
              **kwargs: Any) -> tuple[list[tuple[int, Any, float]], tuple[int, Any] | None]:
     """One attempt at a task's shards on a worker, in order: ``task(plan, k, dest[k], **kwargs)``
-    for each (after any fault a test asked for: :mod:`.faults`). Large blocks come from the heap
-    while a shard runs, as in a plain process (:mod:`.allocator`: Dask's nanny pins glibc's
-    thresholds).
+    for each (after any fault a test asked for: :mod:`.faults`), the plan opened from ``ref``
+    here (a damaged plan's error is the first shard's). Large blocks come from the heap while a
+    shard runs, as in a plain process (:mod:`.allocator`: Dask's nanny pins glibc's thresholds).
 
     Returns the finished shards, ``(k, entry, seconds)``, and the first failure, ``(k, cause)``,
     or None; no shard after a failure is tried, nor after the client cancelled the task. The
@@ -419,7 +421,7 @@ def _attempt(group: list[int], task: Callable[..., Any], plan: Plan, dest: dict[
         try:
             inject_fault(k)
             with image_blocks():
-                entry = task(plan, k, dest[k], stop=_cancelled, **kwargs)
+                entry = task(ref.open(), k, dest[k], stop=_cancelled, **kwargs)
         except PackError as exc:
             return done, (k, exc.with_traceback(None))
         except Exception as exc:  # noqa: BLE001 - the client retries the shard

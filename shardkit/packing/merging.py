@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import PackError
 from ..fileutil import sha256_file
-from . import plan_store
+from . import plan_seal, plan_store
 from .plan_store import INDEX_DTYPE, LABEL_DTYPE, LABELS, PLACES, SLOTS, SourceTable
 
 RANGE = 1 << 22  # sources (or slots) per merge task
@@ -88,6 +88,7 @@ def _skips(folder: str, name: str) -> np.ndarray:
 def by_source(folder: str, n: int, mixed: bool, a: int, b: int, labels_path: str,
               labels_at: int, layout_path: str, layout_at: int | None) -> None:
     """A merge task: for sources ``a:b``, their labels and (mixed) their physical record."""
+    plan_seal.check(folder)  # a task's process reads the plan: once each
     table = SourceTable(folder, n, mixed)
     sources, slots = _skips(folder, SKIPPED_SOURCES), _skips(folder, SKIPPED_SLOTS)
     with open(labels_path, "r+b") as labels_out, \
@@ -110,6 +111,7 @@ def by_source(folder: str, n: int, mixed: bool, a: int, b: int, labels_path: str
 def by_slot(folder: str, n: int, records: int, a: int, b: int, layout_path: str,
             layout_at: int) -> None:
     """A merge task: for slots ``a:b``, the logical record each physical one is."""
+    plan_seal.check(folder)
     table = SourceTable(folder, n, True)
     sources, slots = _skips(folder, SKIPPED_SOURCES), _skips(folder, SKIPPED_SLOTS)
     with open(layout_path, "r+b") as out:

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import PackError, PackOptionError
 from ..fields import FieldError
 from ..formats import SUFFIXES, backend
-from . import plan_store, workers
+from . import plan_seal, plan_store, workers
 from .layout import check_order, mixed_slots
 from .plan_store import SourceTable
 from .record_fields import RecordFields
@@ -32,8 +32,9 @@ class Plan:
 
     The per-source arrays live in a plan folder (:mod:`.plan_store`, ``table``), mapped where
     they are read: ``paths[i]``/``labels[i]`` (slot ``i``'s source) read one source from it.
-    Pickled (a Dask task's payload), a plan is its folder and root, O(1) in sources: the task
-    opens the folder again (:func:`open_plan`) and reads its own shard's slice."""
+    Pickled, a plan is its folder and root, O(1) in sources, opened again (:func:`open_plan`)
+    where it is unpickled; a Dask task receives a :class:`PlanRef` (:meth:`ref`), opened in the
+    task, which reads its own shard's slice."""
 
     root: str
     classes: list[str]
@@ -79,10 +80,14 @@ class Plan:
         """The label at each slot (a sequence read from the plan folder)."""
         return _SlotLabels(self)
 
-    def plan_id(self) -> str:
+    def fingerprint(self) -> dict[str, str]:
+        """What decides the output, part by part (:func:`.plan_seal.fingerprint`)."""
         extra = self.fields.plan_key().encode() if self.fields is not None else b""
-        return plan_store.fingerprint(self.folder, plan_store.read_header(self.folder),
-                                      self.root, extra)
+        return plan_seal.fingerprint(self.folder, plan_seal.read_header(self.folder),
+                                     self.root, extra)
+
+    def plan_id(self) -> str:
+        return plan_seal.plan_id(self.fingerprint())
 
     def rows(self, k: int) -> tuple[plan_store.Rows, list[Any]]:
         """Shard ``k``'s slots read at once: their sources, paths and labels, and what an
@@ -123,6 +128,30 @@ class Plan:
         # The folder, not the arrays: a task's payload stays O(1) in sources.
         return open_plan, (self.folder, self.root, self.fields, self.settings)
 
+    def ref(self) -> PlanRef:
+        """The plan as a Dask task's argument, opened in the task (:class:`PlanRef`)."""
+        return PlanRef(self.folder, self.root, self.fields, self.settings)
+
+
+class PlanRef:
+    """A plan named by its folder, opened (its files checked against their seal) by
+    :meth:`open` where it is used, once per object: not where it is unpickled, since Dask's
+    scheduler unpickles a task's arguments too (a damaged plan there fails as a graph error,
+    retried; in the task it is the plan's own error, which is not)."""
+
+    def __init__(self, folder: str, root: str, fields: RecordFields | None,
+                 settings: PackSettings) -> None:
+        self.folder, self.root, self.fields, self.settings = folder, root, fields, settings
+        self._plan: Plan | None = None
+
+    def open(self) -> Plan:
+        if self._plan is None:
+            self._plan = open_plan(self.folder, self.root, self.fields, self.settings)
+        return self._plan
+
+    def __getstate__(self) -> dict[str, Any]:  # opened again where it is unpickled
+        return {k: v for k, v in vars(self).items() if k != "_plan"} | {"_plan": None}
+
 
 class _SlotPaths(Sequence):
     def __init__(self, plan: Plan) -> None:
@@ -157,13 +186,15 @@ def open_plan(folder: str, root: str | None = None, fields: RecordFields | None 
     ``root``: where the sources are (default: as planned); ``fields`` and ``settings``: the
     records' typed fields and the pack's settings, which the folder holds only as their
     fingerprint (without ``settings``: only the format is known, enough to merge). A process
-    opens each folder once while the plan is in use."""
+    opens each folder once while the plan is in use, and checks its files against their seal
+    once (:func:`.plan_seal.check`: a :class:`.plan_store.PlanError` if they do not match)."""
+    plan_seal.check(folder)
     st = os.stat(os.path.join(folder, plan_store.HEADER))
     key = (folder, root, id(fields), id(settings), st.st_ino, st.st_mtime_ns)
     plan = _opened.get(key)
     if plan is not None:
         return plan
-    header = plan_store.read_header(folder)
+    header = plan_seal.read_header(folder)
     table = plan_store.SourceTable(folder, header["count"], header["mixed"],
                                    header.get("index") is not None)
     index = None
@@ -278,7 +309,7 @@ def make_plan(scan: Scan, settings: PackSettings, folder: str, *, shard_size: in
                       "shard_starts": [int(x) for x in index.shard_starts]}
     key = {"settings": settings.as_meta(), "classes": scan.classes, "bounds": bounds,
            "sharded": sharded} | ({"layout": layout} if layout else {})
-    plan_store.write_header(folder, {
+    plan_seal.write_header(folder, {
         "count": n, "root": scan.root, "classes": scan.classes,
         "class_to_idx": scan.class_to_idx, "bounds": bounds, "sharded": sharded,
         "skipped": scan.skipped, "layout": layout, "mixed": mixed, "format": settings.format,

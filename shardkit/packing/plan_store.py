@@ -9,24 +9,23 @@ A listing writes its sources straight into a plan folder (:class:`SourceWriter`)
 * ``slots.bin`` / ``places.bin``  int64, the mixed layout (:mod:`.layout`): the source written at
   each slot, and the slot of each source (its inverse); absent for the sources' order;
 * ``index-shard.bin`` / ``index-refs.bin``  a container source's index (:class:`.sources.ContainerIndex`);
-* ``header.json``  the rest, O(classes + shards): root, classes, bounds, settings, skips.
+* ``header.json``  the rest, O(classes + shards): root, classes, bounds, settings, skips, and
+  the plan's seal: the SHA-256 of each file above (``files``), the header's own CRC32.
 
 All in the sources' own order. Raw little-endian arrays (``np.memmap``, no pickle): a process
 maps only the slice it reads, so the pack's client holds O(shards) and a task O(its shard). The
-fingerprint (:func:`fingerprint`) reads the files in chunks, never all at once.
+fingerprint and the seal (:mod:`.plan_seal`) read the files in chunks, never all at once.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import struct
 from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from .. import metadata
+from ..errors import PackError
 
 HEADER = "header.json"
 PATHS, OFFSETS, LABELS = "paths.bin", "offsets.bin", "labels.bin"
@@ -37,6 +36,25 @@ INDEX_DTYPE = np.dtype("<i8")
 # Sources per chunk of a pass over the arrays: a few MB of temporaries at most, so a pass's memory
 # does not grow with the plan (16 Ki: a billion sources are 61,000 chunks).
 CHUNK = 1 << 14
+
+START_OVER = "pack again with `overwrite=True` to start over"
+
+
+class PlanError(PackError):
+    """A pack's plan folder cannot be used: damaged, altered, or made from other sources. The
+    same files fail the same way, so it is never retried; ``problem`` is the line without the
+    advice."""
+
+    def __init__(self, problem: str, advice: str = START_OVER) -> None:
+        super().__init__(f"{problem}; {advice}")
+        self.problem, self.advice = problem, advice
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a Dask worker's error, rebuilt on the client
+        return PlanError, (self.problem, self.advice)
+
+
+def damaged(folder: str, what: str) -> PlanError:
+    return PlanError(f"the pack's plan in {folder} is damaged ({what})")
 
 
 def encode_path(path: str) -> bytes:
@@ -150,7 +168,7 @@ class SourceTable:
             return np.zeros((0, width) if width > 1 else 0, dtype)
         data = os.pread(self._fd(name), (b - a) * size, a * size)
         if len(data) != (b - a) * size:
-            raise OSError(f"{os.path.join(self.folder, name)}: shorter than the plan says")
+            raise damaged(self.folder, f"{name} is shorter than its header says")
         out = np.frombuffer(data, dtype)
         return out.reshape(-1, width) if width > 1 else out
 
@@ -186,7 +204,8 @@ class SourceTable:
             data = os.pread(fo, 16, 8 * i)
             label = os.pread(fl, 4, 4 * i)
             if len(data) != 16 or len(label) != 4:
-                raise OSError(f"{self.folder}: shorter than the plan says")
+                raise damaged(self.folder, f"{OFFSETS} or {LABELS} is shorter than its header "
+                              "says")
             start, end = pair.unpack(data)
             paths.append(decode_path(os.pread(fp, end - start, start)))
             labels.append(one.unpack(label)[0])
@@ -226,7 +245,7 @@ def read_chunks(folder: str, name: str, dtype: Any, count: int,
             n = min(chunk, count - a)
             data = f.read(n * dtype.itemsize)
             if len(data) != n * dtype.itemsize:
-                raise OSError(f"{os.path.join(folder, name)}: shorter than the plan says")
+                raise damaged(folder, f"{name} is shorter than its header says")
             yield np.frombuffer(data, dtype)
 
 
@@ -285,44 +304,3 @@ def relative_chunk(blob: bytes, offsets: np.ndarray, root: str) -> tuple[bytes, 
     parts = [encode_path(relative_path(root, decode_path(blob[a:b])))
              for a, b in zip(starts.tolist(), (starts + lengths).tolist())]
     return b"".join(parts), np.fromiter(map(len, parts), INDEX_DTYPE, len(parts))
-
-
-def fingerprint(folder: str, header: dict[str, Any], root: str, extra: bytes = b"") -> str:
-    """The plan's identity for ``resume``: its settings, classes, bounds and layout (the header's
-    ``key``), and every source's path relative to ``root`` with its label and slot, read in
-    chunks. Another source list, label, setting or shard size gives another value; the same
-    sources under a moved root give the same one."""
-    h = hashlib.sha256()
-    h.update(metadata.dumps(header["key"]))
-    h.update(extra)
-    count = header["count"]
-    labels = read_chunks(folder, LABELS, LABEL_DTYPE, count)
-    with open(os.path.join(folder, PATHS), "rb") as paths:
-        for a in range(0, count, CHUNK):
-            n = min(CHUNK, count - a)
-            offs = _offsets_chunk(folder, a, n)
-            blob = paths.read(int(offs[-1] - offs[0]))
-            rel, lengths = relative_chunk(blob, offs, root)
-            h.update(rel)
-            h.update(lengths.astype("<i8").tobytes())
-            h.update(next(labels).astype("<i8").tobytes())
-    if header.get("mixed"):
-        for chunk in read_chunks(folder, SLOTS, INDEX_DTYPE, count):
-            h.update(chunk.tobytes())
-    return h.hexdigest()
-
-
-def _offsets_chunk(folder: str, a: int, n: int) -> np.ndarray:
-    with open(os.path.join(folder, OFFSETS), "rb") as f:
-        f.seek(a * INDEX_DTYPE.itemsize)
-        return np.frombuffer(f.read((n + 1) * INDEX_DTYPE.itemsize), INDEX_DTYPE)
-
-
-def write_header(folder: str, header: dict[str, Any]) -> None:
-    with open(os.path.join(folder, HEADER), "wb") as f:
-        f.write(metadata.dumps(header))
-
-
-def read_header(folder: str) -> dict[str, Any]:
-    with open(os.path.join(folder, HEADER), "rb") as f:
-        return json.loads(f.read())

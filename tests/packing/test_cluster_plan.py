@@ -187,6 +187,27 @@ def test_resume_refuses_a_changed_plan(src, scheduler, tmp_path):
     assert result.count == 24 and os.path.isdir(out)
 
 
+def test_a_damaged_plan_stops_the_pack_at_its_first_attempt(src, scheduler, tmp_path, capsys):
+    """A plan file damaged after the client made the plan (``labels.bin`` cut short): each
+    worker checks the plan against its seal before reading it, and the pack stops with the
+    plan's one line at the first attempt, no shard run again (a read error would have been
+    retried, then sent the user to a resume that fails the same way)."""
+    from shardkit.packing.dask_engine import run_dask
+
+    plan = _plan(src, str(tmp_path / "plan"), num_shards=4)
+    labels = os.path.join(plan.folder, "labels.bin")
+    os.truncate(labels, os.path.getsize(labels) - 4)
+    done: dict = {}
+    capsys.readouterr()
+    with pytest.raises(PackError, match=rf"^the pack's plan in {plan.folder} is damaged "
+                       r"\(labels.bin does not match .*\); pack again with `overwrite=True` "
+                       "to start over$"):
+        run_dask(plan, list(range(4)), {k: str(tmp_path / f"s{k}.lmdb") for k in range(4)},
+                 scheduler=scheduler, progress=False, on_shard_done=done.__setitem__)
+    assert done == {}
+    assert "running it again" not in capsys.readouterr().err
+
+
 def test_fingerprint_is_the_sources_relative_to_the_root(src, tmp_path):
     """As before: the same tree under another root has the same fingerprint (a moved folder
     resumes); another order of the same files does not."""

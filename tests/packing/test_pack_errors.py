@@ -523,12 +523,12 @@ def test_resume_and_merge_errors_name_the_parameter(src, tmp_path):
     pack(src, out, num_shards=2, num_nodes=2, node_rank=0, size=16, workers=1, progress=False)
     with pytest.raises(PackError) as info:
         pack(src, out, num_shards=2, size=24, resume=True, workers=1, progress=False)
-    assert str(info.value).endswith("was started with different sources, settings or shard "
-                                    "sizes; rerun without `resume=True` (or delete it) to start "
-                                    "over")
+    assert str(info.value).endswith("differs from the one made now from the source in its "
+                                    "settings, classes or shard boundaries; pack again with "
+                                    "`overwrite=True` to start over")
     proc = run_cli("pack", src, out, "--num-shards", "2", "--size", "24", "--resume", "-q")
     assert proc.returncode == 1 and one_line_error(proc.stderr), proc.stderr
-    assert proc.stderr.strip().endswith("rerun without --resume (or delete it) to start over")
+    assert proc.stderr.strip().endswith("pack again with --overwrite to start over")
     from shardkit.packing.api import merge
 
     with pytest.raises(PackError, match=r"^1 of 2 shards are not finished yet \(first: 1\); run "

@@ -14,11 +14,12 @@ import signal
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
 import shardkit
 from shardkit.cli import main as cli_main
-from shardkit.errors import StoreError
+from shardkit.errors import PackError, StoreError
 from shardkit.packing.layout import mixed_slots
 from shardkit.read.inspect import verify
 
@@ -168,3 +169,123 @@ def test_resume_without_partial_is_a_fresh_pack(tmp_path):
     assert cli_main(["pack", src, out, "--num-shards", "3", "-q", "--resume"]) == 0
     assert cli_main(["pack", src, ref, "--num-shards", "3", "-q"]) == 0
     assert store_files(out) == store_files(ref)
+
+
+# A pack interrupted as a node of two leaves shards 0 and 2 done and its plan in the partial
+# folder (in-process, no blocking program needed): what a resume finds.
+SPLIT = {"size": 16, "num_shards": 4, "progress": False, "workers": 1}
+
+
+@pytest.fixture(scope="module")
+def half_packed(tmp_path_factory) -> dict[str, str]:
+    """A source, the partial folder of its pack interrupted after two of four shards (kept
+    aside: each test copies it into place), and the store of the same pack uninterrupted."""
+    root = tmp_path_factory.mktemp("half")
+    src, out = str(root / "src"), str(root / "out")
+    image_tree(src, classes=3, per_class=8, seed=5, sides=(16, 24))
+    shardkit.pack(src, out, num_nodes=2, node_rank=0, **SPLIT)
+    os.rename(partial_of(out), str(root / "kept"))
+    shardkit.pack(src, str(root / "ref"), **SPLIT)
+    return {"src": src, "kept": str(root / "kept"), "ref": str(root / "ref")}
+
+
+def _partial_in_place(half_packed: dict[str, str], out: str) -> str:
+    partial = partial_of(out)
+    shutil.copytree(half_packed["kept"], partial)
+    return os.path.join(partial, "plan")
+
+
+def test_resume_refuses_a_damaged_or_altered_plan(half_packed, tmp_path, capsys):
+    """Labels changed, two paths swapped, slots that are no permutation, a header changed: each
+    refused before any shard is packed, naming the plan folder and the file; a plan altered
+    with its seal made anew still differs from the source's (its labels). `overwrite` starts
+    over, and the store is the uninterrupted pack's."""
+    src, out = half_packed["src"], str(tmp_path / "out")
+
+    def labels(data: bytes) -> bytes:
+        return np.frombuffer(data, "<i4")[::-1].tobytes()
+
+    def paths(data: bytes) -> bytes:  # two sources of one length trade places
+        a, b = data.index(b"c0/img001.jpg"), data.index(b"c1/img001.jpg")
+        return (data[:a] + data[b:b + 13] + data[a + 13:b] + data[a:a + 13] + data[b + 13:])
+
+    def slots(data: bytes) -> bytes:
+        s = np.frombuffer(data, "<i8").copy()
+        s[1] = s[0]
+        return s.tobytes()
+
+    def header(data: bytes) -> bytes:
+        return data.replace(b'"bounds": [0, 6, 12, 18, 24]', b'"bounds": [0, 5, 12, 18, 24]')
+
+    for name, change in (("labels.bin", labels), ("paths.bin", paths), ("slots.bin", slots),
+                         ("header.json", header)):
+        plan = _partial_in_place(half_packed, out)
+        with open(os.path.join(plan, name), "rb") as f:
+            data = f.read()
+        assert change(data) != data
+        with open(os.path.join(plan, name), "wb") as f:
+            f.write(change(data))
+        with pytest.raises(PackError, match=f"cannot resume: the pack's plan in {plan} is "
+                           rf"damaged \({name} does not match .*`overwrite=True` to start over"):
+            shardkit.pack(src, out, resume=True, **SPLIT)
+        assert not os.path.exists(out)
+        assert sorted(os.listdir(partial_of(out))) == sorted(os.listdir(half_packed["kept"]))
+        shutil.rmtree(partial_of(out))
+
+    # Labels altered and the plan sealed again: sound, but not the source's plan.
+    from shardkit.packing import plan_seal
+
+    plan = _partial_in_place(half_packed, out)
+    with open(os.path.join(plan, "labels.bin"), "rb") as f:
+        data = labels(f.read())
+    with open(os.path.join(plan, "labels.bin"), "wb") as f:
+        f.write(data)
+    sealed = plan_seal.read_header(plan)
+    plan_seal.write_header(plan, {k: v for k, v in sealed.items()
+                                  if k not in ("files", "meta_crc32")})
+    capsys.readouterr()
+    assert cli_main(["pack", src, out, "--num-shards", "4", "--size", "16", "-q", "--workers",
+                     "1", "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"the plan in {plan} differs from the one made now from " \
+        "the source in its labels; pack again with --overwrite to start over" in err, err
+
+    result = shardkit.pack(src, out, resume=True, overwrite=True, **SPLIT)
+    assert result.kept_shards == 0 and result.count == 24
+    assert store_files(out) == store_files(half_packed["ref"])
+
+
+def test_resume_after_the_source_moved_packs_every_image(half_packed, tmp_path):
+    """The same tree under another root resumes (same fingerprint), and the shards left are
+    packed from where the images are now, not from the paths the first run listed."""
+    src, out = str(tmp_path / "moved"), str(tmp_path / "out")
+    shutil.copytree(half_packed["src"], src)
+    _partial_in_place(half_packed, out)
+    os.rename(half_packed["src"], half_packed["src"] + ".away")  # the first run's root is gone
+    try:
+        result = shardkit.pack(src, out, resume=True, **SPLIT)
+    finally:
+        os.rename(half_packed["src"] + ".away", half_packed["src"])
+    assert result.kept_shards == 2 and result.skipped == [] and result.count == 24
+    ds = shardkit.ShardDataset(out)
+    ref = shardkit.ShardDataset(half_packed["ref"])
+    assert ds.targets.tolist() == ref.targets.tolist()
+    assert [ds.source_path(i) for i in range(24)] == [ref.source_path(i) for i in range(24)]
+    assert verify(out).ok
+
+
+def test_resume_refuses_labels_changed_at_the_source(tmp_path):
+    """A file list whose labels changed between the interrupted pack and its resume (records in
+    the sources' order: no layout to differ with them) is refused, naming the labels."""
+    src, out = str(tmp_path / "src"), str(tmp_path / "out")
+    rows = image_tree(src, classes=2, per_class=4, seed=3, sides=(16, 24))
+    listing = str(tmp_path / "list.csv")
+    with open(listing, "w") as f:
+        f.writelines(f"{rel},{i % 3}\n" for i, (rel, _) in enumerate(rows))
+    kw = SPLIT | {"file_list": listing, "order": "source"}
+    shardkit.pack(src, out, num_nodes=2, node_rank=0, **kw)
+    with open(listing, "w") as f:  # the same classes, one label moved
+        f.writelines(f"{rel},{(i % 3) if i != 5 else 0}\n" for i, (rel, _) in enumerate(rows))
+    with pytest.raises(PackError, match="differs from the one made now from the source in its "
+                       "labels;"):
+        shardkit.pack(src, out, resume=True, **kw)
