@@ -161,3 +161,73 @@ def _private_uses(module: str) -> list[str]:
 def test_no_private_name_crosses_modules():
     bad = {m: sorted(set(uses)) for m in MODULES if (uses := _private_uses(m))}
     assert bad == {}
+
+
+def _test_private_uses(path: str) -> list[str]:
+    """shardkit's private names a test uses: ``from shardkit.x import _y``, ``x._y`` and
+    ``monkeypatch.setattr(x, "_y", ...)`` of a module ``x`` imported from shardkit."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    found, aliases = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "shardkit":
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full in MODULES:
+                    aliases[alias.asname or alias.name] = full
+                elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(full)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES:
+                    aliases[alias.asname or alias.name.split(".")[0]] = (
+                        alias.name if alias.asname else alias.name.split(".")[0])
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            chain, value = [], node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in aliases:
+                dotted = ".".join([aliases[value.id], *reversed(chain)])
+                if dotted in MODULES:  # a module's own private name, not an object's
+                    found.append(f"{dotted}.{node.attr}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "setattr" and len(node.args) >= 2
+              and isinstance(node.args[0], ast.Name) and node.args[0].id in aliases
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+              and private(node.args[1].value)):
+            found.append(f"{aliases[node.args[0].id]}.{node.args[1].value}")
+    return found
+
+
+def test_tests_use_only_the_public_surface():
+    tests = os.path.dirname(os.path.abspath(__file__))
+    bad = {}
+    for folder, _, files in os.walk(tests):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                if uses := _test_private_uses(path):
+                    bad[os.path.relpath(path, tests)] = sorted(set(uses))
+    assert bad == {}
+
+
+def test_the_tests_check_catches_private_uses(tmp_path):
+    case = tmp_path / "case.py"
+    case.write_text("from shardkit.packing.dask_engine import _dashboard\n"
+                    "from shardkit.read import augment\n"
+                    "import shardkit.metadata as md\n"
+                    "x = augment._DRAWS\n"
+                    "y = md._plain_name\n"
+                    "def t(monkeypatch):\n"
+                    "    monkeypatch.setattr(augment, '_native_uint8', True)\n"
+                    "    monkeypatch.setattr(augment, 'native_uint8', True)\n"
+                    "    z = augment.DRAWS._private_of_an_object\n")
+    assert sorted(_test_private_uses(str(case))) == [
+        "shardkit.metadata._plain_name", "shardkit.packing.dask_engine._dashboard",
+        "shardkit.read.augment._DRAWS", "shardkit.read.augment._native_uint8"]

@@ -275,7 +275,7 @@ def run_dask(plan: Plan, shards: list[int], dest: dict[int, str], *, scheduler: 
         ready = dd.as_completed(loop=client.loop)
         top_up()
         on_start()
-        watch = _Stragglers(say)
+        watch = Stragglers(say)
         finished = 0
         bar.set_postfix_str(f"shards 0/{len(shards)}")
         asked = time.monotonic()
@@ -522,7 +522,7 @@ def _dashboard(client: Any) -> str | None:
         return None
 
 
-class _Stragglers:
+class Stragglers:
     """Names, once each, a task that runs over ``STRAGGLER_FACTOR`` times the median time of the
     latest ``STRAGGLER_TIMES_KEPT`` finished shards (after ``STRAGGLER_MIN_DONE`` of them; each
     measured by its task; the median taken at most once per ``POLL_SECONDS``) times its number
@@ -530,7 +530,7 @@ class _Stragglers:
     time is its worker's (from when it started running there; a task that moved to another
     worker, its first one lost, starts again).
 
-    The workers are asked what they run (:func:`_executing`) only while some task has been
+    The workers are asked what they run (:func:`executing_tasks`) only while some task has been
     submitted for longer than its limit (it cannot have run longer than that), and then at
     most once per ``POLL_SECONDS``: each ask is a round trip through the scheduler to every
     worker, whose event loop takes the GIL from the task it runs and logs a line
@@ -564,7 +564,7 @@ class _Stragglers:
             return
         self.asked = now
         try:
-            executing = client.run(_executing, on_error="ignore")
+            executing = client.run(executing_tasks, on_error="ignore")
         except Exception:  # noqa: BLE001 - a report only
             return
         for worker, running in executing.items():
@@ -586,7 +586,7 @@ class _Stragglers:
         self.times.append(seconds)
 
 
-def _executing(dask_worker: Any) -> dict[str, float]:
+def executing_tasks(dask_worker: Any) -> dict[str, float]:
     """The tasks a worker is running now, finishing (seceded) ones included, not those queued
     on it: key -> seconds since it started running there (the worker's own clock)."""
     from distributed.metrics import time as now_on_worker  # the clock of ts.start_time

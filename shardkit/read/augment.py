@@ -85,7 +85,8 @@ class _Draws(threading.local):
         return self.integer.random_(low, high, generator=self.source).item()
 
 
-_DRAWS = _Draws()
+#: The random numbers the crops draw (torch's global RNG, or a loader's generator).
+DRAWS = _Draws()
 
 
 def _pair(value: Any, name: str) -> tuple[float, float]:
@@ -187,7 +188,7 @@ class Recipe:
         ``torch.manual_seed(seed)``."""
         if seeds is None:
             return self._draw(sizes, None, None)
-        return self._draw(sizes, seeds, _DRAWS.generator)
+        return self._draw(sizes, seeds, DRAWS.generator)
 
     def _draw(self, sizes: Iterable[Sequence[int]], seeds: Sequence[int] | None,
               generator: torch.Generator | None) -> list[Plan]:
@@ -196,7 +197,7 @@ class Recipe:
         size, mode, dct_scale = self.size, self.mode, self.dct_scale
         out_h, out_w = self.out
         (s0, s1), (r0, r1) = self.scale, self.log_ratio
-        real, integer = _DRAWS.reals(), _DRAWS.integer
+        real, integer = DRAWS.reals(), DRAWS.integer
         sqrt = math.sqrt
         if generator is None:
             uniform, randint = real.uniform_, integer.random_
@@ -206,7 +207,7 @@ class Recipe:
 
             def randint(low: int, high: int) -> torch.Tensor:
                 return integer.random_(low, high, generator=generator)
-        _DRAWS.source = generator  # ``codec.random_origin``'s draws too
+        DRAWS.source = generator  # ``codec.random_origin``'s draws too
         reseed = None if seeds is None else generator.manual_seed
         seed_list = None if seeds is None else np.asarray(seeds, dtype=np.int64).tolist()
         # ``if torch.rand(1) >= p: return inputs`` (p == 0 draws nothing here, so a dataset
@@ -231,7 +232,7 @@ class Recipe:
                     top, left, h, w = self._central_box(height, width)
             else:
                 top, left = (codec.center_origin(height, width, size) if mode == "center"
-                             else codec.random_origin(height, width, size, _DRAWS))
+                             else codec.random_origin(height, width, size, DRAWS))
                 h = w = size
             flip = p is not None and not uniform(0, 1).item() >= p
             dct = (dct_factor(h, w, out_h, out_w)
@@ -264,7 +265,7 @@ def draw_views(recipes: Sequence[Recipe], sizes: Sequence[Sequence[int]],
         return [[plan] for plan in recipes[0].draws(sizes, seeds)]
     if seeds is None:
         return [[r.draws((size,))[0] for r in recipes] for size in sizes]
-    generator = _DRAWS.generator
+    generator = DRAWS.generator
     plans = []
     for size, seed in zip(sizes, np.asarray(seeds, dtype=np.int64).tolist()):
         generator.manual_seed(seed)
@@ -298,17 +299,19 @@ def dct_factor(box_height: int, box_width: int, size: int, size_width: int | Non
     return 1
 
 
-_native_uint8: bool | None = None
+#: The resize kernel: None decides from the CPU at first use (:func:`_uint8_kernel`); True or
+#: False forces torch's uint8 kernel or the float32 one (the tests compare both).
+native_uint8: bool | None = None
 
 
 def _uint8_kernel() -> bool:
     """torchvision v2's rule (``_do_native_uint8_resize_on_cpu``): bilinear uint8 stays uint8
     only where torch has the vectorised kernel; elsewhere it goes through float32."""
-    global _native_uint8
-    if _native_uint8 is None:
-        _native_uint8 = (torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    global native_uint8
+    if native_uint8 is None:
+        native_uint8 = (torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
                          or platform.machine() in ("aarch64", "arm64"))
-    return _native_uint8
+    return native_uint8
 
 
 def resize_into(out: np.ndarray, src: np.ndarray) -> None:

@@ -154,30 +154,38 @@ def same_but_root(a: str, root_a: str, b: str, root_b: str) -> None:
     assert plain(a, root_a) == plain(b, root_b)
 
 
-def test_bucket_folder_packs_as_the_local_folder(s3, src, local, tmp_path):
+@pytest.fixture(scope="module")
+def from_bucket(s3, tmp_path_factory) -> dict:
+    """The bucket's images packed by the local engine, two GETs cut once mid-body: the store,
+    the pack's result, and how often each cut object was asked for."""
     server, proxy, url = s3
     bucket_path = "/" + url.removeprefix("s3://")
     dropped = [f"{bucket_path}/c1/img002.jpg", f"{bucket_path}/c0/sub/deep.jpg"]
     for path in dropped:  # each GET of these is cut once mid-body: retried
         proxy.add("GET", path, "reset", at=100)
-    out = str(tmp_path / "from-bucket")
+    out = str(tmp_path_factory.mktemp("from-bucket") / "store")
     result = shardkit.pack(url + "/", out, workers=0, progress=False, **OPTIONS)
+    return {"store": out, "result": result, "gets": [proxy.count("GET", p) for p in dropped]}
+
+
+def test_bucket_folder_packs_as_the_local_folder(s3, src, local, from_bucket):
+    server, _, url = s3
+    bucket_path = "/" + url.removeprefix("s3://")
+    out, result = from_bucket["store"], from_bucket["result"]
     assert result.count == 19 and [s["path"] for s in result.skipped] == [f"{url}/c1/broken.jpg"]
-    assert [proxy.count("GET", p) for p in dropped] == [2, 2]
+    assert from_bucket["gets"] == [2, 2]
     assert manifest(out)["source_root"] == url
     same_but_root(out, url, local, src)
     # one listing of the classes, two pages for c0 (PAD + its images), one each for c1 and c2
     assert server.count("GET", bucket_path.split("/train")[0]) >= 5
-    shutil.copytree(out, tmp_path.parent / "cluster-bucket-store", dirs_exist_ok=True)
 
 
-def test_bucket_on_the_cluster_with_a_worker_killed_mid_shard(s3, cluster, faults, tmp_path):
+def test_bucket_on_the_cluster_with_a_worker_killed_mid_shard(s3, cluster, faults, from_bucket,
+                                                              tmp_path):
     """Shard 1's first attempt holds; its worker is SIGKILLed; Dask runs it again on the other
     worker (the nanny restarts the killed one) and the store is byte-identical."""
     _, _, url = s3
-    reference = str(tmp_path.parent / "cluster-bucket-store")
-    if not os.path.isdir(reference):
-        pytest.skip("needs test_bucket_folder_packs_as_the_local_folder's store")
+    reference = from_bucket["store"]
     set_faults(faults, {"1": {"hold": str(tmp_path / "never")}})
     out = str(tmp_path / "killed")
     errors: list[BaseException] = []
@@ -358,10 +366,11 @@ def test_a_running_task_stops_once_its_pack_stopped(src, cluster, faults, tmp_pa
         assert os.path.exists(f"{faults}.held-8")  # still held: the pack stopped meanwhile
         open(go, "w").close()
         deadline = time.monotonic() + 60
-        # _executing lists a cancelled task too while its thread still runs it
-        while time.monotonic() < deadline and any(client.run(dask_engine._executing).values()):
+        # executing_tasks lists a cancelled task too while its thread still runs it
+        while time.monotonic() < deadline and any(
+                client.run(dask_engine.executing_tasks).values()):
             time.sleep(0.05)
-        assert not any(client.run(dask_engine._executing).values())
+        assert not any(client.run(dask_engine.executing_tasks).values())
     assert sorted(attempts(faults)) == [8, 12]  # shard 9 never started
     partial = partial_of(out)
     assert os.path.exists(os.path.join(partial, "shard-00007.lmdb"))  # finished before
@@ -388,11 +397,11 @@ def test_the_slow_shard_watch_asks_only_while_a_task_may_be_slow(cluster, tmp_pa
         future = client.submit(hold, str(go), key="held-task", pure=False)
         try:
             deadline = time.monotonic() + 60  # until it runs (the ask here is not the watch's)
-            while not any(real(dask_engine._executing).values()):
+            while not any(real(dask_engine.executing_tasks).values()):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             monkeypatch.setattr(dask_engine, "POLL_SECONDS", 3600.0)  # one ask in this phase
-            watch = dask_engine._Stragglers(said.append)
+            watch = dask_engine.Stragglers(said.append)
             watch.asked = float("-inf")
             watch.times = [0.1] * dask_engine.STRAGGLER_MIN_DONE  # a limit of 0.4 s a shard
             for _ in range(20):  # submitted just now: cannot have run 0.4 s yet
@@ -402,7 +411,7 @@ def test_the_slow_shard_watch_asks_only_while_a_task_may_be_slow(cluster, tmp_pa
             time.sleep(0.5)  # the task has now run over 0.4 s, and under 30 x 0.4 s = 12 s
             for _ in range(20):
                 watch.running(client, {"held-task": (future, list(range(7, 37)), long_ago)})
-            assert asked == [dask_engine._executing] and said == []  # asked once a poll
+            assert asked == [dask_engine.executing_tasks] and said == []  # asked once a poll
             monkeypatch.setattr(dask_engine, "POLL_SECONDS", 0.0)
             watch.running(client, {"held-task": (future, [7], long_ago)})
             assert len(asked) == 2

@@ -131,19 +131,26 @@ def test_own_local_cluster_leaves_port_8787_alone():
     assert session.cluster.dashboard_link is None or "8787" not in session.cluster.dashboard_link
 
 
-def test_a_dashboard_is_named_only_where_the_scheduler_serves_one():
+def test_a_dashboard_is_named_only_where_the_scheduler_serves_one(src, tmp_path, capfd):
     """A scheduler's HTTP server answers its dashboard's address without bokeh too, with a page
-    asking for bokeh: no dashboard line then (a user would open a page that is not one)."""
+    asking for bokeh: a pack on it names no dashboard then (a user would open a page that is
+    not one); with bokeh, it names the page."""
     import importlib.util
 
-    from shardkit.packing.dask_engine import _dashboard
-
-    with distributed.LocalCluster(n_workers=0, processes=True, host="127.0.0.1",
-                                  dashboard_address="127.0.0.1:0") as cluster, \
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                                  silence_logs=logging.ERROR) as cluster, \
             distributed.Client(cluster) as client:
-        assert "dashboard" in client.scheduler_info()["services"]
-        link = _dashboard(client)
-    assert (link is not None) == (importlib.util.find_spec("bokeh") is not None), link
+        assert "dashboard" in client.scheduler_info()["services"]  # its HTTP server runs
+        capfd.readouterr()
+        shardkit.pack(src, str(tmp_path / "out"), engine="dask",
+                      scheduler=cluster.scheduler_address, num_shards=1, size=32,
+                      progress=True)
+        err = capfd.readouterr().err
+        link = cluster.dashboard_link
+    assert "pack (dask): 100%" in err  # the pack showed its progress, where the line goes
+    named = f"shardkit: Dask dashboard at {link}" in err
+    assert named == (importlib.util.find_spec("bokeh") is not None), err[-2000:]
 
 
 def test_docs_recommend_exactly_the_packing_settings():

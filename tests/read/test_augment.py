@@ -177,7 +177,7 @@ def test_flip_draws_one_number_per_sample_and_none_when_off():
     torch.manual_seed(5)
     plain = crops(0.0)
     torch.manual_seed(5)
-    origins = [codec.random_origin(50, 60, 32, augment._DRAWS) for _ in range(400)]
+    origins = [codec.random_origin(50, 60, 32, augment.DRAWS) for _ in range(400)]
     assert [p[:2] for p in plain] == origins  # flip=0 draws exactly what random crops drew
     torch.manual_seed(5)
     always = crops(1.0)
@@ -190,7 +190,7 @@ def test_flip_draws_one_number_per_sample_and_none_when_off():
 
 def test_random_crop_draws_nothing_for_a_side_equal_to_the_crop():
     """As torchvision's RandomCrop: a side with no room to move takes no random number."""
-    draws = augment._DRAWS
+    draws = augment.DRAWS
     assert torch.equal(rng_state_after(lambda: codec.random_origin(32, 40, 32, draws)),
                        rng_state_after(lambda: torch.randint(0, 9, ())))
     assert codec.random_origin(32, 32, 32, draws) == (0, 0)
@@ -215,7 +215,7 @@ def reference_resize(src: np.ndarray, size: int, dtype=torch.uint8) -> np.ndarra
 
 @pytest.mark.parametrize("native", [True, False], ids=["uint8-kernel", "float-kernel"])
 def test_resize_into_is_torchs_antialiased_bilinear(monkeypatch, native):
-    monkeypatch.setattr(augment, "_native_uint8", native)
+    monkeypatch.setattr(augment, "native_uint8", native)
     rng = np.random.default_rng(0)
     img = photo_like(rng, 341, 256)
     readonly = np.frombuffer(img.tobytes(), np.uint8).reshape(img.shape)
