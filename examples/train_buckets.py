@@ -16,8 +16,8 @@ objective, MSE). Fully convolutional, so every bucket's size fits.
 
 Under ``torchrun`` the sampler takes the world and rank from ``torch.distributed`` (wrap the
 model in ``DistributedDataParallel``: every rank gets the same number of batches).
-Prints one JSON line per step: ``{"step", "epoch", "loss", "shape", "target_size",
-"original_size"}``.
+Prints one JSON line per step: ``{"step", "epoch", "loss", "shape", "caption", "original_size",
+"crop_top_left", "target_size"}`` (the batch's conditioning, one entry per sample).
 """
 
 from __future__ import annotations
@@ -106,9 +106,9 @@ def main() -> None:
             loss.backward()
             opt.step()
             print(json.dumps({"step": step, "epoch": epoch, "loss": round(loss.item(), 5),
-                              "shape": list(images.shape),
-                              "target_size": target["target_size"].tolist(),
-                              "original_size": target["original_size"].tolist()}), flush=True)
+                              "shape": list(images.shape), "caption": list(target["caption"]),
+                              **{name: target[name].tolist() for name in FIELDS[1:]}}),
+                  flush=True)
             step += 1
             if step == args.steps:
                 break

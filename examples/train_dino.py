@@ -5,14 +5,17 @@ Each sample comes as ``2`` global views and ``--locals`` local views, all cut fr
 its record (``ShardDataset(path, views=[View(...), ...])``): exactly torchvision v2's
 ``RandomResizedCrop`` + ``RandomHorizontalFlip`` of each view in turn. That is the crop and flip
 of DINO's ``DataAugmentationDINO``; DINO resizes with PIL's bicubic filter and adds colour jitter,
-grayscale, blur and solarisation, left out of this small loop. The student sees every view, the teacher (an exponential moving
-average of the student) the global ones; the loss is DINO's cross-entropy between the teacher's
-centred, sharpened output and the student's, over pairs of different views.
+grayscale, blur and solarisation, left out of this small loop. The student sees every view,
+the teacher (an exponential moving average of the student) the global ones; the loss is DINO's
+cross-entropy between the teacher's centred, sharpened output and the student's, over pairs of
+different views.
 
     python examples/train_dino.py STORE --steps 100 --workers 4
     python examples/train_dino.py STORE --global-size 64 --local-size 32 --steps 3  # CPU, tiny
 
-Prints one JSON line per step: ``{"step", "loss", "views": [[B, 3, H, W], ...]}``.
+Prints one JSON line per step: ``{"step", "loss", "views": [[B, 3, H, W], ...], "dtype",
+"teacher_views", "pairs"}`` (the views the teacher saw, the (teacher, student) pairs in the
+loss).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class DINOLoss(nn.Module):
             batch_center = torch.cat(teacher).mean(dim=0, keepdim=True)
             self.center.mul_(self.center_momentum).add_(batch_center,
                                                         alpha=1 - self.center_momentum)
+        self.pairs = pairs  # reported by the loop
         return total / pairs
 
 
@@ -115,7 +119,9 @@ def main(argv: list[str] | None = None) -> None:
                 for t, s in zip(teacher.parameters(), student.parameters()):
                     t.mul_(args.momentum).add_(s.detach(), alpha=1 - args.momentum)
             print(json.dumps({"step": step, "loss": round(loss.item(), 5),
-                              "views": [list(b.shape) for b in images]}), flush=True)
+                              "views": [list(b.shape) for b in images],
+                              "dtype": str(images[0].dtype), "teacher_views": len(teacher_out),
+                              "pairs": criterion.pairs}), flush=True)
             step += 1
             if step >= args.steps:
                 break
