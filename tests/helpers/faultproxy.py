@@ -27,7 +27,13 @@ Faults, each matched by method and path (query string ignored) and used ``times`
   response's) has its lowest bit flipped;
 - ``"trickle"``: after ``at`` bytes of the response body, one byte every ``trickle_interval``
   seconds (never long enough for a read timeout) until ``release()`` (or ``stop()``), then the
-  rest at once; ``trickling`` is set when it starts.
+  rest at once; ``trickling`` is set when it starts;
+- ``"answer"`` (:meth:`FaultProxy.answer`): the request is not relayed; the proxy answers it
+  with an S3 error (an HTTP status and an S3 error code), as a server that refuses it would.
+
+A fault's path ending in ``*`` matches every path that starts with what comes before it; its
+``after`` matching requests are relayed untouched before it applies (a token that expires after
+the 10th GET).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-KINDS = ("reset", "truncate", "stall", "flip", "trickle")
+KINDS = ("reset", "truncate", "stall", "flip", "trickle", "answer")
 _CHUNK = 16384
 # Bytes a shaped link sends at once after sitting idle: one chunk makes up for a sender thread
 # woken a few ms late, not for a client's gap (at 2 MB/s, 8 ms; a +20 ms round trip still shows).
@@ -66,6 +72,17 @@ class Fault:
     at: int = 0
     times: int | None = 1  # None: every matching request
     used: int = 0
+    after: int = 0  # matching requests relayed untouched before the fault applies
+    seen: int = 0
+    status: int = 0  # "answer": the HTTP status and S3 error code answered
+    code: str = ""
+
+    def matches(self, method: str, path: str) -> bool:
+        if self.method != method:
+            return False
+        if self.path.endswith("*"):
+            return path.startswith(self.path[:-1])
+        return self.path == path
 
 
 class _Closed(Exception):
@@ -128,14 +145,28 @@ class FaultProxy:
         self.stop()
 
     def add(self, method: str, path: str, kind: str, at: int = 0,
-            times: int | None = 1) -> Fault:
-        """Inject fault ``kind`` into the next ``times`` requests ``method path``."""
+            times: int | None = 1, after: int = 0) -> Fault:
+        """Inject fault ``kind`` into the next ``times`` requests ``method path`` (after the
+        first ``after`` of them)."""
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-        fault = Fault(method, path, kind, at, times)
+        fault = Fault(method, path, kind, at, times, after=after)
         with self._lock:
             self.faults.append(fault)
         return fault
+
+    def answer(self, method: str, path: str, status: int, code: str, times: int | None = 1,
+               after: int = 0) -> Fault:
+        """Answer the next ``times`` requests ``method path`` (after the first ``after``) with
+        the S3 error ``code`` and HTTP ``status``, without relaying them."""
+        fault = self.add(method, path, "answer", times=times, after=after)
+        fault.status, fault.code = status, code
+        return fault
+
+    def clear(self) -> None:
+        """Remove every fault."""
+        with self._lock:
+            self.faults.clear()
 
     def release(self) -> None:
         """Let stalled responses go (their connections are then closed)."""
@@ -190,8 +221,11 @@ class FaultProxy:
     def _match(self, method: str, path: str) -> Fault | None:
         with self._lock:
             for fault in self.faults:
-                if fault.method == method and fault.path == path and (
+                if fault.matches(method, path) and (
                         fault.times is None or fault.used < fault.times):
+                    fault.seen += 1
+                    if fault.seen <= fault.after:
+                        continue
                     fault.used += 1
                     return fault
         return None
@@ -211,6 +245,8 @@ class FaultProxy:
         fault = self._match(method_s, path)
         headers = _headers(head)
         on_request = fault is not None and fault.kind == "flip" and method_s in ("PUT", "POST")
+        if fault is not None and fault.kind == "answer":
+            return self._answer(client, cin, headers, fault, transfer)
         if headers.get(b"expect", b"").lower() == b"100-continue":
             # Answered here: servers that never send "100 Continue" would cost a client timeout.
             head = [line for line in head if not line.lower().startswith(b"expect:")]
@@ -228,6 +264,28 @@ class FaultProxy:
                                 transfer)
         finally:
             transfer.done = time.monotonic()
+
+    def _answer(self, client, cin, headers, fault: Fault, transfer: Transfer) -> bool:
+        """Answer a request with ``fault``'s S3 error, its body read and dropped."""
+
+        class _Drop:
+            @staticmethod
+            def sendall(data: bytes) -> None:
+                pass
+
+        if headers.get(b"expect", b"").lower() == b"100-continue":
+            client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._body(cin, headers, _Drop, None, request=True)
+        time.sleep(self.rtt)
+        body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{fault.code}</Code>'
+                f"<Message>injected {fault.code}</Message><RequestId>0</RequestId></Error>"
+                ).encode()
+        head = (f"HTTP/1.1 {fault.status} {fault.code}\r\nContent-Type: application/xml\r\n"
+                f"Content-Length: {len(body)}\r\nx-amz-request-id: 0\r\n\r\n").encode()
+        transfer.started = time.monotonic()
+        client.sendall(head if transfer.method == "HEAD" else head + body)  # HEAD: no body
+        transfer.done = time.monotonic()
+        return True
 
     def _finish(self, client, sin, response, method, fault, transfer=None) -> bool:
         status = int(response[0].split(b" ", 2)[1])
