@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from dataclasses import replace
 from typing import Any, Callable, TypeVar
 
 from .. import metadata, storemeta
@@ -160,16 +161,20 @@ class RemoteTarget:
         body botocore parses (``SignatureDoesNotMatch``, ``NoSuchBucket``...)."""
         try:
             bucket, key, _ = self.fs.split_path(self.path(name))
-            self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=key, MaxKeys=1)
+            self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=key, MaxKeys=1,
+                            timeout=transfer_deadline(0))
         except Exception as exc:  # noqa: BLE001 - what we are after
             found = classify(exc, self.read_timeout())
             return found if found.code not in _BARE_CODES and found.code is not None else None
         return None
 
     def retry(self, name: str, call: Callable[[], T],
-              local: Callable[[BaseException], str | None] | None = None) -> T:
+              local: Callable[[BaseException], str | None] | None = None,
+              refusals: bool = False) -> T:
         """``call()``, retried while a retry can succeed; ``StoreError`` naming the object (or,
-        when ``local(exc)`` names a fault of this machine, ``LocalFault`` with that text)."""
+        when ``local(exc)`` names a fault of this machine, ``LocalFault`` with that text).
+        ``refusals``: the object is known to exist (just listed), so a refusal that may pass
+        (403 AccessDenied or ExpiredToken, 404) is retried too, ending in ``RetriesExhausted``."""
         for attempt in range(len(RETRY_DELAYS) + 1):
             try:
                 return call()
@@ -180,6 +185,8 @@ class RemoteTarget:
                 if blame is not None:
                     raise LocalFault(blame) from None
                 failure = self.failure(exc, name)
+                if refusals and failure.refused:
+                    failure = replace(failure, transient=True, missing=False)
                 if failure.missing:
                     err = ObjectNotFound(f"{self.where(name)}: {failure.message}")
                     err.code = failure.code
@@ -196,13 +203,14 @@ class RemoteTarget:
         return self.__dict__ | {"_fs": None, "_fs_pid": None}
 
     def bounded(self, name: str, call: Callable[[dict[str, float]], Any], size: int,
-                local: Callable[[BaseException], str | None] | None = None) -> Any:
+                local: Callable[[BaseException], str | None] | None = None,
+                refusals: bool = False) -> Any:
         """``call(timeout)`` retried as :meth:`retry` does; on an asynchronous filesystem
         (``s3://``, ``gs://``) each attempt gets ``{"timeout": deadline}`` to pass to the fsspec
         call, which cuts it at :func:`transfer_deadline` of ``size`` bytes (a trickle of bytes
         never trips a read timeout); a synchronous one cannot be cut short and gets ``{}``."""
         if not getattr(self.fs, "async_impl", False):
-            return self.retry(name, lambda: call({}), local)
+            return self.retry(name, lambda: call({}), local, refusals)
         deadline = transfer_deadline(size)
 
         def attempt() -> Any:
@@ -220,7 +228,7 @@ class RemoteTarget:
                     "SHARDKIT_TRANSFER_MIN_RATE bytes/s); check the network and the endpoint, or "
                     "raise SHARDKIT_TRANSFER_TIMEOUT / lower SHARDKIT_TRANSFER_MIN_RATE") from None
 
-        return self.retry(name, attempt, local)
+        return self.retry(name, attempt, local, refusals)
 
 
 def read_manifest(remote: RemoteTarget) -> bytes:

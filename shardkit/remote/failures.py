@@ -35,6 +35,12 @@ _HINTS = {
 # Bytes damaged or cut short on the way: sending them again can succeed.
 _TRANSIT_CODES = {"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "IncompleteBody",
                   "RequestTimeout", "SlowDown", "InternalError", "ServiceUnavailable"}
+# Refusals that may pass for an object just listed: access refused by a policy or credentials
+# being renewed (a provider refreshes an expiring session token), or an object a replica does
+# not have yet. Retried where the caller knows the object exists (``RemoteTarget.retry``'s
+# ``refusals``), then an error: never taken for a missing file.
+_MAY_PASS = {"AccessDenied", "ExpiredToken", "TokenRefreshRequired", "Forbidden", "403",
+             "NoSuchKey", "404", "NotFound"}
 # Local (this machine's) faults while writing a download: never the remote object's fault.
 LOCAL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 
@@ -51,6 +57,7 @@ class Failure:
     message: str  # what happened, for "URL/NAME: <message>"
     missing: bool = False  # the object (or its bucket) does not exist
     code: str | None = None  # the server's error code, when it sent one
+    refused: bool = False  # a refusal or a "not found" that may pass (see _MAY_PASS)
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -122,7 +129,7 @@ def classify(exc: BaseException, read_timeout: float | None = None) -> Failure:
         transient = code in _TRANSIT_CODES or not (
             missing or code in _PERMANENT_CODES
             or (status is not None and 400 <= status < 500 and status not in (408, 429)))
-        return Failure(transient, message, missing, code)
+        return Failure(transient, message, missing, code, code in _MAY_PASS)
     if names & _PERMANENT_TYPES:
         hint = ("set credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, or "
                 "storage_options 'key'/'secret'; storage_options {'anon': True} for a public "
@@ -133,9 +140,9 @@ def classify(exc: BaseException, read_timeout: float | None = None) -> Failure:
     if client is not None:
         return client
     if isinstance(exc, FileNotFoundError):
-        return Failure(False, "object not found", True)
+        return Failure(False, "object not found", True, refused=True)
     if isinstance(exc, PermissionError):
-        return Failure(False, f"access denied ({describe(exc)}); {_HINTS['403']}")
+        return Failure(False, f"access denied ({describe(exc)}); {_HINTS['403']}", refused=True)
     if any("Timeout" in n for n in names):
         bound = f"{read_timeout:g} s" if read_timeout else "its read timeout"
         return Failure(True, f"the endpoint stopped answering or sending data (no byte for "
