@@ -102,16 +102,16 @@ def check_options(out: str, sharded: bool, resume: bool, engine: Engine, schedul
                         "no output written")
 
 
-def check_out(src: str, out: str, overwrite: bool, storage_options: dict[str, Any] | None
-              ) -> None:
+def check_out(src: str, out: str, overwrite: bool, storage_options: dict[str, Any] | None,
+              resume: bool = False) -> None:
     """Refuse an OUT that exists (without ``overwrite``) or lies inside SRC; a URL OUT: its
-    filesystem, endpoint and emptiness, and no other pack staging for it."""
+    filesystem, endpoint and emptiness, and no other pack staging for it or holding its lock."""
     if is_url(out):  # the old manifest goes once packing starts
         from ..remote import check_filesystem, check_target
 
         check_filesystem(out, storage_options)  # before a staging folder is made for it
         StagingLock(out, staging_path(out, storage_options)).release()  # another pack there?
-        check_target(out, storage_options, overwrite)
+        check_target(out, storage_options, overwrite, resume)
         return
     if os.path.lexists(out) and not overwrite:
         raise PackError(f"{out} already exists (use `overwrite=True` to replace it)")
@@ -282,7 +282,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
                             None if metadata_file is None else os.fspath(metadata_file),
                             captions, schema, allow_empty)
     source = resolve(options)
-    check_out(src, out, overwrite, storage_options)
+    check_out(src, out, overwrite, storage_options, resume)
     run = Run(out, staging_path(out, storage_options) if is_url(out) else partial_path(out),
               default_workers() if workers is None else workers, strict, overwrite, progress,
               allow_empty, engine, scheduler, num_nodes, node_rank, resume, storage_options,
@@ -518,6 +518,8 @@ def _pack_sharded(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]
     except OSError as exc:
         raise write_error(exc, run, kept()) from None
     finally:
+        if uploader is not None:  # the prefix's lock: given back on every way out
+            uploader.close()
         if staging is not None:
             staging.release()
     if not remote:

@@ -56,6 +56,8 @@ prefix without one. Every upload is checked against the file's SHA-256 (:mod:`.v
 each shard a record ``.shardkit-upload/NAME.json`` (bytes, sha256) is written; with
 ``resume=True`` a shard whose record and remote size match is not uploaded again. The records
 are removed once the manifest is up, and with ``overwrite`` the replaced store's other files too.
+One pack writes a prefix at a time, wherever it runs: it holds a lock object there
+(:mod:`.packlock`), checked before every upload.
 """
 
 from ..urls import is_url

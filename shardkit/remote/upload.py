@@ -11,6 +11,7 @@ from typing import Any
 from .. import metadata, storemeta
 from ..errors import PackError, StoreError
 from .access import ObjectNotFound, RemoteTarget, read_manifest
+from .packlock import PackLock
 from .verify import put_verified
 
 RECORDS = ".shardkit-upload"
@@ -32,12 +33,26 @@ class Uploader:
     is refused. ``resume`` keeps shards whose upload record and remote size match. Every upload
     is checked against the file's SHA-256 (:mod:`shardkit.remote.verify`). Picklable, so
     workers can upload their own shards.
+
+    The prefix's lock (:mod:`shardkit.remote.packlock`) is taken before anything is written
+    there, checked before each shard, side file and the manifest is installed, and given back
+    by :meth:`finish` or :meth:`close`.
     """
 
     def __init__(self, url: str | os.PathLike, storage_options: dict[str, Any] | None = None, *,
                  resume: bool = False, overwrite: bool = False) -> None:
         self.remote = RemoteTarget(url, storage_options)
         self.resume = resume
+        self.lock = PackLock(url, storage_options)
+        self.lock.acquire(resume=resume, overwrite=overwrite)
+        try:
+            self._start(overwrite)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _start(self, overwrite: bool) -> None:
+        resume = self.resume
         old = _existing_store(self.remote, overwrite)
         # An interrupted overwrite's list: its store's files are orphans now, still to delete.
         replaced = _read_names(self.remote, REPLACED) if overwrite or resume else set()
@@ -58,6 +73,7 @@ class Uploader:
         """Upload one finished shard file; False when ``resume`` found it uploaded already."""
         if self.resume and self.uploaded(name, sha256, size):
             return False
+        self.lock.check(name)
         record = self._record(name)
         # The record first says the upload started: a pack killed while the PUT is in flight
         # (which may still complete on the server) leaves an object this prefix can tell is
@@ -93,12 +109,19 @@ class Uploader:
             sides.append(meta["layout"])
         for side in sides:
             local = os.path.join(os.fspath(local_folder), side["file"])
+            self.lock.check(side["file"])
             put_verified(self.remote, local, side["file"], os.path.getsize(local), side["sha256"])
+        self.lock.check(metadata.MANIFEST_NAME)
         put_verified(self.remote, manifest_path, metadata.MANIFEST_NAME,
                      os.path.getsize(manifest_path))
         keep = {e["file"] for e in meta["shards"]} | {side["file"] for side in sides}
         self._remove_replaced(keep)
         self._remove_records()
+        self.close()
+
+    def close(self) -> None:
+        """Give the prefix's lock back (deleted if still this pack's); :meth:`finish` does."""
+        self.lock.release()
 
     def _remove_replaced(self, keep: set[str]) -> None:
         """Delete the files the replaced store's manifest named that the new store does not."""
@@ -179,16 +202,18 @@ def check_filesystem(url: str | os.PathLike, storage_options: dict[str, Any] | N
 
 
 def check_target(url: str | os.PathLike, storage_options: dict[str, Any] | None = None,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, resume: bool = False) -> None:
     """Refuse an upload target before any work: its filesystem unavailable, the endpoint
-    unreachable, the bucket missing, the credentials refused (a small probe object is written
-    and deleted under ``RECORDS``), a store there without ``overwrite``, or (without
+    unreachable, the bucket missing, a store there without ``overwrite``, another pack holding
+    its lock (or a stale lock, unless ``resume`` or ``overwrite``: :mod:`.packlock`), the
+    credentials refused (a small probe object is written and deleted under ``RECORDS``), or (without
     ``overwrite``) other objects named like a store's files, which a store written there would
     mix with (with ``overwrite`` they are kept, unless a new file has the same name)."""
     remote = RemoteTarget(url, storage_options)
     probe = f"{RECORDS}/probe-{uuid.uuid4().hex[:12]}"
     try:
         _existing_store(remote, overwrite)
+        PackLock(url, storage_options).check_free(resume, overwrite)
         remote.retry(probe, lambda: remote.fs.pipe_file(remote.path(probe), b"shardkit"))
         remote.retry(probe, lambda: remote.fs.rm_file(remote.path(probe)))
         foreign = _foreign_objects(remote, overwrite)
@@ -216,12 +241,15 @@ def upload_folder_store(local_folder: str | os.PathLike, url: str | os.PathLike,
             meta = storemeta.parse_manifest(f.read(), manifest_path)
     except FileNotFoundError:
         raise StoreError(f"{folder} is not a folder store (no {metadata.MANIFEST_NAME})") from None
-    check_target(url, storage_options, overwrite)
+    check_target(url, storage_options, overwrite, resume)
     uploader = Uploader(url, storage_options, resume=resume, overwrite=overwrite)
-    uploaded = sum(uploader.put_shard(os.path.join(folder, e["file"]), e["file"], e["sha256"],
-                                      e["bytes"])
-                   for e in meta["shards"])
-    uploader.finish(folder)
+    try:
+        uploaded = sum(uploader.put_shard(os.path.join(folder, e["file"]), e["file"],
+                                          e["sha256"], e["bytes"])
+                       for e in meta["shards"])
+        uploader.finish(folder)
+    finally:
+        uploader.close()
     return uploaded
 
 

@@ -4,7 +4,9 @@ and SeaweedFS (``SeaweedServer``), a second implementation that checks signature
 The log records every request the server receives (method, path), so tests count downloads and
 uploads from the server's side. ``hold(path)`` makes GETs of that object wait until
 ``release()``, so a test can keep a download in flight while it checks what other processes do;
-each callable in ``put_hooks`` is called with every PUT's path before it is served.
+each callable in ``put_hooks`` is called with every PUT's path before it is served. With
+``ignore_if_none_match`` set, the server serves PUTs as one that ignores ``If-None-Match`` does
+(moto itself honours it).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class S3Server:
         self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.stopped = False
         self.put_hooks: list = []  # called with each PUT's path before it is served
+        self.ignore_if_none_match = False
 
     def start(self) -> "S3Server":
         self._moto.start()
@@ -54,6 +57,8 @@ class S3Server:
         def app(environ, start_response):
             method, path = environ["REQUEST_METHOD"], environ["PATH_INFO"]
             if method == "PUT":
+                if self.ignore_if_none_match:
+                    environ.pop("HTTP_IF_NONE_MATCH", None)
                 for hook in list(self.put_hooks):
                     hook(path)
             with self._log_lock:
@@ -101,6 +106,48 @@ class S3Server:
         name = f"shardkit-{uuid.uuid4().hex[:12]}"
         boto3.client("s3", endpoint_url=self.endpoint).create_bucket(Bucket=name)
         return name
+
+
+class SeparateMoto:
+    """A moto server in a process of its own, on 127.0.0.1: a store of its own. (The
+    ``S3Server`` instances of one process share moto's in-memory backend: two of them are two
+    endpoints of one store.) ``with SeparateMoto() as other:`` ... ``other.endpoint``."""
+
+    def start(self, timeout: float = 60.0) -> "SeparateMoto":
+        import socket
+        import sys
+
+        import boto3
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                      "-p", str(port)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        self.endpoint = f"http://127.0.0.1:{port}"
+        client = boto3.client("s3", endpoint_url=self.endpoint)
+        deadline = time.monotonic() + timeout
+        while True:  # a safety net: it answers within seconds
+            try:
+                client.list_buckets()
+                return self
+            except Exception:  # noqa: BLE001 - not up yet
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("the moto server process did not start")
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "SeparateMoto":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 class SeaweedServer:

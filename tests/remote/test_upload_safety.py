@@ -15,7 +15,7 @@ import pytest
 
 import shardkit
 from helpers import one_line_error, run_cli
-from helpers.s3server import S3Server, bucket_objects
+from helpers.s3server import S3Server, SeparateMoto, bucket_objects
 from helpers.damage import forge_count
 from helpers.s3server import folder_files as files
 from shardkit import ShardDataset, metadata
@@ -95,7 +95,7 @@ def test_a_second_pack_to_the_same_url_is_refused_and_another_endpoint_is_not(
         assert f"another pack to {url} is running on this machine" in second.stderr
         assert len(server.requests) == before  # refused before it asked the server anything
         # The same bucket and prefix on another server has a staging folder of its own.
-        with S3Server() as other:
+        with SeparateMoto() as other:
             boto3.client("s3", endpoint_url=other.endpoint).create_bucket(
                 Bucket=url.removeprefix("s3://").split("/")[0])
             options = {"endpoint_url": other.endpoint}
