@@ -24,7 +24,7 @@ from .install import install, install_finished, partial_path
 from .local import run_local, upload_shard
 from .plan import Plan, make_plan
 from .layout import check_order
-from .sources import SourceOptions, resolve
+from .sources import SourceOptions, TransferFailed, resolve
 from .settings import ENGINES, Engine, PackSettings, check_integers
 from .plan_seal import plan_id as combined_id
 from .plan_store import START_OVER, PlanError
@@ -438,6 +438,8 @@ def _pack_single(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]:
             raise Interrupted("interrupted; no output written") from None
         if isinstance(exc, OSError):
             raise write_error(exc, run, "no output written") from None
+        if isinstance(exc, TransferFailed):  # a source at a URL: one line, never a skip
+            raise PackError(f"{exc}; no output written") from None
         raise
     return entries[0]["count"], entries[0]["skipped"], len(plan.paths)
 
@@ -515,6 +517,8 @@ def _pack_sharded(plan: Plan, run: Run) -> tuple[int, list[dict[str, str]], int]
             remove(partial)
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; {kept()}") from None
+    except TransferFailed as exc:  # a source at a URL: one line, never a skip
+        raise PackError(f"{exc}; {kept()}") from None
     except OSError as exc:
         raise write_error(exc, run, kept()) from None
     finally:

@@ -153,6 +153,10 @@ class WorkerStream:
             if kind == "ready":
                 w.ready = True
                 continue
+            if kind == "unreadable":
+                from .sources import TransferFailed
+
+                raise TransferFailed(payload)
             if kind != "ok":
                 raise PackError(f"an encoding worker failed: {payload}; no output written")
             w.held.remove(key)

@@ -285,8 +285,12 @@ def worker_main(conn, packer_pid: int, settings: PackSettings) -> None:
         if task is None:
             return
         key, paths = task
+        from .sources import TransferFailed
+
         try:
             reply = ("ok", key, encode_chunk(paths))
+        except TransferFailed as exc:  # a source at a URL: the packer raises it as it is
+            reply = ("unreadable", key, str(exc))
         except Exception as exc:  # noqa: BLE001 - reported by the packer, which stops
             reply = ("error", key, f"{type(exc).__name__}: {exc}")
         try:

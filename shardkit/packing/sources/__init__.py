@@ -22,7 +22,7 @@ Adding an input is one module and one line below. :data:`SOURCE_FORMATS` (the fo
 from __future__ import annotations
 
 from ...errors import PackOptionError
-from .base import ContainerIndex, Item, MemberError, Scan, Source, SourceOptions
+from .base import ContainerIndex, Item, MemberError, Scan, Source, SourceOptions, TransferFailed
 from .coco import CocoSource
 from .file_list import FileListSource
 from .folder import FolderSource
@@ -41,7 +41,8 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
 SOURCE_FORMATS: dict[str, str] = {n: s.summary for n, s in SOURCES.items() if s.option is None}
 
 __all__ = ["SOURCES", "SOURCE_FORMATS", "ContainerIndex", "Item", "MemberError", "Scan",
-           "Source", "SourceOptions", "detect", "is_tar_url", "read_item", "resolve"]
+           "Source", "SourceOptions", "TransferFailed", "detect", "is_tar_url", "read_item",
+           "resolve"]
 
 
 def detect(src: str) -> str:

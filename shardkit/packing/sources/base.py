@@ -29,7 +29,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from ...errors import PackError, PackOptionError
+from ...errors import PackError, PackOptionError, StoreError
 from ...urls import is_url
 from ..discovery import Discovery
 from ..record_fields import RecordFields
@@ -40,6 +40,13 @@ _INT = re.compile(r"\s*-?[0-9]+\s*")
 
 class MemberError(Exception):
     """A member cannot be read; the message is the skip reason."""
+
+
+class TransferFailed(StoreError):
+    """A source's bytes at a URL could not be fetched: a request refused or failed after its
+    retries (the message names the object and the cause). An error of the pack, never a skipped
+    image; not a PackError, so the Dask engine runs the shard again (``retries``): the fault
+    may pass."""
 
 
 class Item(NamedTuple):

@@ -17,8 +17,8 @@ import os
 from collections import OrderedDict
 from typing import Any, Callable
 
-from ...errors import PackError
 from ...urls import is_url
+from .url_objects import fetch
 
 OPEN_FILES = 8  # per worker: the shards it is reading now, and a few before
 _MAGIC: tuple[tuple[bytes, Callable[[str], Any]], ...] = (
@@ -57,40 +57,21 @@ class _Decompressed:
 
 class _Remote:
     """A URL (``s3://...``, any fsspec protocol; credentials and endpoint from the environment),
-    read one range request per member."""
+    read one range request per member (:func:`.url_objects.fetch`: retried, cut at its
+    deadline; a request that still fails raises ``TransferFailed``, never a skip)."""
 
     def __init__(self, url: str) -> None:
-        self.fs, self.path = url_fs(url)
+        self.url = url
 
     def pread(self, offset: int, size: int) -> bytes:
         if size <= 0:
             return b""
-        return self.fs.cat_file(self.path, start=offset, end=offset + size)
+        return fetch(self.url, offset, offset + size, size)
 
     def close(self) -> None:
         pass
 
 
-def url_fs(url: str) -> tuple[Any, str]:
-    """(this process's fsspec filesystem for ``url``, the path within it)."""
-    try:
-        import fsspec
-    except ImportError:
-        raise PackError(f"{url}: sources at URLs need fsspec: pip install 'shardkit[remote]'"
-                        ) from None
-    scheme = url.split("://", 1)[0]
-    key = (os.getpid(), scheme)
-    fs = _filesystems.get(key)
-    try:
-        if fs is None:  # our own instance per process: fsspec's event loops are not forked
-            fs, _ = fsspec.core.url_to_fs(url, skip_instance_cache=True)
-            _filesystems[key] = fs
-        return fs, fs._strip_protocol(url)
-    except (ImportError, ValueError) as exc:
-        raise PackError(f"{url}: {exc}") from None
-
-
-_filesystems: dict[tuple[int, str], Any] = {}
 _open: "OrderedDict[str, Any]" = OrderedDict()
 _pid = os.getpid()
 

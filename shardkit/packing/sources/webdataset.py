@@ -17,6 +17,7 @@ Refused with one line, before anything is packed: member names that are absolute
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -24,18 +25,20 @@ import tarfile
 import zlib
 from pathlib import PurePosixPath
 
-from ...errors import PackError
+from ...errors import PackError, ShardkitError, StoreError
 from ...urls import is_url
-from .base import (ContainerSource, MemberError, Scanned, Shard, SourceOptions, member_name,
-                   read_classes_file)
+from .base import (ContainerSource, MemberError, Scanned, Shard, SourceOptions, TransferFailed,
+                   member_name, read_classes_file)
 from .fields import FIELD_BYTES, FieldRejected, decode_member, wds_field
-from .files import open_cached, url_fs
+from .files import open_cached
+from .url_objects import RangeFile, object_size, remote, url_target
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff")
 LABEL_KEYS = ("cls", "class", "label", "index")
 PICKLED = ("pkl", "pickle", "pyd", "pth")
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 LABEL_BYTES = 4096  # a label member is a short text; more is not a label
+SCAN_BLOCK = 16 << 20  # bytes of a tar at a URL one request of its scan reads
 _BRACE = re.compile(r"\{[^{}]*\.\.[^{}]*\}")
 
 
@@ -78,23 +81,29 @@ def expand(src: str) -> list[str]:
 
 
 def _expand_url(src: str) -> list[str]:
-    scheme = src.split("://", 1)[0]
     if _BRACE.search(src):
         try:
             from braceexpand import braceexpand
         except ImportError:
             raise PackError("a brace pattern needs braceexpand: pip install braceexpand") from None
         return list(braceexpand(src))
-    fs, path = url_fs(src)
+    access = remote()
     try:
         if src.endswith("/"):
-            names = sorted(n for n in fs.ls(path, detail=False) if n.lower().endswith(TAR_SUFFIXES))
+            from ...remote.listing import list_folder
+
+            target = access.RemoteTarget(src.rstrip("/"))
+            scheme = src.split("://", 1)[0]
+            names = sorted(n for n in list_folder(target, "")[1]
+                           if n.lower().endswith(TAR_SUFFIXES))
             if not names:
                 raise PackError(f"{src}: no tar files ({', '.join(TAR_SUFFIXES)})")
             return [f"{scheme}://{n}" for n in names]
-        if not fs.isfile(path):
-            raise PackError(f"source not found: {src}")
-    except OSError as exc:
+        target, name = url_target(src)
+        target.retry(name, lambda: target.fs.size(target.path(name)))
+    except access.ObjectNotFound:
+        raise PackError(f"source not found: {src}") from None
+    except (StoreError, ShardkitError) as exc:
         raise PackError(f"{src}: cannot list: {exc}") from None
     return [src]
 
@@ -102,11 +111,10 @@ def _expand_url(src: str) -> list[str]:
 def _lists_tars(src: str) -> bool:
     """Whether the folder URL ``src`` holds tars (True when it cannot be listed: the scan then
     says why). A filesystem of its own (timeouts bounded, no cached endpoint)."""
-    from ...remote.access import RemoteTarget
+    from ...remote.listing import list_folder
 
     try:
-        target = RemoteTarget(src)
-        names = target.fs.ls(target.path("").rstrip("/"), detail=False)
+        names = list_folder(remote().RemoteTarget(src.rstrip("/")), "")[1]
     except Exception:  # noqa: BLE001 - any failure to list: the scan reports it
         return True
     return any(n.lower().endswith(TAR_SUFFIXES) for n in names)
@@ -117,12 +125,17 @@ def _url_folder(url: str) -> str:
 
 
 def _url_classes(folder: str) -> list[str] | None:
-    fs, path = url_fs(folder + "/classes.json")
+    target, name = url_target(folder + "/classes.json")
     try:
-        if not fs.isfile(path):
-            return None
-        names = json.loads(fs.cat_file(path))
-    except (OSError, ValueError) as exc:
+        raw = target.bounded(name, lambda timeout: target.fs.cat_file(target.path(name),
+                                                                      **timeout), 0)
+    except remote().ObjectNotFound:
+        return None
+    except StoreError as exc:
+        raise PackError(str(exc)) from None
+    try:
+        names = json.loads(raw)
+    except ValueError as exc:
         raise PackError(f"{folder}/classes.json: not a JSON list of class names ({exc})"
                         ) from None
     if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
@@ -164,8 +177,12 @@ class WebDatasetSource(ContainerSource):
             root = os.path.abspath(root)
             scanned = Scanned(root, [], read_classes_file(root))
         for path in files:
-            scanned.shards.append(self._scan_tar(path if is_url(path) else os.path.abspath(path),
-                                                 root, image_keys, label_keys, scanned.skipped))
+            try:
+                scanned.shards.append(self._scan_tar(
+                    path if is_url(path) else os.path.abspath(path), root, image_keys,
+                    label_keys, scanned.skipped))
+            except TransferFailed as exc:  # a request for a tar at a URL: never a skip
+                raise PackError(str(exc)) from None
         return scanned
 
     def _scan_tar(self, path: str, root: str, image_keys: tuple[str, ...],
@@ -179,10 +196,12 @@ class WebDatasetSource(ContainerSource):
             skipped.append({"path": member_name(where, member), "reason": reason})
 
         try:
-            if is_url(path):
-                fs, fs_path = url_fs(path)
-                raw = fs.open(fs_path, "rb")
-                size = raw.size
+            if is_url(path):  # every request retried and cut at its deadline; failed: an error
+                try:
+                    size = object_size(path)
+                except TransferFailed as exc:
+                    raise PackError(str(exc)) from None
+                raw = io.BufferedReader(RangeFile(path, size), SCAN_BLOCK)
             else:
                 raw = open(path, "rb")
                 size = os.fstat(raw.fileno()).st_size
