@@ -48,13 +48,17 @@ The design, and why each piece:
   shard and record) is raised in the caller, as the same exception object with the thread's
   traceback, when the loop reaches that batch; the threads are stopped first.
 - Lifetime: the threads belong to one iterator (one epoch). They stop, and are joined, when the
-  epoch ends, when the loop raises or ``break``s and drops the iterator (a ``weakref.finalize``
-  on it: the threads hold only a shared state object, never the iterator, so reference counting
-  frees it at once), and at interpreter exit: an ``atexit`` hook registered after
-  ``weakref.finalize``'s own, so it runs first, stops every live epoch before any finalizer
-  closes what the threads read (an LMDB environment closed under a reading thread crashes the
-  process). The threads are daemons only so that nothing waits for them before that. Stopping
-  lets a thread finish the batch it is on, never starts another one, and joins it.
+  epoch ends, when the loop raises (Ctrl-C included) or ``break``s and drops the iterator (a
+  ``weakref.finalize`` on it: the threads hold only a shared state object, never the iterator,
+  so reference counting frees it at once), and at interpreter exit: an ``atexit`` hook
+  registered after ``weakref.finalize``'s own, so it runs first, stops every live epoch before
+  any finalizer closes what the threads read (an LMDB environment closed under a reading thread
+  crashes the process). Stopping lets a thread finish the batch it is on, never starts another
+  one, and joins it for up to ``STOP_WAIT`` seconds: a thread still inside a read by then (a
+  stalled download waits out its transfer deadline, minutes) is left behind, so that Ctrl-C
+  ends the loop at once; it starts no other batch, drops the one it was making when its read
+  returns, and, a daemon, ends with the process. A batch's local reads take milliseconds, so
+  only a thread waiting on the network is ever left.
 - Per-sample ``transform``/``transforms`` run in the threads. One that draws from torch's global
   RNG cannot be reproducible there (the threads interleave their draws), so the engine says so
   once per transform (a ``UserWarning`` naming it). shardkit's own crop and flip draws do not
@@ -91,6 +95,9 @@ PROCESS_ONLY: tuple[str, ...] = ("multiprocessing_context", "prefetch_factor",
                                  "persistent_workers", "worker_init_fn", "in_order")
 #: Slots the batch pool keeps beyond ``prefetch``: the batch the loop holds and the one before.
 HELD_BATCHES = 2
+#: Seconds a stopping epoch waits for its threads to finish their batches (see the module
+#: docstring): a thread inside a stalled read by then is left behind.
+STOP_WAIT = 3.0
 
 
 def default_threads() -> int:
@@ -262,6 +269,8 @@ class _Pipeline:
             # No reference left here: a batch's buffer is reused once the loop drops the batch.
             data = task = index = None
             with self.ready:
+                if self.stopping:  # stopped while this batch was made (left behind): no taker
+                    return
                 self.results[number] = result
                 self.ready.notify_all()
             result = None
@@ -281,14 +290,16 @@ class _Pipeline:
             return self.results.pop(number)
 
     def stop(self) -> None:
-        """Stop the threads (each finishes the batch it is on) and join them; drop the results."""
+        """Stop the threads (each finishes the batch it is on) and join them, for up to
+        ``STOP_WAIT`` seconds in all; drop the results."""
         self.stopping = True
         for _ in self.workers:
             self.tasks.put(None)
         me = threading.current_thread()
+        deadline = time.monotonic() + STOP_WAIT
         for worker in self.workers:
             if worker is not me:  # a finalizer run by a collection inside one of them
-                worker.join()
+                worker.join(max(0.0, deadline - time.monotonic()))
         self.workers = []
         with self.ready:
             self.results.clear()

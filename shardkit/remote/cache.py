@@ -12,13 +12,13 @@ import threading
 import time
 import uuid
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ..errors import StoreError
 from ..fileutil import has_size, sha256_file, unlink
 from . import access, limit
 from .access import LocalFault, RemoteFolder, default_cache_dir
+from .background import Background
 from .failures import LOCAL_ERRNOS
 from .locks import close as close_lock
 from .locks import locked, open_lock, read_side, remove_side, touch_side, try_lock, write_side
@@ -106,7 +106,7 @@ class ShardCache:
             # Inherited lock descriptors were closed at the fork (see .locks); the parent's stay.
             self._held: dict[int, int] = {}
             self._pending: set[int] = set()
-            self._pool: ThreadPoolExecutor | None = None
+            self._pool: Background | None = None
             self._slots: Slots | None = None  # the read-ahead's places, made with _pool
             self._lock = threading.Lock()
             self._pid = os.getpid()
@@ -196,8 +196,8 @@ class ShardCache:
                 return
             if self._pool is None:  # twice the threads of the places: see Slots
                 self._slots = Slots(self.read_ahead_depth)
-                self._pool = ThreadPoolExecutor(2 * self.read_ahead_depth,
-                                                thread_name_prefix="shardkit-prefetch")
+                # daemon threads: exit does not wait for a stalled download (see .background)
+                self._pool = Background(2 * self.read_ahead_depth, "shardkit-prefetch")
             self._pending.update(todo)
             order = _Window(len(todo))
             for j, k in enumerate(todo):  # FIFO: position j starts no later than j + 1
