@@ -17,7 +17,9 @@ It behaves as the DataLoader built from the same arguments, plus:
 - One reproducible stream: it tags every index it hands out with its sample's draw seed, a
   function of the loader's seed, the epoch and the sample's place in the epoch
   (:mod:`shardkit.read.draws`), so a ``ShardDataset``'s random crops and flips are the same on
-  any number of workers or threads, on any engine, and after a resume. The seed is the
+  any number of workers or threads, on any engine, and after a resume (torch's own ``Subset``
+  and ``ConcatDataset`` lose the seeds: around a dataset that draws they are refused, naming
+  ``ds.subset`` and ``shardkit.Mix``, which keep them). The seed is the
   ``generator``'s ``initial_seed()`` if one was passed, else ``torch.initial_seed()``, taken as
   each epoch's iterator starts; ``state_dict()`` saves it, and ``load_state_dict()`` pins it for
   every later epoch of this loader (a resumed run draws what the uninterrupted one drew).
@@ -221,6 +223,7 @@ class ShardLoader(DataLoader):
         if isinstance(kwargs.get("sampler"), BucketSampler):  # its items are whole batches
             raise OptionError("sampler: a BucketSampler yields batches; pass it as "
                               "batch_sampler=, with no batch_size, shuffle or drop_last")
+        draws.check_carried(dataset)  # the draw seeds reach every dataset that draws
         super().__init__(dataset, batch_size, *args, **kwargs)
         self._output = BatchOutput.make(normalize, device, dtype, memory_format)
         self._progress = _Progress()

@@ -192,6 +192,12 @@ class ShardDataset(OpenedInWorkers, Dataset):
             self._recipes = None if recipe is None else (recipe,)
             self._sizes = None if self.crop is None else [(self.crop, self.crop)]
 
+    @property
+    def random_draws(self) -> bool:
+        """Whether items draw random numbers (random crops, flips, views): what a loader keys
+        per sample (:mod:`shardkit.read.draws`)."""
+        return self._recipes is not None
+
     threads = _forward("_fanout", "threads")
     verify = _forward("_decoder", "verify")
     fast_decode = _forward("_decoder", "fast")

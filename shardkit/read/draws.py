@@ -29,7 +29,9 @@ index (``batch_size=None``) a :class:`KeyedIndex` (an ``int`` with its seed). Bo
 worker processes (fork or spawn) as a plain list and an int array, and pass unchanged through
 DataLoader's fetcher (or a thread engine) to ``ShardDataset.__getitems__``/``__getitem__``,
 which draw from a generator seeded per sample. An untagged index (``ds[i]``, a plain
-DataLoader) draws from torch's global RNG, as before.
+DataLoader) draws from torch's global RNG, as before. ``Mix`` hands each part its samples'
+seeds; torch's own ``Subset`` and ``ConcatDataset`` hand their datasets plain indices, so a
+loader refuses them around a dataset that draws (:func:`check_carried`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import numpy as np
+from torch.utils.data import ConcatDataset, Subset
+
+from ..errors import OptionError
 
 _MASK64 = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
@@ -124,3 +129,31 @@ def tag(batch: Any, seed: int, epoch: int, first: int, step: int, done: int) -> 
     if isinstance(batch, (int, np.integer)) and not isinstance(batch, (bool, np.bool_)):
         return KeyedIndex(batch, sample_seed(seed, epoch, first + step * done))
     return batch
+
+
+#: What to use instead of each of torch's wrappers that lose the seeds.
+_INSTEAD = {Subset: "take the records with ds.subset(indices), a ShardDataset",
+            ConcatDataset: "put the datasets end to end with shardkit.Mix([...])"}
+
+
+def check_carried(dataset: Any) -> None:
+    """Refuse torch's own ``Subset``/``ConcatDataset`` around a dataset whose items draw random
+    numbers (``random_draws``: random crops, flips, views): they hand it plain indices, so its
+    draws would follow each worker's RNG and the batches change with ``num_workers``."""
+    def walk(part: Any, wrapper: type | None, seen: set[int]) -> None:
+        if id(part) in seen:
+            return
+        seen.add(id(part))
+        if type(part) in _INSTEAD:
+            wrapper = wrapper or type(part)
+        elif wrapper is not None and getattr(part, "random_draws", False):
+            raise OptionError(
+                f"dataset: torch's {wrapper.__name__} hands {type(part).__name__} plain indices, "
+                "without the per-sample seeds of its random crops and flips, which would then "
+                f"change with num_workers; {_INSTEAD[wrapper]}, instead")
+        inner = getattr(part, "dataset", None)
+        for child in ([inner] if inner is not None else []) + list(
+                getattr(part, "datasets", None) or ()):
+            walk(child, wrapper, seen)
+
+    walk(dataset, None, set())

@@ -306,3 +306,38 @@ def test_the_thread_engine_gives_the_process_engines_batches_and_resumes_them(st
     resumed = views.loader(batch_size=4, shuffle=True, engine="threads", num_threads=2)
     resumed.load_state_dict(state)
     assert len(head) == 2 and same(images_of(resumed, seed=None), ref[2:])
+
+
+def test_torch_subset_and_concat_dataset_keep_the_stream_or_are_refused(store):
+    """Torch's own ``Subset``/``ConcatDataset`` hand their datasets plain indices: the draw seeds
+    are lost, and the random crops would follow each worker's RNG. Around a dataset that draws,
+    a loader over them gives the same batches on 0 and 2 workers, or refuses them in one line
+    naming what keeps the seeds; ``ds.subset`` and ``Mix`` give the same batches, and a wrapper
+    around a dataset that draws nothing is left alone."""
+    from torch.utils.data import ConcatDataset, Subset
+
+    ds = shardkit.ShardDataset(store, **CROP)
+    centre = shardkit.ShardDataset(store, crop=24)
+    picked = list(range(0, len(ds), 2))
+
+    def both(dataset):
+        return [images_of(lambda: shardkit.ShardLoader(
+            dataset, batch_size=4, shuffle=True, num_workers=workers,
+            collate_fn=shardkit.collate, worker_init_fn=shardkit.worker_init_fn))
+            for workers in (0, 2)]
+
+    for wrapped, instead in ((Subset(ds, picked), "ds.subset(indices)"),
+                             (ConcatDataset([ds, centre]), "shardkit.Mix"),
+                             (shardkit.Mix([Subset(ds, picked), centre]), "ds.subset(indices)")):
+        try:
+            runs = both(wrapped)
+        except OptionError as exc:
+            assert instead in str(exc) and "\n" not in str(exc)
+            assert str(exc).startswith(f"dataset: torch's {type(wrapped).__name__}"
+                                       if type(wrapped) is not shardkit.Mix else
+                                       "dataset: torch's Subset")
+        else:
+            assert same(*runs), f"{type(wrapped).__name__}: 0 and 2 workers drew differently"
+    for kept in (ds.subset(picked), shardkit.Mix([ds, centre]), Subset(centre, picked)):
+        runs = both(kept)
+        assert len(runs[0]) == -(-len(kept) // 4) and same(*runs)
