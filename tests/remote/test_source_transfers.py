@@ -198,7 +198,8 @@ def test_a_trickling_listing_is_cut_at_its_deadline(proxy, s3, monkeypatch):
     assert re.fullmatch(f"cannot list the source folder {url}: {url}/: the download did not "
                         r"finish within its deadline of 1 s .*\(gave up after 3 attempts\)",
                         str(outcome[0])), outcome[0]
-    assert [r for r in proxy.requests[since:] if r == ("GET", bucket)] == [("GET", bucket)] * 3
+    assert [r for r in proxy.requests[since:] if r == ("GET", bucket)] == [("GET", bucket)] * 3, \
+        proxy.requests[since:]
 
 
 def test_a_url_object_over_the_size_limit_is_refused_unread_past_it(proxy, s3, tree):
