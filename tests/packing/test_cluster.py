@@ -6,7 +6,9 @@
 * a worker SIGKILLed mid-shard costs time only: the store is byte-identical;
 * a task that fails twice is run again and succeeds; one that always fails stops the pack with
   one line naming the shard (after a slow-shard line names it), keeps the finished shards, and
-  ``--resume`` completes the same store.
+  ``--resume`` completes the same store;
+* a refused GET of an image (an expired session token) fails the pack naming the shard and the
+  object after the shard's retries, never a skipped image; ``--resume`` completes the store.
 
 Faults inside the worker processes come from ``SHARDKIT_FAULTS`` (:mod:`shardkit.packing.faults`),
 set in the cluster's environment; each test writes the spec file it needs.
@@ -211,6 +213,34 @@ def test_bucket_on_the_cluster_with_a_worker_killed_mid_shard(s3, cluster, fault
     assert attempts(faults) == [1, 1]  # the killed attempt and the one that finished
     assert store_files(out) == store_files(reference)
     assert pid not in worker_pids(cluster, wait_for=2)  # the nanny started a new one
+
+
+def test_a_refused_get_on_the_cluster_fails_the_pack_and_resume_completes(s3, cluster, faults,
+                                                                          from_bucket, tmp_path):
+    """The session token expires after the 6th GET of an image: every later one is refused (403
+    ExpiredToken). A task's reads are retried, its shard run again (`retries=1`), then the pack
+    fails naming the shard and a refused object, never skipping it; a resume with a fresh token
+    completes the local engine's store."""
+    _, proxy, url = s3
+    set_faults(faults, {})
+    proxy.answer("GET", "/" + url.removeprefix("s3://") + "/*", 403, "ExpiredToken",
+                 times=None, after=6)
+    out = str(tmp_path / "refused")
+    try:
+        with pytest.raises(shardkit.PackError) as info:
+            shardkit.pack(url, out, engine="dask", scheduler=cluster, retries=1, progress=False,
+                          **OPTIONS)
+    finally:
+        proxy.clear()
+    assert re.fullmatch(
+        r"shard \d failed after 2 attempts \(`retries` is 1\); last: TransferFailed: "
+        + re.escape(url) + r"/c\d/\S+\.jpg: access denied by the server \(HTTP 403 ExpiredToken: "
+        r"injected ExpiredToken\); refresh the session token \(AWS_SESSION_TOKEN\) \(gave up "
+        r"after 3 attempts\); finished shards are kept: rerun with `resume=True` to continue",
+        str(info.value)), info.value
+    shardkit.pack(url, out, engine="dask", scheduler=cluster, resume=True, progress=False,
+                  **OPTIONS)
+    assert store_files(out) == store_files(from_bucket["store"])
 
 
 def test_a_task_that_fails_twice_then_succeeds(src, local, cluster, faults, tmp_path, capsys):

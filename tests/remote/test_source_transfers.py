@@ -154,24 +154,6 @@ def test_an_expired_token_fails_the_pack_naming_the_object_and_resume_completes(
     assert resumed and not resumed & {p for k in kept for p in sources[k]}  # not read again
 
 
-def test_an_expired_token_on_dask_fails_the_shard_then_the_pack(proxy, s3, tmp_path):
-    """The same refusal on the Dask engine: the shard's task fails (its reads retried), is run
-    again (`retries=1`), then the pack fails naming the shard and the refused object."""
-    from helpers.dask_cluster import dask_cluster
-
-    _, url = s3
-    proxy.answer("GET", key(url, "*"), 403, "ExpiredToken", times=None)
-    with dask_cluster(nworkers=1) as (address, _), pytest.raises(PackError) as info:
-        shardkit.pack(url, str(tmp_path / "dask"), engine="dask", scheduler=address, retries=1,
-                      **OPTIONS)
-    message = str(info.value)
-    assert re.fullmatch(
-        r"shard \d failed after 2 attempts \(`retries` is 1\); last: TransferFailed: "
-        + re.escape(url) + r"/c[01]/\S+\.jpg: access denied by the server \(HTTP 403 "
-        r"ExpiredToken: injected ExpiredToken\); .*\(gave up after 3 attempts\); finished shards "
-        r"are kept: rerun with `resume=True` to continue", message), message
-
-
 def test_a_trickling_listing_is_cut_at_its_deadline(proxy, s3, monkeypatch):
     """Every listing page trickles (a byte every 0.1 s): each request is cut at the transfer
     deadline (1 s here) and retried, then the pack fails naming the listing."""
