@@ -129,7 +129,7 @@ def test_an_expired_token_fails_the_pack_naming_the_object_and_resume_completes(
     """The session token expires after the 8th GET: every later GET is refused (403
     ExpiredToken). The pack (2 encoding processes) fails with one line naming a refused object
     (after its retries) and keeps the shards it finished; a resume with a fresh token packs only
-    the rest: the local folder's store."""
+    the rest (in this process): the local folder's store."""
     _, url = s3
     proxy.answer("GET", key(url, "*"), 403, "ExpiredToken", times=None, after=8)
     out = str(tmp_path / "expired")
@@ -148,7 +148,7 @@ def test_an_expired_token_fails_the_pack_naming_the_object_and_resume_completes(
     sources = [[r[2] for r in records(local)][a:b] for a, b in zip(*bounds(local))]
     proxy.clear()
     since = len(proxy.requests)
-    result = shardkit.pack(url, out, workers=2, resume=True, **OPTIONS)
+    result = shardkit.pack(url, out, workers=0, resume=True, **OPTIONS)
     assert result.count == 18 and records(out) == records(local)
     resumed = {p.replace("%20", " ") for p in gets(proxy, url, since)}
     assert resumed and not resumed & {p for k in kept for p in sources[k]}  # not read again
