@@ -13,6 +13,8 @@ It behaves as the DataLoader built from the same arguments, plus:
 - ``len(loader)`` stays the epoch's full batch count after a resume (what Lightning expects).
 - It refuses to iterate when its sampler is a wrapper around a ``ShardSampler`` (Lightning's
   ``DistributedSamplerWrapper``, for one): the wrapper would give each rank a share of a share.
+  ``accelerator.prepare`` (accelerate) is refused when it asks, before rebuilding the loader as
+  its own (see :mod:`shardkit.integrations.accelerate`).
 - ``normalize=(mean, std)``, ``device``: normalised float batches (see ``output``).
 - One reproducible stream: it tags every index it hands out with its sample's draw seed, a
   function of the loader's seed, the epoch and the sample's place in the epoch
@@ -36,6 +38,7 @@ from torch.utils.data import (DataLoader, DistributedSampler, RandomSampler, Seq
 from ..errors import OptionError
 from ..read import draws
 from ..read.buckets import BucketSampler
+from ..read.consumers import called_from_accelerate, loader_rebuild_message
 from ..read.sampler import OrderedSampler
 from .output import BatchOutput
 
@@ -234,6 +237,14 @@ class ShardLoader(DataLoader):
             seed = int(torch.empty((), dtype=torch.int64).random_().item())
             sampler.generator = torch.Generator().manual_seed(seed)
         check_not_wrapped(self)
+
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        # What accelerate's Accelerator.prepare asks before it rebuilds a loader as its own:
+        # refused there, in one line naming the way that keeps this loader.
+        if called_from_accelerate():
+            raise OptionError(loader_rebuild_message(self))
+        raise AttributeError("_is_accelerate_prepared")
 
     @property
     def normalize(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:

@@ -32,6 +32,7 @@ import numpy as np
 from torch.utils.data import DistributedSampler, SequentialSampler
 
 from ..errors import OptionError
+from .consumers import check_sampler_consumer
 from .order import EpochOrder, Groups, per_rank
 
 STATE_VERSION = 2
@@ -159,13 +160,23 @@ def default_canonical(num_replicas: int, shuffle: bool) -> int:
     return math.lcm(2 * num_replicas, ELASTIC_SIZES)
 
 
+def _group_world() -> int | None:
+    """The world size of torch.distributed's process group, or None when there is none."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
+
+
 def _world(num_replicas: int | None, rank: int | None, owner: str) -> tuple[int, int]:
     if num_replicas is None or rank is None:
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(f"{owner}: pass num_replicas and rank, or initialise "
-                               "torch.distributed first (init_process_group)")
+        if _group_world() is None:
+            if num_replicas is None and rank is None:
+                return 1, 0  # one process, as a script without DDP is
+            raise OptionError(f"{owner}: pass both num_replicas and rank, or neither (one "
+                              "replica) before torch.distributed is initialised, got "
+                              f"num_replicas={num_replicas!r}, rank={rank!r}")
         num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
         rank = dist.get_rank() if rank is None else rank
     if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
@@ -192,6 +203,8 @@ class OrderedSampler(DistributedSampler):
     def _setup(self, total: int, num_replicas: int | None, rank: int | None, shuffle: bool,
                seed: int, drop_last: bool, num_canonical: int | None) -> None:
         self.num_replicas, self.rank = _world(num_replicas, rank, type(self).__name__)
+        #: The world was taken as one process for want of a process group (see ``epoch_order``).
+        self._lone = num_replicas is None and rank is None and _group_world() is None
         self.shuffle = bool(shuffle)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise OptionError(f"seed must be an integer, got {seed!r}")
@@ -235,6 +248,12 @@ class OrderedSampler(DistributedSampler):
 
     def epoch_order(self) -> EpochOrder:
         """The current epoch's global sequence (see :mod:`shardkit.read.order`)."""
+        if self._lone and (_group_world() or 1) > 1:
+            # Made before init_process_group: every rank would read the whole epoch.
+            raise OptionError(f"{type(self).__name__} was made before torch.distributed was "
+                              "initialised, so it took one replica, and the process group now "
+                              f"has {_group_world()}: make it after init_process_group, or pass "
+                              "num_replicas and rank")
         key = (self.epoch, self.num_canonical, self.canonical_world)
         if self._order_cache is None or self._order_cache[0] != key:
             order = EpochOrder(self._groups(self.epoch), self.seed, self.epoch,
@@ -244,6 +263,7 @@ class OrderedSampler(DistributedSampler):
 
     def indices(self) -> np.ndarray:
         """This rank's indices for the rest of the current epoch, in order (``len(self)``)."""
+        check_sampler_consumer(self)  # a loader rebuilt by accelerate would split them again
         return self.epoch_order().indices(self._origin, self.rank, self.num_replicas,
                                           self.drop_last, self._skip)
 
@@ -439,6 +459,7 @@ class ShardSampler(OrderedSampler):
     def _prefetching(self) -> Iterator[int]:
         """This rank's indices; as the first index of each shard is handed out (to the
         DataLoader, which runs ahead of the workers' reads), the next shard starts downloading."""
+        check_sampler_consumer(self)
         order = self.epoch_order()
         positions = order.at(order.places(self._origin, self.rank, self.num_replicas,
                                           self.drop_last, self._skip))
