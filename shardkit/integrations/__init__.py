@@ -7,6 +7,9 @@
 - ``output``: the opt-in normalised float output (``loader(normalize=(mean, std), device=...)``).
 - ``lightning``: ``ShardDataModule`` (``shardkit.lightning``).
 - ``timm``: ``create_dataset``/``create_loader`` for timm's ``train.py`` (``shardkit.timm``).
+- ``accelerate``: ``prepare(accelerator, ...)``, which keeps shardkit loaders as they are under
+  accelerate (``shardkit.accelerate``).
 
-The Lightning and timm modules import their library only when used; the rest needs torch only.
+The Lightning, timm and accelerate modules import their library only when used; the rest needs
+torch only.
 """
