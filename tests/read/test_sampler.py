@@ -117,9 +117,17 @@ def test_any_dataset_is_one_shard():
 
 
 def test_world_from_torch_distributed_or_arguments():
+    """Without a process group the world is one process, as in a script without DDP (the rule
+    every OrderedSampler shares; README's BucketSampler block runs on it); half a world is
+    refused."""
     ds = _concat()
-    with pytest.raises(RuntimeError, match="num_replicas"):
-        ShardSampler(ds)
+    lone = ShardSampler(ds, seed=3)
+    assert (lone.num_replicas, lone.rank) == (1, 0)
+    assert list(lone) == list(ShardSampler(ds, 1, 0, seed=3)) and len(lone) == sum(SIZES)
+    with pytest.raises(ValueError, match="num_replicas and rank"):
+        ShardSampler(ds, num_replicas=2)
+    with pytest.raises(ValueError, match="num_replicas and rank"):
+        ShardSampler(ds, rank=0)
     with pytest.raises(ValueError, match="rank"):
         ShardSampler(ds, 2, 2)
     with pytest.raises(ValueError):
@@ -196,10 +204,16 @@ def test_shard_dataset_shards(store, tmp_path):
 
 
 def _ddp_worker(rank: int, world: int, init: str, store: str, out: str) -> None:
+    early = ShardSampler(shardkit.ShardDataset(store), seed=7)  # before the group: one replica
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         ds = shardkit.ShardDataset(store, output="bytes")
         result: dict = {"rank": rank}
+        try:
+            list(early)
+            result["early"] = "iterated"
+        except ValueError as exc:
+            result["early"] = str(exc)
         sampler = ShardSampler(ds, seed=7)  # world and rank from torch.distributed
         assert (sampler.num_replicas, sampler.rank) == (world, rank)
         for epoch in (0, 1):
@@ -256,6 +270,9 @@ def test_torch_distributed_two_processes(store, tmp_path):
     assert len(d0) == len(d1) == 13 and not set(d0) & set(d1)  # disjoint
     assert all(1 <= len(g["shards"]) <= 4 for g in ranks)
     assert [g["resume_exact"] for g in ranks] == [True, True]
+    # A sampler made before init_process_group took one replica: iterating it under the group
+    # of 2 is refused (each rank would read the whole epoch).
+    assert all("made before torch.distributed was initialised" in g["early"] for g in ranks)
     targets = shardkit.ShardDataset(store).targets
     pairs = [p for g in ranks for p in g["distributed_sampler"]]
     assert {i for i, _ in pairs} == set(range(n)) and len(pairs) == 28  # one padded
