@@ -4,15 +4,16 @@ packer (:mod:`shardkit.packing.buckets` sizes the records), checked by every rea
 
 ::
 
-    "buckets": {"rule": "kohya", "area": 1048576, "side": 1024, "step": 64, "upscale": false,
+    "buckets": {"rule": "area", "side": 1024, "area": 1048576, "step": 64, "upscale": false,
                 "sizes": [[512, 2048], ..., [1024, 1024], ...], "counts": [3, ..., 41, ...]}
 
 ``sizes`` are the (height, width) of every bucket that holds a record (own-size buckets of small
 sources included), sorted; ``counts`` the records in each, in the same order, summing to the
 shard's (or store's) ``count``. Every record is stored at exactly its bucket's size, so a
 record's bucket is its (height, width) in the index. The other keys repeat
-``settings["buckets"]`` (the rule, the area in pixels, the step, whether small sources were
-upscaled; a list rule's ``candidates``; the kohya rule's ``side``).
+``settings["buckets"]``: the rule's name and parameters (:func:`shardkit.bucketing.from_meta`
+reads them back; ``{"rule": "kohya", "side": N}``, what the area rule was first called, reads as
+the area rule), and where ``min_bucket_count`` was given, the buckets ``merged`` into others.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable
 
+from .bucketing import BucketRule, from_meta
 from .errors import StoreError
 
 KEY = "buckets"
-RULES = ("kohya", "list")
 _HELD = ("sizes", "counts")
 
 
@@ -56,6 +57,28 @@ def sizes_counts(meta: dict[str, Any]) -> tuple[list[tuple[int, int]], list[int]
     return [tuple(s) for s in entry["sizes"]], list(entry["counts"])
 
 
+SMALL = 3  # a bucket of one or two records makes batches of one or two
+
+
+def small(entry: dict[str, Any]) -> dict[str, int]:
+    """A checked entry's small buckets: ``{"under": N, "buckets", "records", "merged"}``, the
+    buckets holding fewer than N records (the pack's ``min_bucket_count``, else 3) and the
+    records in them, and how many buckets were merged into others at pack time."""
+    under = entry.get("min_bucket_count") or SMALL
+    counts = [n for n in entry["counts"] if n < under]
+    return {"under": under, "buckets": len(counts), "records": sum(counts),
+            "merged": len(entry.get("merged", ()))}
+
+
+def rule(spec: dict[str, Any], where: str) -> BucketRule:
+    """The rule ``settings["buckets"]`` records (StoreError if it records none)."""
+    try:
+        return from_meta(spec)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise StoreError(f"{where}: metadata 'buckets': the rule or its parameters are invalid "
+                         f"({exc}; damaged store)") from None
+
+
 def _int(value: Any, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
@@ -72,9 +95,7 @@ def check(obj: dict[str, Any], where: str) -> None:
         raise StoreError(f"{bad} and settings['buckets'] disagree (damaged store)")
     if {k: v for k, v in entry.items() if k not in _HELD} != spec:
         raise StoreError(f"{bad} and settings['buckets'] disagree (damaged store)")
-    if spec.get("rule") not in RULES or not _int(spec.get("area"), 1) or not _int(
-            spec.get("step"), 1) or not isinstance(spec.get("upscale"), bool):
-        raise StoreError(f"{bad}: rule, area, step or upscale is invalid (damaged store)")
+    made = rule(spec, where)
     sizes, counts = entry.get("sizes"), entry.get("counts")
     if not isinstance(sizes, list) or not isinstance(counts, list) or len(sizes) != len(counts):
         raise StoreError(f"{bad}: sizes and counts must be lists of one length (damaged store)")
@@ -82,12 +103,9 @@ def check(obj: dict[str, Any], where: str) -> None:
     for size in sizes:
         if not (isinstance(size, list) and len(size) == 2 and all(_int(v, 1) for v in size)):
             raise StoreError(f"{bad}: a size is not a [height, width] pair of positive integers")
-        if size[0] * size[1] > spec["area"]:
-            raise StoreError(f"{bad}: bucket {size[0]}x{size[1]} is larger than the area "
-                             f"{spec['area']} (damaged store)")
-        if spec["rule"] == "kohya" and (size[0] % spec["step"] or size[1] % spec["step"]):
-            raise StoreError(f"{bad}: bucket {size[0]}x{size[1]} is not in steps of "
-                             f"{spec['step']} (damaged store)")
+        if not made.admits(size[0], size[1]):
+            raise StoreError(f"{bad}: {size[0]}x{size[1]} is no bucket of its rule "
+                             f"{made.name!r} (damaged store)")
         pairs.append(tuple(size))
     if pairs != sorted(set(pairs)):
         raise StoreError(f"{bad}: sizes are not sorted and distinct (damaged store)")

@@ -42,16 +42,20 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _buckets(text: str) -> int | list[tuple[int, int]]:
-    """'1024' -> 1024; '768x1344,1024x1024' -> [(768, 1344), (1024, 1024)] (height x width)."""
+def _buckets(text: str) -> int | str | list[tuple[int, int]]:
+    """'1024' -> 1024; 'sdxl', 'kohya': the rule; '768x1344,1024x1024' -> [(768, 1344),
+    (1024, 1024)] (height x width)."""
     if re.fullmatch(r"\s*\d+\s*", text):
         return int(text)
+    if text.strip() in ("sdxl", "kohya"):
+        return text.strip()
     sizes = []
     for part in text.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", part)
         if not m:
-            raise argparse.ArgumentTypeError(f"not a side or HEIGHTxWIDTH list: {text!r} "
-                                             "(examples: 1024, 768x1344,1024x1024)")
+            raise argparse.ArgumentTypeError(f"not a side, a rule or a HEIGHTxWIDTH list: "
+                                             f"{text!r} (examples: 1024, sdxl, kohya, "
+                                             "768x1344,1024x1024)")
         sizes.append((int(m.group(1)), int(m.group(2))))
     return sizes
 
@@ -84,17 +88,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"store format (default: from OUT's suffix; {_SUFFIX_HELP})")
     p.add_argument("--size", type=_positive_int, default=None,
                    help="resize the shorter side to this (never upscale; 0 keeps size) [256]")
-    p.add_argument("--buckets", type=_buckets, metavar="SIDE|HxW,...",
+    p.add_argument("--buckets", type=_buckets, metavar="SIDE|sdxl|kohya|HxW,...",
                    help="aspect-ratio buckets instead of --size: sides in steps of --bucket-step, "
                    "area at most SIDE x SIDE, ratios within 1:4..4:1 (1024: kohya's "
                    "make_bucket_resolutions with min 512, max 2048, step 64; 33 of SDXL's "
-                   "40 sizes), or a list of HEIGHTxWIDTH sizes; each image is resized to "
-                   "cover its nearest bucket and centre-cropped to it")
+                   "40 sizes); sdxl: SDXL's 40 sizes; kohya: sd-scripts' BucketManager with "
+                   "its defaults (resolution 1024, min 256, max 1024); or a list of "
+                   "HEIGHTxWIDTH sizes; each image is resized to cover its nearest bucket and "
+                   "centre-cropped to it (docs/buckets.md)")
     p.add_argument("--bucket-step", type=_positive_int, default=None, metavar="N",
                    help="bucket sides in steps of N [64]")
-    p.add_argument("--bucket-upscale", action="store_true",
-                   help="upscale an image smaller than its bucket (default: keep its own size "
-                   "cut to multiples of the step, a bucket of its own)")
+    upscale = p.add_mutually_exclusive_group()
+    upscale.add_argument("--bucket-upscale", action="store_const", const=True, default=None,
+                         help="upscale an image smaller than its bucket (default for SIDE and "
+                         "lists: keep its own size cut to multiples of the step, a bucket of "
+                         "its own; kohya and sdxl upscale)")
+    upscale.add_argument("--bucket-no-upscale", dest="bucket_upscale", action="store_const",
+                         const=False, help="never upscale (kohya: sd-scripts' "
+                         "--bucket_no_upscale, a bucket per image size)")
+    p.add_argument("--min-bucket-count", type=_positive_int, default=None, metavar="N",
+                   help="merge each bucket that would hold fewer than N records into its "
+                   "nearest bucket (reads every image's header first)")
     p.add_argument("--quality", type=_positive_int, default=90, help="JPEG quality [90]")
     p.add_argument("--encoding", choices=ENCODINGS, default=ENCODINGS[0],
                    help="record encoding: %(choices)s [%(default)s]")
@@ -210,7 +224,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
                   num_nodes=args.num_nodes,
                   node_rank=args.node_rank, progress=not args.quiet, order=args.order,
                   layout_seed=args.layout_seed, buckets=args.buckets,
-                  bucket_step=args.bucket_step, bucket_upscale=args.bucket_upscale)
+                  bucket_step=args.bucket_step, bucket_upscale=args.bucket_upscale,
+                  min_bucket_count=args.min_bucket_count)
     if args.num_nodes > 1:
         print(f"node {args.node_rank}/{args.num_nodes}: packed {result.count} images; run "
               f"'shardkit merge {args.out}' when every node is done", file=sys.stderr)
@@ -293,15 +308,26 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _report_buckets(buckets: dict) -> None:
+def _report_buckets(buckets: dict, small: dict) -> None:
     """The bucket histogram: one line per bucket (height x width: records), the fullest first
-    past 40 buckets."""
+    past 40 buckets; and the records in buckets too small to batch."""
+    from .bucketing import from_meta
+
     rows = list(zip(buckets["sizes"], buckets["counts"]))
     shown = rows if len(rows) <= 40 else sorted(rows, key=lambda r: -r[1])[:40]
-    rule = (f"area {buckets['side']}x{buckets['side']}" if buckets["rule"] == "kohya"
-            else f"{len(buckets['candidates'])} listed sizes")
-    print(f"buckets:    {len(rows)} ({rule}, step {buckets['step']}, "
-          f"{'upscaled' if buckets['upscale'] else 'no upscaling'}); height x width: records")
+    made = from_meta({k: v for k, v in buckets.items() if k not in ("sizes", "counts")})
+    rule = {"area": lambda: f"area {made.side}x{made.side}",
+            "list": lambda: f"{len(made.sizes)} listed sizes",
+            "sdxl": lambda: "SDXL's 40 sizes",
+            "kohya": lambda: "sd-scripts' BucketManager, resolution {}x{}, {}".format(
+                *made.resolution, f"min {made.min_bucket_reso}, max {made.max_bucket_reso}"
+                if made.upscale else "bucket_no_upscale")}[made.name]()
+    print(f"buckets:    {len(rows)} ({rule}, step {made.step}, "
+          f"{'upscaled' if made.upscale else 'no upscaling'}); height x width: records")
+    merged = (f"; {small['merged']} merged into their nearest at pack time" if
+              made.min_bucket_count else "")
+    print(f"small:      {small['records']} records in {small['buckets']} buckets of fewer than "
+          f"{small['under']}{merged}")
     for (h, w), n in shown:
         print(f"  {h}x{w}: {n}")
     if len(shown) < len(rows):
@@ -359,7 +385,7 @@ def _one_line(exc: BaseException) -> str:
 # Library errors name parameters as `name` or `name=value`; the command's users see flags.
 _PARAMETER = re.compile(r"`(size|quality|encoding|format|workers|strict|overwrite|max_pixels|"
                         r"allow_empty|file_list|source_format|image_key|label_key|to|shard_size|num_shards|resume|engine|scheduler|retries|"
-                        r"num_nodes|node_rank|order|layout_seed|buckets|bucket_step|bucket_upscale)(?:=('[^'`]*'|True))?`")
+                        r"num_nodes|node_rank|order|layout_seed|buckets|bucket_step|bucket_upscale|min_bucket_count)(?:=('[^'`]*'|True))?`")
 
 
 def _as_flags(message: str) -> str:

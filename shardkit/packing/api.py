@@ -164,8 +164,9 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
          source_format: str | None = None, image_key: str | None = None,
          label_key: str | None = None,
          storage_options: dict[str, Any] | None = None, order: str = "mixed",
-         layout_seed: int = 0, buckets: int | list[tuple[int, int]] | None = None,
-         bucket_step: int | None = None, bucket_upscale: bool = False) -> PackResult:
+         layout_seed: int = 0, buckets: Any = None,
+         bucket_step: int | None = None, bucket_upscale: bool | None = None,
+         min_bucket_count: int | None = None) -> PackResult:
     """Pack an ImageFolder-layout folder (or a file list) into an LMDB or HDF5 store.
 
     Without ``shard_size``/``num_shards`` OUT is one file; with them, a folder of shard files and
@@ -238,16 +239,24 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
             ``source_path(i)`` keep the sources' order; ``"source"``: shards hold the sources
             in order (see :mod:`shardkit.packing.layout`).
         layout_seed: the seed of the ``"mixed"`` layout (an integer >= 0).
-        buckets: aspect-ratio buckets instead of ``size``: a side ``N`` (kohya's / SDXL's
-            bucket set on an area of ``N * N``: sides in steps of ``bucket_step``, aspect ratios
-            1:4..4:1) or a list of ``(height, width)`` sizes. Each image is resized to cover the
-            bucket nearest its aspect ratio (never squashed) and centre-cropped to it; records
-            carry ``original_size``, ``crop_top_left`` and ``target_size`` fields, and boxes and
+        buckets: aspect-ratio buckets instead of ``size``: a side ``N`` (the ``"area"`` rule:
+            kohya's bucket set on an area of ``N * N``, sides in steps of ``bucket_step``,
+            aspect ratios 1:4..4:1), a list of ``(height, width)`` sizes, ``"sdxl"`` (SDXL's
+            40 sizes), ``"kohya"`` (sd-scripts' ``BucketManager`` with its defaults) or a rule
+            of :mod:`shardkit.bucketing`. Each image is resized to cover the bucket nearest its
+            aspect ratio (never squashed) and centre-cropped to it; records carry
+            ``original_size``, ``crop_top_left`` and ``target_size`` fields, and boxes and
             masks move with the pixels (:mod:`shardkit.packing.buckets`).
         bucket_step: the buckets' side step (default 64), and what a small source's own size is
             cut down to.
-        bucket_upscale: upscale a source smaller than its bucket to cover it (default: keep
-            it at its own size cut down to multiples of ``bucket_step``, a bucket of its own).
+        bucket_upscale: upscale a source smaller than its bucket to cover it. Default: the
+            rule's (side and list: keep it at its own size cut down to multiples of
+            ``bucket_step``, a bucket of its own; ``"kohya"``: upscale, and False is
+            sd-scripts' ``bucket_no_upscale``; ``"sdxl"``: always resized).
+        min_bucket_count: merge each bucket that would hold fewer records into its nearest
+            bucket (nearest ``w / h``; without upscaling one that fits inside it) before
+            packing: its records are resized to cover that bucket and centre-cropped. Reads
+            every source's header first (:mod:`shardkit.bucketing.merge`).
 
     Returns:
         a :class:`PackResult`. Raises PackError (one line, naming the parameter) for bad
@@ -269,7 +278,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     check_options(out, shard_size is not None or num_shards is not None, resume, engine,
                   scheduler, num_nodes, node_rank)
     check_order(order, layout_seed)
-    spec = make_spec(buckets, bucket_step, bucket_upscale)
+    spec = make_spec(buckets, bucket_step, bucket_upscale, min_bucket_count)
     if spec is not None and size is not None:
         raise PackOptionError("give `buckets` or `size`, not both (a bucketed pack sizes each "
                               "image to its bucket)")

@@ -314,4 +314,14 @@ def make_plan(scan: Scan, settings: PackSettings, folder: str, *, shard_size: in
         "class_to_idx": scan.class_to_idx, "bounds": bounds, "sharded": sharded,
         "skipped": scan.skipped, "layout": layout, "mixed": mixed, "format": settings.format,
         "index": index_info, "key": key})
-    return open_plan(folder, scan.root, scan.fields, settings)
+    plan = open_plan(folder, scan.root, scan.fields, settings)
+    rule = settings.buckets
+    if rule is not None and rule.min_bucket_count:
+        # The merges follow from the sources and the rule (in the key): the plan's settings
+        # carry them to every engine and into the stores' metadata.
+        from dataclasses import replace
+
+        from .bucket_census import merged
+
+        plan.settings = replace(settings, buckets=merged(plan, rule))
+    return plan

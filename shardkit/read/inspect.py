@@ -59,6 +59,8 @@ def info(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
         "row_markers": row_markers(meta),
         # A bucketed store's buckets: sizes (height, width) held, records in each, the rule
         "buckets": meta.get("buckets"),
+        # records in buckets too small to batch (under min_bucket_count, else under 3)
+        "small_buckets": bucketmeta.small(meta["buckets"]) if meta.get("buckets") else None,
     }
 
 

@@ -280,7 +280,7 @@ def test_every_record_is_its_bucket_and_its_pixels_are_resize_then_center_crop(s
     assert meta["buckets"]["counts"] == [
         sum(f["target_size"] == list(s) for _, f in got.values()) for s in held]
     assert {k: meta["buckets"][k] for k in ("area", "step", "upscale", "rule")} == {
-        "area": SIDE * SIDE, "step": STEP, "upscale": False, "rule": "kohya"}
+        "area": SIDE * SIDE, "step": STEP, "upscale": False, "rule": "area"}
     # a sharded pack's manifest sums its shards' histograms; the records are the same
     assert Store(stores["sharded"]).meta["buckets"] == meta["buckets"]
     sharded = records(stores["sharded"])
