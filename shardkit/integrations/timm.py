@@ -12,8 +12,8 @@ Both delegate to timm's own functions for every other dataset. For ``--dataset s
   ``training``; ``validation``, ``val``, ``valid``, ``eval``, ``evaluation``).
 - ``create_loader`` builds the decode recipe from timm's arguments (``input_size``, ``scale``,
   ``ratio``, ``hflip``, the interpolation, ``crop_pct``), instead of assigning
-  ``dataset.transform`` (which would crop twice), and refuses with a message naming the
-  argument (and ``train.py`` flag) anything it cannot do at decode. Training batches draw from a
+  ``dataset.transform`` (which would crop twice), and refuses anything it cannot do at
+  decode: one message names every such argument, its ``train.py`` flag and what to pass. Training batches draw from a
   ``ShardSampler`` under ``distributed=True``. With timm's prefetcher (the default) the uint8
   batches go to timm's ``PrefetchLoader``, which normalises and random-erases on the device;
   with ``--no-prefetcher`` the loader yields normalised float batches (contiguous NCHW).
@@ -152,22 +152,33 @@ def _timm_defaults() -> dict[str, Any]:
             if p.default is not inspect.Parameter.empty}
 
 
-def _refuse(name: str, value: Any, why: str) -> OptionError:
-    flag = f" (train.py {FLAGS[name]})" if name in FLAGS else ""
-    return OptionError(f"shardkit.timm.create_loader: {name}={value!r}{flag} {why}")
+class Refusals(list):
+    """What create_loader cannot apply, collected so that one message names every argument
+    (with its ``train.py`` flag) and what to pass instead, not one per run."""
+
+    def add(self, name: str, value: Any, fix: str) -> None:
+        flag = f" (train.py {FLAGS[name]})" if name in FLAGS else ""
+        self.append(f"{name}={value!r}{flag}: {fix}")
+
+    def raise_any(self) -> None:
+        if self:
+            raise OptionError(f"shardkit.timm.create_loader cannot apply {len(self)} of timm's "
+                              "arguments at decode; " + "; ".join(self))
 
 
-def _square(input_size: Any) -> int:
+def _square(input_size: Any, refusals: Refusals) -> int:
     size = (input_size,) * 2 if isinstance(input_size, int) else tuple(input_size)[-2:]
     channels = tuple(input_size)[0] if not isinstance(input_size, int) and \
         len(tuple(input_size)) == 3 else 3
     if channels != 3 or len(size) != 2 or size[0] != size[1]:
-        raise _refuse("input_size", input_size, "cannot be decoded: shardkit crops squares of "
-                      "3-channel RGB images")
+        refusals.add("input_size", input_size, "shardkit crops squares of 3-channel RGB images: "
+                     "pass (3, S, S)")
+        return 0
     return int(size[0])
 
 
-def _check_defaults(options: dict[str, Any], defaults: dict[str, Any]) -> None:
+def _check_defaults(options: dict[str, Any], defaults: dict[str, Any],
+                    refusals: Refusals) -> None:
     scheduled = options.get(SCHEDULE) is not None
     for name, value in options.items():
         if name not in defaults:
@@ -176,40 +187,46 @@ def _check_defaults(options: dict[str, Any], defaults: dict[str, Any]) -> None:
                 name in SCHEDULED and not scheduled):
             continue
         if value != defaults[name]:
-            raise _refuse(name, value, "cannot be applied by the shardkit decode path "
-                          f"(timm's default is {defaults[name]!r})")
+            refusals.add(name, value, f"pass timm's default {defaults[name]!r}")
     for name, neutral in NEUTRAL.items():
         if name in options and options[name] not in neutral:
             if name == "color_jitter" and not options.get("is_training"):
                 continue  # timm applies colour jitter to training only
-            raise _refuse(name, options[name], f"cannot be applied at decode; use one of "
-                          f"{neutral}")
+            choices = " or ".join(repr(v) for v in neutral if v is not None)
+            refusals.add(name, options[name], f"pass {choices}")
 
 
-def recipe_dataset(dataset: ShardDataset, size: int, o: dict[str, Any]) -> ShardDataset:
-    """``dataset`` cropping at decode as timm's transform for these options would."""
+def recipe_dataset(dataset: ShardDataset, size: int, o: dict[str, Any],
+                   refusals: Refusals | None = None) -> ShardDataset:
+    """``dataset`` cropping at decode as timm's transform for these options would; what it
+    cannot match goes to ``refusals`` (raised at once without it)."""
+    own = refusals is None
+    refusals = Refusals() if own else refusals
     packed = int(dataset.store.settings.get("size") or 0)
     if o["is_training"] and not o["no_aug"]:
         if o["interpolation"] != "bilinear":
-            raise _refuse("interpolation", o["interpolation"], "is not shardkit's training "
-                          "resize; it resizes as torchvision's RandomResizedCrop does "
-                          "(anti-aliased bilinear): pass 'bilinear'")
+            refusals.add("interpolation", o["interpolation"], "pass 'bilinear' (shardkit "
+                         "resizes as torchvision's RandomResizedCrop does, anti-aliased bilinear)")
         scale = o["scale"] if o["scale"] is not None else (0.08, 1.0)
         ratio = o["ratio"] if o["ratio"] is not None else (3.0 / 4.0, 4.0 / 3.0)
+        if own:
+            refusals.raise_any()
         return dataset.with_recipe(size, "random_resized", scale=tuple(scale),
                                    ratio=tuple(ratio), flip=float(o["hflip"]))
     # Evaluation (and no_aug training): Resize(size / crop_pct) + CenterCrop(size); the resize
     # is the one the store was packed with (bicubic, anti-aliased).
     crop_pct = 1.0 if o["is_training"] else (o["crop_pct"] or 0.875)
     resize = math.floor(size / crop_pct)
-    if packed != resize:
-        raise _refuse("crop_pct", o["crop_pct"], f"needs images resized to {resize} "
-                      f"(input size {size} / crop_pct {crop_pct}), but {dataset.root} was packed "
-                      f"at {packed or 'full size'}: pack it with --size {resize} or pass the "
-                      f"crop_pct {size}/{packed or '?'}")
+    if size and packed != resize:
+        refusals.add("crop_pct", o["crop_pct"], f"needs images resized to {resize} (input size "
+                     f"{size} / crop_pct {crop_pct}), but {dataset.root} was packed at "
+                     f"{packed or 'full size'}: pass crop_pct {size}/{packed or '?'} or pack it "
+                     f"with --size {resize}")
     if not o["is_training"] and o["interpolation"] != "bicubic":
-        raise _refuse("interpolation", o["interpolation"], "is not the filter the store was "
-                      "resized with when packed (anti-aliased bicubic): pass 'bicubic'")
+        refusals.add("interpolation", o["interpolation"], "pass 'bicubic' (the filter the store "
+                     "was resized with when packed, anti-aliased bicubic)")
+    if own:
+        refusals.raise_any()
     return dataset.with_recipe(size, "center")
 
 
@@ -225,14 +242,16 @@ def create_loader(dataset: Any, input_size: Any, batch_size: int, **options: Any
     engine = options.pop("engine", None) or os.environ.get(ENGINE_VARIABLE) or "processes"
     num_threads, prefetch_depth = options.pop("num_threads", None), options.pop("prefetch", None)
     defaults = _timm_defaults()
-    _check_defaults(options, defaults)
+    refusals = Refusals()  # every argument that cannot apply, named in one message
+    _check_defaults(options, defaults, refusals)
     o = {**defaults, **options}
     prefetch = bool(o["use_prefetcher"])
     if o["re_prob"] and not prefetch:
-        raise _refuse("re_prob", o["re_prob"], "needs timm's prefetcher (random erasing runs "
-                      "on the device there); drop --no-prefetcher or pass --reprob 0")
-    size = _square(input_size)
-    ds = recipe_dataset(dataset, size, o)
+        refusals.add("re_prob", o["re_prob"], "needs timm's prefetcher (random erasing runs on "
+                     "the device there): drop --no-prefetcher or pass --reprob 0")
+    size = _square(input_size, refusals)
+    ds = recipe_dataset(dataset, size, o, refusals) if size else dataset
+    refusals.raise_any()
     training = bool(o["is_training"])
     loader_args: dict[str, Any] = dict(
         batch_size=batch_size, num_workers=o["num_workers"], pin_memory=o["pin_memory"],

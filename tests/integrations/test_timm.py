@@ -122,6 +122,16 @@ def test_timm_trains_evaluates_and_refuses_what_it_cannot_match(out, root):
         "interpolation"]
     assert "--crop-pct" in refused["crop_pct"] and "--size 33" in refused["crop_pct"]
     assert "--vflip" in refused["vflip"]
+    # Several at once: one message names each, with what to pass instead.
+    assert refused["several"].startswith("shardkit.timm.create_loader cannot apply 3 ")
+    for named in ("color_jitter=0.4 (train.py --color-jitter): pass 0 or 0.0",
+                  "interpolation='random' (train.py --train-interpolation / --interpolation): "
+                  "pass 'bilinear'", "vflip=0.5 (train.py --vflip): pass timm's default 0.0"):
+        assert named in refused["several"], refused["several"]
+    assert "cannot apply 2 " in refused["several_eval"]
+    assert "crop_pct=0.95 (train.py --crop-pct): needs images resized to 33" in refused[
+        "several_eval"] and "interpolation='bilinear'" in refused["several_eval"] and \
+        "pass 'bicubic'" in refused["several_eval"]
     assert "crop twice" in out["double_crop"]
     assert out["ddp_sampler"] == "ShardSampler"
     labels = shardkit.ShardDataset(str(root / "train.lmdb")).targets.tolist()

@@ -167,6 +167,12 @@ def main() -> None:
             train, SIZE, BATCH, **{**TRAIN, "interpolation": "random"})),
         "crop_pct": refusal(lambda: create_loader(val, SIZE, BATCH, **{**EVAL, "crop_pct": 0.95})),
         "vflip": refusal(lambda: create_loader(train, SIZE, BATCH, **{**TRAIN, "vflip": 0.5})),
+        # train.py's own defaults (--color-jitter 0.4, --train-interpolation random) and more:
+        # every one named in one message.
+        "several": refusal(lambda: create_loader(train, SIZE, BATCH, **{
+            **TRAIN, "color_jitter": 0.4, "interpolation": "random", "vflip": 0.5})),
+        "several_eval": refusal(lambda: create_loader(val, SIZE, BATCH, **{
+            **EVAL, "crop_pct": 0.95, "interpolation": "bilinear"})),
     }
     # timm's own create_loader on a dataset that crops at decode: refused, not a double crop.
     cropping = shardkit.ShardDataset(train.root, crop=SIZE, crop_mode="random_resized")
