@@ -78,8 +78,10 @@ if python -c "import torchvision" 2>/dev/null; then
   echo "   baseline: torchvision's ImageFolder (Resize 256, CenterCrop 224), as installed"
 else
   echo "   baseline: torchvision is not installed in .venv, so the ImageFolder baseline is"
-  echo "   shardkit's PIL+numpy copy of it (same files, same pixels, same order);"
-  echo "   '.venv/bin/pip install torchvision' makes it torchvision's own"
+  echo "   shardkit's PIL+numpy copy of it (same files, same pixels, same order). To make it"
+  echo "   torchvision's own, add the torchvision of this torch (a plain 'pip install"
+  echo "   torchvision' would replace torch with the newest release):"
+  echo "     $(python -m shardkit.bench.tvinstall --python .venv/bin/python 2>&1 || true)"
 fi
 SIMD=()
 if [ $FULL = 1 ] && [ -x .venv-simd/bin/python ]; then  # scripts/pillow_simd_venv.sh: pack figures there too
