@@ -143,9 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON Lines or CSV with a file_name column (relative to SRC): its other "
                    "columns become typed fields")
     p.add_argument("--captions", action="store_true",
-                   help="pack <stem>.txt beside each image as the text field 'caption'")
+                   help="pack <stem>.txt (or <stem>.caption) beside each image as the text "
+                   "field 'caption'")
     p.add_argument("--schema", metavar="JSON",
                    help="schema file declaring the fields (default: inferred and printed)")
+    p.add_argument("--split", metavar="NAME",
+                   help="the split of a Hugging Face imagefolder layout to pack (train/, test/ "
+                   "folders...) [train]")
     p.add_argument("--shard-size", type=parse_bytes, metavar="BYTES",
                    help="write OUT as a folder of shards of about this size (e.g. 1GiB)")
     p.add_argument("--num-shards", type=_positive_int, metavar="N",
@@ -210,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_pack(args: argparse.Namespace) -> int:
     from .packing.api import pack
+    from .packing.sources.imagefolder import has_layout
 
     result = pack(args.src, args.out, format=args.format, size=args.size, quality=args.quality,
                   encoding=args.encoding, workers=args.workers, strict=args.strict,
@@ -225,7 +230,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
                   node_rank=args.node_rank, progress=not args.quiet, order=args.order,
                   layout_seed=args.layout_seed, buckets=args.buckets,
                   bucket_step=args.bucket_step, bucket_upscale=args.bucket_upscale,
-                  min_bucket_count=args.min_bucket_count)
+                  min_bucket_count=args.min_bucket_count,
+                  split=args.split)
     if args.num_nodes > 1:
         print(f"node {args.node_rank}/{args.num_nodes}: packed {result.count} images; run "
               f"'shardkit merge {args.out}' when every node is done", file=sys.stderr)
@@ -236,7 +242,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
           f"{result.startup_seconds:.1f} s start-up, then {result.images_per_second:.0f} "
           "images/s", file=sys.stderr)
     _report_skipped(result.skipped)
-    if (args.metadata or args.captions or args.file_list) and not args.schema:
+    if not args.schema and (args.metadata or args.captions or args.file_list or args.split
+                            or args.source_format == "imagefolder" or has_layout(args.src)):
         _report_fields(result.out)
     return EXIT_OK
 
@@ -385,7 +392,7 @@ def _one_line(exc: BaseException) -> str:
 # Library errors name parameters as `name` or `name=value`; the command's users see flags.
 _PARAMETER = re.compile(r"`(size|quality|encoding|format|workers|strict|overwrite|max_pixels|"
                         r"allow_empty|file_list|source_format|image_key|label_key|to|shard_size|num_shards|resume|engine|scheduler|retries|"
-                        r"num_nodes|node_rank|order|layout_seed|buckets|bucket_step|bucket_upscale|min_bucket_count)(?:=('[^'`]*'|True))?`")
+                        r"num_nodes|node_rank|order|layout_seed|buckets|bucket_step|bucket_upscale|min_bucket_count|split)(?:=('[^'`]*'|True))?`")
 
 
 def _as_flags(message: str) -> str:

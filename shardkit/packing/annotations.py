@@ -7,8 +7,9 @@ captions from same-stem ``.txt`` files: :class:`MetadataFields`, the fields of t
   field. Folder labels stay ImageFolder-exact. An image without a row, a row naming no image
   found, and a path given twice are errors naming it (a pack never guesses which row is meant).
 - ``file_list`` with a header row: columns after ``path,label`` are fields.
-- ``captions``: ``<stem>.txt`` beside each image (UTF-8) becomes the text field ``caption``; an
-  image without one is skipped with the reason (an error under ``strict``).
+- ``captions``: ``<stem>.txt`` beside each image (UTF-8; else ``<stem>.caption``, kohya
+  sd-scripts' default extension) becomes the text field ``caption``; an image without one is
+  skipped with the reason (an error under ``strict``), and so is one whose two files differ.
 
 The schema is given (``schema``) or inferred from every row and printed by the CLI. Boxes must
 be declared ``normalized`` (0..1 of the image: they follow the packer's resize); masks and pixel
@@ -62,18 +63,12 @@ class MetadataFields(RecordFields):
             digest.update(read_bounded(path, MAX_METADATA_BYTES, "metadata"))
         self.inferred = schema is None
         try:
-            self.schema = _infer(self.rows) if schema is None else as_schema(schema)
+            self.schema = infer_fields(self.rows) if schema is None else as_schema(schema)
             if self.captions and CAPTION_FIELD not in self.schema:
                 self.schema = Schema([*self.schema, Text(CAPTION_FIELD, MAX_CAPTION_BYTES)])
         except FieldError as exc:
             raise PackError(f"schema: {exc}") from None
-        for f in self.schema:
-            # The packer resizes the pixels: geometry in the source's pixels would be silently
-            # off. Normalised boxes follow any size; COCO's packer scales pixel geometry itself.
-            if f.geometric and not getattr(f, "normalized", False):
-                raise PackError(f"schema: field {f.name!r} ({f.kind}) would be in the source "
-                                "image's pixels, which packing resizes; declare boxes with "
-                                "normalized=True, or pack COCO annotations with `coco`")
+        check_geometry(self.schema)
         digest.update(json.dumps(self.schema.as_json(), sort_keys=True).encode())
         self.sha256 = digest.hexdigest()
         self._rel: dict[str, str] | None = None
@@ -110,8 +105,19 @@ class MetadataFields(RecordFields):
         rel = self._rel[path]
         values = dict(self.rows.get(rel, {}))
         if self.captions:
-            values[CAPTION_FIELD] = _caption(path)
+            values[CAPTION_FIELD] = read_caption(path)
         return values
+
+
+def check_geometry(schema: Schema) -> None:
+    """Refuse (PackError) a field of the source image's pixels: the packer resizes them, so such
+    geometry would be silently off. Normalised boxes follow any size; COCO's packer scales pixel
+    geometry itself."""
+    for f in schema:
+        if f.geometric and not getattr(f, "normalized", False):
+            raise PackError(f"schema: field {f.name!r} ({f.kind}) would be in the source "
+                            "image's pixels, which packing resizes; declare boxes with "
+                            "normalized=True, or pack COCO annotations with `coco`")
 
 
 def names_columns(file_list: str) -> bool:
@@ -200,7 +206,8 @@ def _cell(text: str) -> Any:
     return text
 
 
-def _infer(rows: dict[str, dict[str, Any]]) -> Schema:
+def infer_fields(rows: dict[str, dict[str, Any]]) -> Schema:
+    """The fields of metadata ``rows`` ({key: {column: value}}), as the module docstring says."""
     if not rows:
         return Schema()
     columns = {k for row in rows.values() for k in row}
@@ -221,15 +228,31 @@ def _infer(rows: dict[str, dict[str, Any]]) -> Schema:
     return Schema(fields)
 
 
-def _caption(path: str) -> str:
-    txt = os.path.splitext(path)[0] + ".txt"
+def read_caption(path: str) -> str:
+    """The caption of the image at ``path``: ``<stem>.txt``, else ``<stem>.caption`` (FieldError:
+    neither, or both with different text)."""
+    stem = os.path.splitext(path)[0]
+    texts = [(f, text) for f, text in ((f, _caption_file(f)) for f in (stem + ".txt",
+                                                                       stem + ".caption"))
+             if text is not None]
+    if not texts:
+        raise FieldError(f"no caption file {os.path.basename(stem)}.txt (or .caption) beside "
+                         "the image")
+    if len(texts) == 2 and texts[0][1] != texts[1][1]:
+        raise FieldError(f"two different captions: {os.path.basename(texts[0][0])} and "
+                         f"{os.path.basename(texts[1][0])}")
+    return texts[0][1]
+
+
+def _caption_file(txt: str) -> str | None:
+    """The stripped UTF-8 text of caption file ``txt``; None: there is none."""
     try:
         if os.path.getsize(txt) > MAX_CAPTION_BYTES:
             raise FieldError(f"caption file {txt} is larger than {MAX_CAPTION_BYTES} bytes")
         with open(txt, "rb") as f:
             raw = f.read(MAX_CAPTION_BYTES + 1)
     except FileNotFoundError:
-        raise FieldError(f"no caption file {os.path.basename(txt)} beside the image") from None
+        return None
     except OSError as exc:
         raise FieldError(f"cannot read caption file {txt}: {exc.strerror}") from None
     try:
@@ -238,4 +261,5 @@ def _caption(path: str) -> str:
         raise FieldError(f"caption file {txt} is not UTF-8 (byte {exc.start})") from None
 
 
-__all__ = ["CAPTION_FIELD", "MetadataFields", "names_columns"]
+__all__ = ["CAPTION_FIELD", "MAX_CAPTION_BYTES", "MetadataFields", "check_geometry",
+           "infer_fields", "names_columns", "read_caption"]

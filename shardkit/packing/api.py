@@ -166,7 +166,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
          storage_options: dict[str, Any] | None = None, order: str = "mixed",
          layout_seed: int = 0, buckets: Any = None,
          bucket_step: int | None = None, bucket_upscale: bool | None = None,
-         min_bucket_count: int | None = None) -> PackResult:
+         min_bucket_count: int | None = None,
+         split: str | None = None) -> PackResult:
     """Pack an ImageFolder-layout folder (or a file list) into an LMDB or HDF5 store.
 
     Without ``shard_size``/``num_shards`` OUT is one file; with them, a folder of shard files and
@@ -200,9 +201,10 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
         source_format: what SRC is, a name from
             ``shardkit.packing.sources.SOURCE_FORMATS``: ``folder``, ``webdataset`` (a tar, a
             brace pattern, a folder of tars), ``parquet`` (Hugging Face parquet/Arrow), ``mds``
-            or ``litdata`` (an optimized folder); default: detected from SRC's content
-            (docs/sources.md). ``coco``, ``metadata_file``/``captions`` and ``file_list`` ask
-            for their own sources, which read image files under SRC.
+            or ``litdata`` (an optimized folder), ``imagefolder`` (Hugging Face's layout: images
+            with ``metadata.jsonl``/``.csv``/``.parquet``, split folders); default: detected
+            from SRC's content (docs/sources.md). ``coco``, ``metadata_file``/``captions`` and
+            ``file_list`` ask for their own sources, which read image files under SRC.
         image_key: the member suffixes (WebDataset, ``'jpg;png'``: the first present) or the
             column holding the image; default: the format's conventions.
         label_key: the member suffix or column holding the label (``'cls'``), likewise.
@@ -215,7 +217,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
             ``src``, the Hugging Face ``imagefolder`` layout): its other columns become typed
             fields of each image (:mod:`shardkit.packing.sources.metadata`). A ``file_list`` with a
             header row does the same with its columns after ``path,label``.
-        captions: the text of ``<stem>.txt`` beside each image as the field ``caption``.
+        captions: the text of ``<stem>.txt`` (else ``<stem>.caption``) beside each image as the
+            field ``caption`` (in an imagefolder layout, where no metadata column gives it).
         schema: the fields' declaration (a :class:`shardkit.fields.Schema`, a list of field
             kinds, or a schema JSON file); None: inferred from the metadata.
         shard_size: write a sharded folder store, shards of about this many bytes.
@@ -257,6 +260,9 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
             bucket (nearest ``w / h``; without upscaling one that fits inside it) before
             packing: its records are resized to cover that bucket and centre-cropped. Reads
             every source's header first (:mod:`shardkit.bucketing.merge`).
+        split: the split of a Hugging Face imagefolder layout to pack (``train``, ``test``, ...:
+            what ``datasets.load_dataset("imagefolder", data_dir=src)[split]`` holds); default
+            ``train``. Only for that layout (:mod:`shardkit.packing.sources.imagefolder`).
 
     Returns:
         a :class:`PackResult`. Raises PackError (one line, naming the parameter) for bad
@@ -289,7 +295,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *, format: str | None =
     options = SourceOptions(src, source_format, image_key, label_key, file_list,
                             None if coco is None else os.fspath(coco), coco_masks,
                             None if metadata_file is None else os.fspath(metadata_file),
-                            captions, schema, allow_empty)
+                            captions, schema, allow_empty, split)
     source = resolve(options)
     check_out(src, out, overwrite, storage_options, resume)
     run = Run(out, staging_path(out, storage_options) if is_url(out) else partial_path(out),

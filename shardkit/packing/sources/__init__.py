@@ -15,6 +15,7 @@ Adding an input is one module and one line below. :data:`SOURCE_FORMATS` (the fo
 * :mod:`.coco` COCO · :mod:`.metadata` metadata table and captions · :mod:`.file_list` file list
 * :mod:`.litdata` LitData ``optimize`` folders · :mod:`.mds` MDS · :mod:`.parquet` parquet and
   Arrow · :mod:`.webdataset` tar shards · :mod:`.folder` ImageFolder layout (the fallback)
+* :mod:`.imagefolder` Hugging Face's imagefolder layout (metadata files, splits)
 * :mod:`.fields`      typed fields of container members · :mod:`.files` source files kept open
   in each encoding worker · :mod:`.encode` one container member through the image pipeline
 """
@@ -26,6 +27,7 @@ from .base import ContainerIndex, Item, MemberError, Scan, Source, SourceOptions
 from .coco import CocoSource
 from .file_list import FileListSource
 from .folder import FolderSource
+from .imagefolder import ImagefolderSource
 from .litdata import LitDataSource
 from .mds import MDSSource
 from .metadata import MetadataSource
@@ -36,7 +38,8 @@ from .webdataset import WebDatasetSource, is_tar_url
 #: then the formats SRC may be in, in detection order (the folder layout last: it takes any SRC).
 SOURCES: dict[str, Source] = {s.name: s for s in (
     CocoSource(), MetadataSource(), FileListSource(),
-    MDSSource(), LitDataSource(), ParquetSource(), WebDatasetSource(), FolderSource())}
+    MDSSource(), LitDataSource(), ImagefolderSource(), ParquetSource(), WebDatasetSource(),
+    FolderSource())}
 #: the formats SRC may be in (``source_format``'s choices): name -> one-line summary
 SOURCE_FORMATS: dict[str, str] = {n: s.summary for n, s in SOURCES.items() if s.option is None}
 

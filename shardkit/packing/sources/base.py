@@ -78,6 +78,8 @@ class SourceOptions:
     captions: bool = False
     schema: Any = None
     allow_empty: bool = False
+    #: the split of a Hugging Face imagefolder layout to pack (None: its default, ``train``)
+    split: str | None = None
 
     @staticmethod
     def keys(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -275,6 +277,8 @@ class Source:
     option: ClassVar[str | None] = None
     #: whether SRC may be a URL (else it must be a local path)
     remote: ClassVar[bool] = False
+    #: whether the source has splits (``split`` chooses one)
+    splits: ClassVar[bool] = False
 
     def asked(self, options: SourceOptions) -> bool:
         """Whether the options ask for this source (an :attr:`option` source)."""
@@ -289,6 +293,11 @@ class Source:
         if not self.remote and is_url(options.src):
             raise PackOptionError(f"{options.src}: the source folder must be a local path (only "
                                   "OUT may be a URL)")
+        if options.split is not None and not self.splits:
+            raise PackOptionError(
+                "`split` chooses a split of a Hugging Face imagefolder layout, and SRC is read as "
+                f"{self.name!r} (docs/sources.md says how the layout is detected); pass "
+                "`source_format='imagefolder'` to read it as that layout")
 
     def scan(self, options: SourceOptions) -> Scan:
         """List the records (PackError, one line, for a source that cannot be used)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..annotations import MetadataFields, names_columns
 from ..discovery import discover, read_file_list
 from .base import ImageFilesSource, Scan, SourceOptions
+from .imagefolder import reads
 
 
 class MetadataSource(ImageFilesSource):
@@ -20,7 +21,8 @@ class MetadataSource(ImageFilesSource):
     def asked(self, options: SourceOptions) -> bool:
         return (options.metadata_file is not None or bool(options.captions)
                 or options.schema is not None
-                or (options.file_list is not None and names_columns(options.file_list)))
+                or (options.file_list is not None and names_columns(options.file_list))
+                ) and not reads(options)  # SRC is the imagefolder layout: that source's options
 
     def parameter(self, options: SourceOptions) -> str:
         return next(name for name, given in (
