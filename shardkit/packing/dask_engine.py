@@ -18,14 +18,16 @@ default engine.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import statistics
 import sys
 import threading
 import time
 import uuid
 from collections import deque
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from ..errors import PackError
 from .allocator import image_blocks
@@ -59,6 +61,23 @@ QUIET_WORKERS = {"distributed.worker.profile.enabled": False,
 T = TypeVar("T")
 
 
+@contextlib.contextmanager
+def _ctrl_c_here_only() -> Iterator[None]:
+    """SIGINT blocked in this thread meanwhile: the cluster's threads started here inherit the
+    mask, and so do the worker processes they start, through exec, for good. A terminal's Ctrl-C,
+    sent to the whole process group, then reaches the pack's own process alone, which stops the
+    pack in one line and closes the cluster (each worker printed its KeyboardInterrupt's
+    traceback); one pressed meanwhile is raised as it ends."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # started later, it would unblock SIGINT in its caller
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def _import_dask() -> Any:
     try:
         import dask.distributed as dd
@@ -85,7 +104,7 @@ class DaskSession:
             # No dashboard, and the scheduler's HTTP server (health checks only then) on a free
             # port of 127.0.0.1: by default it takes 8787, warning when another cluster has it.
             try:
-                with dask.config.set(QUIET_WORKERS):
+                with dask.config.set(QUIET_WORKERS), _ctrl_c_here_only():
                     self.cluster = dd.LocalCluster(
                         n_workers=max(1, workers), threads_per_worker=1, processes=True,
                         host="127.0.0.1", dashboard_address="127.0.0.1:0",

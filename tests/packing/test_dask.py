@@ -18,7 +18,7 @@ from shardkit.errors import PackError
 from shardkit.packing.layout import mixed_slots
 from shardkit.read.inspect import verify
 
-from helpers import image_tree, run_program
+from helpers import image_tree, program_cmd, program_env, run_program
 from helpers.scaleout import manifest, partial_of, shard_digests, store_files
 
 distributed = pytest.importorskip("dask.distributed")
@@ -340,3 +340,35 @@ def test_a_scheduler_without_workers_is_said_then_waited_for(src, local, tmp_pat
                 os.killpg(worker.pid, signal.SIGTERM)
                 worker.wait(timeout=60)
     assert store_files(out) == store_files(local["lmdb"])
+
+
+def test_ctrl_c_while_the_workers_pack_is_one_line(src, tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the whole process group) while the LocalCluster's workers
+    run the pack's tasks, one frozen on an image: the pack's one line and exit 130 (each worker
+    process printed its KeyboardInterrupt's traceback, 30 lines, before it)."""
+    import signal
+
+    out, events = str(tmp_path / "out"), str(tmp_path / "events")
+    first = sorted(os.listdir(src))[0]
+    block = os.path.join(first, sorted(os.listdir(os.path.join(src, first)))[0])
+    proc = subprocess.Popen(
+        [*program_cmd("blocking_pack"), "pack", src, out, *ARGS, "--engine", "dask",
+         "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+        env=program_env({"SHARDKIT_TEST_BLOCK": block, "SHARDKIT_TEST_EVENTS": events,
+                         # runpy's note on the test hook imported twice (sitecustomize, -m)
+                         "PYTHONWARNINGS": "ignore::RuntimeWarning"}))
+    try:
+        deadline = time.monotonic() + 120  # only against a hang
+        while not (os.path.exists(events) and "\nblock " in "\n" + open(events).read()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    lines = err.splitlines()
+    assert proc.returncode == 130 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("shardkit pack: interrupted; ")
