@@ -217,7 +217,9 @@ class Recipe:
         for k, (height, width) in enumerate(sizes):
             if reseed is not None:
                 reseed(seed_list[k])
-            if mode == "random_resized":
+            if not size and mode == "center":  # the whole record (a bucketed store's flip)
+                top, left, h, w = 0, 0, height, width
+            elif mode == "random_resized":
                 area = height * width
                 for _ in range(10):
                     target_area = area * uniform(s0, s1).item()
@@ -274,14 +276,17 @@ def draw_views(recipes: Sequence[Recipe], sizes: Sequence[Sequence[int]],
 
 
 def recipe(crop: int | None, mode: str, scale: Sequence[float], ratio: Sequence[float],
-           flip: float, dct_scale: bool = False) -> Recipe | None:
-    """A dataset's ``Recipe``, or None for a plain centre crop (the fast path draws nothing)."""
+           flip: float, dct_scale: bool = False, whole: bool = False) -> Recipe | None:
+    """A dataset's ``Recipe``, or None for a plain centre crop (the fast path draws nothing).
+    ``whole``: without ``crop``, a flip draws for the whole record (a bucketed store's)."""
     if mode not in codec.CROP_MODES:
         raise OptionError(f"crop_mode must be one of {codec.CROP_MODES}, got {mode!r}")
     if isinstance(flip, bool) or not isinstance(flip, (int, float)) or not 0 <= flip <= 1:
         raise OptionError(f"flip must be a probability between 0 and 1, got {flip!r}")
     made = Recipe(crop or 0, mode, scale, ratio, flip, dct_scale)  # validates scale and ratio
     if crop is None:
+        if whole and flip and mode == "center":
+            return made
         if mode == "random_resized" or flip:
             what = "crop_mode='random_resized'" if mode == "random_resized" else "flip"
             raise OptionError(f"{what} needs crop (the output size)")

@@ -27,6 +27,7 @@ from ..integrations.thread_engine import check_engine, engine_loader
 from . import augment, batchpool, draws, lifetime, shipping
 from . import targets as targetmod
 from .batching import Batch, collate
+from .conditioning import Conditioning
 from .decode import Decoder
 from .indices import check_index, check_indices
 from .sampler import StoreOrderSampler
@@ -160,10 +161,14 @@ class ShardDataset(OpenedInWorkers, Dataset):
                                   "flip (each View has its own) or output='bytes'")
         fanout = Fanout(threads)
         dct_scale = bool(dct_scale)
-        recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale)
+        recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale, whole=True)
         # Through the pack's record layout: ds[i] is logical record i wherever its shard holds it.
         self.store = open_layout(Store(path, max_open_shards, cache_dir=cache_dir,
                                        cache_limit=cache_limit, storage_options=storage_options))
+        if recipe is not None and not recipe.size and self.store.settings.get("buckets") is None:
+            self.store.close()  # only a bucketed store's records flip whole (batched as stored)
+            raise OptionError("flip needs crop (the output size); without one only a store "
+                              "packed with buckets flips, each record whole")
         self.root = self.store.path
         self._transform = transform  # composed explicitly here; see the ``transform`` setter
         self.target_transform = target_transform
@@ -178,7 +183,8 @@ class ShardDataset(OpenedInWorkers, Dataset):
         #: Builds each sample's target dict from the requested fields (None: the class label).
         self._targets = None if fields is None else targetmod.Targets(
             targetmod.store_schema(self.store), fields, sanitize=sanitize,
-            tv_tensors=tv_tensors, multi_hot=multi_hot, ragged=ragged)
+            tv_tensors=tv_tensors, multi_hot=multi_hot, ragged=ragged,
+            conditioning=Conditioning.of(self.store))
         self.transforms = transforms
 
     def _set_recipes(self, recipe: augment.Recipe | None, views: tuple | None,
@@ -354,7 +360,10 @@ class ShardDataset(OpenedInWorkers, Dataset):
                 self._decoder.check(shard, k, local, buf)
             return self._sample(bytes(buf), label)
         if self._sizes is None:
-            return self._sample(self._present(self._decoder.image(shard, k, local, buf)), label)
+            img = self._decoder.image(shard, k, local, buf)
+            if origin[0] is not None and origin[0].flip:  # a bucketed record flipped whole
+                img = np.ascontiguousarray(img[:, ::-1])
+            return self._sample(self._present(img), label)
         outs = [np.empty((h, w, 3), np.uint8) for h, w in self._sizes]
         self._decoder.into(outs, shard, k, local, buf, int(shard.heights[local]),
                            int(shard.widths[local]), origin)

@@ -22,6 +22,7 @@ import torch
 from ..errors import OptionError
 from ..fields import kinds
 from ..fields import geometry
+from .conditioning import DERIVED, STORED
 
 RaggedMode = Literal["list", "padded", "packed"]
 RAGGED_MODES: tuple[str, ...] = ("list", "padded", "packed")
@@ -47,16 +48,22 @@ class Targets:
 
     def __init__(self, schema: Any, names: Sequence[str], *, sanitize: bool = False,
                  tv_tensors: bool | None = None, multi_hot: bool | Sequence[str] = False,
-                 ragged: RaggedMode | Mapping[str, RaggedMode] = "list") -> None:
+                 ragged: RaggedMode | Mapping[str, RaggedMode] = "list",
+                 conditioning: Any = None) -> None:
         if isinstance(names, str) or not all(isinstance(n, str) for n in names):
             raise OptionError(f"fields must be a list of field names, got {names!r}")
         declared = [] if schema is None else schema.names
+        #: A bucketed store's crop conditioning (:mod:`.conditioning`), its derived fields.
+        self.conditioning = conditioning
+        self.derived = [n for n in names if n in DERIVED] if conditioning is not None else []
+        if conditioning is not None:
+            declared = declared + list(DERIVED)
         unknown = [n for n in names if n != LABEL and n not in declared]
         if unknown:
             raise OptionError(f"fields: {unknown[0]!r} is not a field of this store (it has "
                               f"{', '.join(declared) or 'none'}; 'label' is the class label)")
         self.schema, self.names = schema, list(names)
-        self.fields = {n: schema[n] for n in names if n != LABEL}
+        self.fields = {n: schema[n] for n in names if n != LABEL and n not in self.derived}
         wanted = tv_tensors if tv_tensors is not None else True
         self.tv = _tv_tensors() if wanted else False
         if tv_tensors and not self.tv:
@@ -95,16 +102,27 @@ class Targets:
         canvas = move.out_size if move is not None else (height, width)
         moved = moved or {}
         raw = {n: moved[n] if n in moved else shard.fields.value(n, local) for n in self.fields}
+        if self.conditioning is not None and (self.derived or (
+                "crop_top_left" in raw and move is not None and move.flip and not move.clamp)):
+            raw.update(self._conditioning(shard, local, move))
         out: dict[str, Any] = {}
         for name in self.names:
             if name == LABEL:
                 out[name] = int(shard.labels[local])
                 continue
-            out[name] = (torch.from_numpy(raw[name]) if name in moved
+            out[name] = (torch.from_numpy(raw[name]) if name in moved or name in self.derived
                          else self._convert(self.fields[name], raw[name], move))
         if self.sanitize:
             self._sanitize(out, canvas)
         return self._wrap(out, canvas)
+
+    def _conditioning(self, shard: Any, local: int, move: Any) -> dict[str, np.ndarray]:
+        """The derived crop conditioning and, on a whole-record flip, ``crop_top_left``
+        moved (a decode crop is not a whole-record flip: the values stay the stored ones)."""
+        flipped = move is not None and move.flip and not move.clamp
+        stored = {n: shard.fields.value(n, local) for n in STORED}
+        names = self.derived + (["crop_top_left"] if "crop_top_left" in self.fields else [])
+        return self.conditioning.values(names, stored, flipped)
 
     def _wrap(self, out: dict[str, Any], canvas: tuple[int, int]) -> dict[str, Any]:
         """Boxes as ``BoundingBoxes`` on ``canvas`` and masks as ``Mask`` (with torchvision)."""
@@ -124,7 +142,7 @@ class Targets:
         :meth:`build` one by one, without its per-sample cost)."""
         moves = [move_for(p, mode, crop, int(shard.heights[i]), int(shard.widths[i]))
                  for p, i in zip(plans, locals_)]
-        if not locals_ or any(m is None for m in moves) or self.multi_hot:
+        if not locals_ or any(m is None for m in moves) or self.multi_hot or self.derived:
             return [self.build(shard, i, m) for i, m in zip(locals_, moves)]
         n, idx = len(locals_), np.asarray(locals_, dtype=np.int64)
         ragged = {name: f for name, f in self.fields.items() if isinstance(f, kinds.Ragged)}
@@ -264,8 +282,10 @@ def move_for(plan: Any, mode: str, crop: int | tuple[int, int] | None, height: i
     """The geometry of one sample from its decode plan (:class:`shardkit.read.augment.Plan`, or
     None for a plain centre crop), or None when the image is returned whole; ``crop`` is the
     output size (a view's may be (height, width))."""
-    if crop is None:
-        return None
+    if crop is None:  # the whole record, flipped where its plan says (a bucketed store)
+        if plan is None or not plan.flip:
+            return None
+        return geometry.Move(0, 0, height, width, (height, width), True, (0, 0), False)
     if plan is None:  # a plain centre crop
         from ..codec import center_origin
 
