@@ -8,6 +8,7 @@ defaults, and its ``bucket_no_upscale`` rule), ``"sdxl"`` (SDXL's 40 training si
 ``as_meta()`` is what a store's metadata records (JSON) and :func:`from_meta` reads it back.
 
 * :mod:`.rules`        the rules and their placement arithmetic (:class:`Placement`)
+* :mod:`.registry`     the rules by name, and from a store's metadata
 * :mod:`.kohya`        the arithmetic of sd-scripts' ``BucketManager``, restated
 * :mod:`.conventions`  ``crop_top_left`` as diffusers computes it, ``get_crop_ltrb`` as kohya does
 * :mod:`.merge`        folding buckets that hold too few records into their nearest neighbour
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 from .conventions import diffusers_crop_top_left, kohya_crop_ltrb, kohya_crop_top_left
 from .merge import merge_small
-from .rules import (RULES, SDXL_SIZES, AreaRule, BucketRule, KohyaRule, ListRule, Placement,
-                    SDXLRule, TooSmall, from_meta, rule)
+from .registry import RULES, from_meta, rule
+from .rules import (SDXL_SIZES, AreaRule, BucketRule, KohyaRule, ListRule, Placement, SDXLRule,
+                    TooSmall)
 
 __all__ = ["AreaRule", "BucketRule", "KohyaRule", "ListRule", "Placement", "RULES", "SDXLRule",
            "SDXL_SIZES", "TooSmall", "diffusers_crop_top_left", "from_meta", "kohya_crop_ltrb",

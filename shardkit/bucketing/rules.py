@@ -212,7 +212,7 @@ class AreaRule(_Nearest):
 
     def __post_init__(self) -> None:
         _check_step(self.step)
-        if not _is_int(self.side) or self.side < self.step:
+        if not is_int(self.side) or self.side < self.step:
             raise PackOptionError(f"`buckets` must be a side of at least `bucket_step` "
                                   f"({self.step}), not {self.side!r}")
         _check_upscale(self.upscale)
@@ -245,7 +245,7 @@ class ListRule(_Nearest):
         found = set()
         for size in self.candidates:
             pair = tuple(size) if isinstance(size, (list, tuple)) else ()
-            if len(pair) != 2 or not all(_is_int(v) and v >= 1 for v in pair):
+            if len(pair) != 2 or not all(is_int(v) and v >= 1 for v in pair):
                 raise PackOptionError(f"`buckets` sizes must be (height, width) pairs of "
                                       f"positive integers, not {size!r}")
             found.add((int(pair[0]), int(pair[1])))
@@ -316,16 +316,16 @@ class KohyaRule(_Kohya):
 
     def __post_init__(self) -> None:
         res = self.resolution
-        res = (res, res) if _is_int(res) else tuple(res) if isinstance(res, (list, tuple)) else ()
-        if len(res) != 2 or not all(_is_int(v) and v >= 1 for v in res):
+        res = (res, res) if is_int(res) else tuple(res) if isinstance(res, (list, tuple)) else ()
+        if len(res) != 2 or not all(is_int(v) and v >= 1 for v in res):
             raise PackOptionError(f"`resolution` must be a side or a (width, height) pair of "
                                   f"positive integers, not {self.resolution!r}")
         steps = self.bucket_reso_steps
-        if not _is_int(steps) or steps < 1:
+        if not is_int(steps) or steps < 1:
             raise PackOptionError(f"`bucket_reso_steps` must be a positive integer, not "
                                   f"{steps!r}")
         for name in ("min_bucket_reso", "max_bucket_reso"):
-            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise PackOptionError(f"`{name}` must be a positive integer, not "
                                       f"{getattr(self, name)!r}")
         if not isinstance(self.bucket_no_upscale, bool):
@@ -393,55 +393,8 @@ class SDXLRule(_Kohya):
         return (height, width) in self.sizes
 
 
-RULES: dict[str, type] = {"area": AreaRule, "kohya": KohyaRule, "sdxl": SDXLRule,
-                          "list": ListRule}
-
-
-def rule(name: str, **params: Any) -> BucketRule:
-    """The rule registered as ``name`` (:data:`RULES`) with these parameters."""
-    if name not in RULES:
-        raise PackOptionError(f"`buckets` must be a side, a list of (height, width) sizes or "
-                              f"one of {', '.join(repr(n) for n in RULES)}, not {name!r}")
-    return RULES[name](**params)
-
-
-def from_meta(meta: dict[str, Any]) -> BucketRule:
-    """The rule a store's ``settings["buckets"]`` records (ValueError if it is not one). An
-    entry ``{"rule": "kohya", "side": N, ...}`` is the area rule under its earlier name."""
-    meta = dict(meta)
-    name = meta.pop("rule", None)
-    merged = meta.pop("merged", ())
-    count = meta.pop("min_bucket_count", 0)
-    if name == "kohya" and "side" in meta:
-        name = "area"
-    if name == "area":
-        made: BucketRule = AreaRule(meta["side"], meta["step"], meta["upscale"])
-        if meta["area"] != made.area:
-            raise ValueError("area and side disagree")
-    elif name == "list":
-        made = ListRule(tuple(map(tuple, meta["candidates"])), meta["step"], meta["upscale"])
-        if meta["area"] != made.area:
-            raise ValueError("area and candidates disagree")
-    elif name == "kohya":
-        made = KohyaRule(**meta)
-        if made.params() != meta:
-            raise ValueError("parameters are not sd-scripts' adjusted ones")
-    elif name == "sdxl":
-        made = SDXLRule(**meta)
-    else:
-        raise ValueError(f"unknown rule {name!r}")
-    if not isinstance(merged, (list, tuple)) or not all(
-            isinstance(m, list) and len(m) == 2 and all(
-                isinstance(s, list) and len(s) == 2 and all(_is_int(v) and v >= 1 for v in s)
-                for s in m) for m in merged):
-        raise ValueError("merged must be a list of [[h, w], [h, w]] pairs")
-    if not _is_int(count) or count == 1 or count < 0 or (merged and not count):
-        raise ValueError("min_bucket_count must be an integer >= 2 where buckets are merged")
-    return made.with_merged(merged, count) if count else made
-
-
 def _check_step(step: Any) -> None:
-    if not _is_int(step) or step < 1:
+    if not is_int(step) or step < 1:
         raise PackOptionError(f"`bucket_step` must be a positive integer, not {step!r}")
 
 
@@ -450,7 +403,8 @@ def _check_upscale(upscale: Any) -> None:
         raise PackOptionError(f"`bucket_upscale` must be True or False, not {upscale!r}")
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An integer of any integral type, not a bool."""
     if isinstance(value, bool):
         return False
     try:
