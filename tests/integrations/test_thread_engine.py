@@ -425,3 +425,34 @@ def test_pinning_threads_decode_into_page_locked_buffers(stores):
         got = list(loader)
         assert all(images.is_pinned() and labels.is_pinned() for images, labels in got)
         assert same(got, list(ds.loader(batch_size=8)))
+
+
+def test_a_stopped_epoch_starts_none_of_its_queued_batches(stores, monkeypatch):
+    """One thread, six batches queued: the loop drops the iterator while the thread is inside
+    batch 1 (held there; the stop leaves it behind after ``STOP_WAIT``). Let go, it finishes
+    batch 1 and starts none of batches 2-6."""
+    from shardkit.integrations import thread_engine
+
+    monkeypatch.setattr(thread_engine, "STOP_WAIT", 0.1)
+    inside, gate = threading.Event(), threading.Event()
+    calls = []
+
+    def hold_batch_1(img):  # batch_size=2 on one thread: calls 2k and 2k + 1 are batch k's
+        calls.append(len(calls))
+        if len(calls) == 3:
+            inside.set()
+            assert gate.wait(60)
+        return img
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the per-sample transform's note
+        ds = ShardDataset(stores["lmdb"], crop=32, transform=hold_batch_1)
+        it = iter(ds.loader(batch_size=2, engine="threads", num_threads=1, prefetch=6))
+    next(it)
+    assert inside.wait(60)
+    engine = [t for t in threading.enumerate() if t.name.startswith("shardkit-loader-")]
+    assert len(engine) == 1
+    del it  # stops the epoch
+    gate.set()
+    engine[0].join(60)
+    assert not engine[0].is_alive() and calls == [0, 1, 2, 3]

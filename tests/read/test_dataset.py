@@ -533,3 +533,29 @@ def test_an_invalid_option_is_a_shardkit_error_and_a_value_error(photo_store, kw
         ShardDataset(photo_store, **kwargs)
     assert isinstance(caught.value, ValueError) and isinstance(caught.value, ShardkitError)
     assert named in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_threads_wait_for_the_helpers_when_the_callers_share_fails(pack_photos):
+    """``threads=2``: the calling thread's own record raises while a helper thread still decodes
+    another one; the batch's error reaches the caller only once the helper is done (its records
+    live only inside the caller's read transaction). The helper waits up to 2 s for the caller
+    to have returned: it must not see that."""
+    import threading
+
+    started, returned = threading.Event(), threading.Event()
+    seen = {}
+
+    def transform(img):
+        if threading.current_thread() is threading.main_thread():
+            assert started.wait(60)  # the helper is inside its record
+            raise RuntimeError("the caller's record failed")
+        started.set()
+        seen["caller returned"] = returned.wait(2)
+        return img
+
+    ds = ShardDataset(pack_photos("lmdb"), transform=transform, threads=2)
+    with pytest.raises(RuntimeError, match="the caller's record failed"):
+        ds.__getitems__([0, 1])
+    returned.set()
+    assert seen == {"caller returned": False}
+    ds.close()
