@@ -40,7 +40,7 @@ from ..read import draws
 from ..read.buckets import BucketSampler
 from ..read.consumers import called_from_accelerate, loader_rebuild_message
 from ..read.sampler import OrderedSampler
-from .output import BatchOutput
+from .output import BatchOutput, WorkerOutput
 
 STATE_VERSION = 1
 
@@ -229,6 +229,11 @@ class ShardLoader(DataLoader):
         draws.check_carried(dataset)  # the draw seeds reach every dataset that draws
         super().__init__(dataset, batch_size, *args, **kwargs)
         self._output = BatchOutput.make(normalize, device, dtype, memory_format)
+        self._loop_output = self._output  # what the loop applies to each batch it receives
+        if self._output is not None and self._output.in_workers(dataset) \
+                and self._auto_collation:
+            self.collate_fn = WorkerOutput(self.collate_fn, self._output)
+            self._loop_output = None
         self._progress = _Progress()
         sampler = self.sampler
         if isinstance(sampler, RandomSampler) and sampler.generator is None:
@@ -298,7 +303,7 @@ class ShardLoader(DataLoader):
         return self._counted(super().__iter__())
 
     def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
-        progress, output = self._progress, self._output
+        progress, output = self._progress, self._loop_output
         for batch in batches:
             progress.batches += 1
             yield batch if output is None else output(batch)

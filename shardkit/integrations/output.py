@@ -11,11 +11,13 @@ default (``torch.channels_last`` for a model converted with ``model.to(memory_fo
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
+from torch.utils.data import get_worker_info
 
 from ..errors import OptionError
+from ..read import shipping
 
 MEMORY_FORMATS = (torch.contiguous_format, torch.channels_last)
 
@@ -79,6 +81,14 @@ class BatchOutput(NamedTuple):
         return cls(mean, std, None if device is None else torch.device(device), dtype,
                    memory_format)
 
+    def in_workers(self, dataset: Any) -> bool:
+        """Whether the batches are normalised where they are made (workers or threads) rather
+        than in the loop: a dataset's ``views`` on the CPU (ten views normalised in the loop
+        cost ten times the reading). With an accelerator ``device`` the uint8 views cross
+        first (a quarter of the bytes) and are normalised there."""
+        return getattr(dataset, "views", None) is not None and (
+            self.device is None or self.device.type == "cpu")
+
     def __call__(self, batch: Any) -> list:
         """``[normalised float images, labels]``, both on ``device`` (when given); with views
         (a list of image batches, one per view) each view is normalised."""
@@ -104,8 +114,30 @@ class BatchOutput(NamedTuple):
             images = images.to(self.device, non_blocking=True)  # uint8: a quarter of the bytes
         # One copy into the chosen layout, then in place: exactly images.float().div(255) and
         # v2.Normalize(mean, std), as shardkit.normalize computes it.
-        out = images.to(self.dtype, memory_format=self.memory_format)
+        if get_worker_info() is not None and images.device.type == "cpu":
+            # made in a DataLoader worker: in a memfd, which leaves it without /dev/shm
+            b, c, h, w = images.shape
+            out = shipping.memfd_tensor((b, h, w, c), self.dtype).permute(0, 3, 1, 2) \
+                if self.memory_format == torch.channels_last \
+                else shipping.memfd_tensor((b, c, h, w), self.dtype)
+            out.copy_(images)
+        else:
+            out = images.to(self.dtype, memory_format=self.memory_format)
         shape = (1, -1, 1, 1)
         mean = torch.tensor(self.mean, dtype=self.dtype, device=out.device).view(shape)
         std = torch.tensor(self.std, dtype=self.dtype, device=out.device).view(shape)
         return out.div_(255).sub_(mean).div_(std)
+
+
+class WorkerOutput:
+    """A loader's ``collate_fn`` followed by its ``BatchOutput``, run in the DataLoader worker
+    (or the thread-engine thread) that makes the batch: the float views leave the worker in a
+    memfd, the uint8 buffer they came from is free for the next batch at once."""
+
+    def __init__(self, collate_fn: Callable[[Any], Any], output: BatchOutput) -> None:
+        self.collate_fn = collate_fn
+        self.output = output
+
+    def __call__(self, samples: Any) -> list:
+        images, labels = self.output(self.collate_fn(samples))
+        return [images, shipping.convert(labels)]

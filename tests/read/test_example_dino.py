@@ -1,5 +1,5 @@
 """``examples/train_dino.py`` trains a few DINO steps on CPU from views of a real store, in a
-subprocess: every step gets the global and local uint8 views at their sizes, the teacher the
+subprocess: every step gets the global and local views at their sizes, normalised floats, the teacher the
 global ones, the loss every (teacher view, other student view) pair, and a finite value."""
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ def test_dino_example_trains_on_views(tmp_path):
     steps = [json.loads(line) for line in done.stdout.splitlines()]
     assert [s["step"] for s in steps] == [0, 1, 2]
     for s in steps:
-        # 2 global and 2 local uint8 views of every sample, at their sizes; the teacher sees
+        # 2 global and 2 local float views (normalised in the workers) of every sample, at their
+        # sizes; the teacher sees
         # the global ones; the loss pairs each teacher view with every other student view
         assert s["views"] == [[4, 3, 32, 32]] * 2 + [[4, 3, 16, 16]] * 2
-        assert s["dtype"] == "torch.uint8" and s["teacher_views"] == 2
+        assert s["dtype"] == "torch.float32" and s["teacher_views"] == 2
         assert s["pairs"] == 2 * 4 - 2
         assert s["loss"] == s["loss"] and 0 < s["loss"] < 100  # finite, not NaN

@@ -217,3 +217,26 @@ def test_views_through_mix_sampler_lightning_and_normalize(stores):
     for view, uint8 in zip(images, raw):
         assert view.dtype == torch.float32 and view.is_contiguous()
         assert torch.equal(view, (uint8.float().div(255) - 0.5) / 0.25)
+
+
+@pytest.mark.parametrize("engine, workers", [("processes", 0), ("processes", 2), ("threads", 0)])
+def test_normalize_gives_float_views_made_where_the_batch_is_made(stores, engine, workers):
+    """``ds.loader(normalize=...)`` over views: each view equals the uint8 view normalised in
+    the loop (``shardkit.normalize``), in the layout asked for; with workers the float views are
+    made there (they arrive in shared memory, as a worker's batch does)."""
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    ds = ShardDataset(stores["shards"], views=VIEWS)
+    common = dict(batch_size=8, sampler=range(len(ds)), engine=engine, num_workers=workers,
+                  generator=torch.Generator().manual_seed(11))
+    if workers:
+        common.update(multiprocessing_context="fork", persistent_workers=False)
+    raw = [([v.clone() for v in views], labels.clone()) for views, labels in ds.loader(**common)]
+    fmt = torch.channels_last if workers else torch.contiguous_format
+    got = list(ds.loader(**common, normalize=(mean, std), memory_format=fmt))
+    assert len(got) == len(raw) == 3
+    for (views, labels), (uint8, raw_labels) in zip(got, raw):
+        assert torch.equal(labels, raw_labels) and len(views) == len(VIEWS)
+        for view, want in zip(views, uint8):
+            assert view.dtype == torch.float32 and view.is_contiguous(memory_format=fmt)
+            assert torch.equal(view, shardkit.normalize(want, mean, std))
+            assert view.untyped_storage().is_shared() == bool(workers)
