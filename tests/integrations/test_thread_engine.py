@@ -2,10 +2,9 @@
 training process, ahead of the loop, with no worker process, no shared memory and no pickling.
 
 Every read path gives, on the thread engine with 1 and with 3 threads, the very batches the
-process engine gives (``num_workers=0``: the same index lists through the same
-``__getitems__``), wherever the batches do not depend on torch's global RNG; random crops, flips
-and views are checked for their shapes and records here (their pixel identity on every engine
-is ``tests/read/test_draws.py``'s). The proofs: no child process during an epoch, every sample
+process engine gives with two worker processes and with ``num_workers=0`` (the same index lists
+through the same ``__getitems__``), random crops, flips and views included (their draws are
+keyed per sample: ``tests/read/test_draws.py``). The proofs: no child process during an epoch, every sample
 once, a damaged record's ``StoreError`` raised in the caller, no thread left behind after a
 ``break``, a dropped loader or at interpreter exit, prefetching bounded by ``prefetch``, a
 mid-epoch ``state_dict`` resumed on a new loader, and a 64 MB ``/dev/shm``.
@@ -99,8 +98,10 @@ def seeded(kwargs: dict) -> dict:
 
 
 def test_every_path_gives_the_process_engines_batches(stores):
-    """One matrix over the module's stores: each case read on the process engine and on the
-    thread engine with 1 and with 3 threads (``prefetch=2``: batches finish out of order)."""
+    """One matrix over the module's stores: each case read on the process engine with two
+    worker processes (the reference), and compared with the thread engine with 1 and with 3
+    threads (``prefetch=2``: batches finish out of order) and with ``num_workers=0`` ("0
+    threads" below)."""
     lmdb, hdf5, folder = stores["lmdb"], stores["hdf5"], stores["folder"]
     remote = ShardDataset(stores["remote"], crop=32, cache_dir=stores["cache"])
     cropped = ShardDataset(folder, crop=32)
@@ -146,9 +147,10 @@ def test_every_path_gives_the_process_engines_batches(stores):
     for name, ds, kwargs, exact in cases:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # the per-sample transform's note
-            ref = list(ds.loader(**seeded(kwargs)))
+            ref = list(ds.loader(num_workers=2, **seeded(kwargs)))  # real worker processes
             got = {n: list(ds.loader(engine="threads", num_threads=n, prefetch=2,
                                      **seeded(kwargs))) for n in (1, 3)}
+            got[0] = list(ds.loader(**seeded(kwargs)))  # the process engine in this process
         for n, batches in got.items():
             if len(batches) != len(ref) or not ref:
                 failures.append(f"{name}, {n} threads: {len(batches)} batches, the process "
@@ -410,20 +412,38 @@ def test_timm_create_loader_picks_the_engine(stores, tv_python, tmp_path):
 
 
 def test_pinning_threads_decode_into_page_locked_buffers(stores):
-    """An engine thread that pins asks the batch pool for page-locked memory (the dispatch is
-    checked everywhere; allocating it, and the batches it gives, where CUDA is present)."""
+    """A thread that pins (an engine thread with ``pin_memory=True`` and CUDA) has its batches
+    decoded into torch's page-locked memory, in that thread only. Without an accelerator torch
+    refuses page-locked memory, so here the check is that the decode asks for it (the refusal
+    comes from the pinned pool's allocation) while another thread gets the private pool; only
+    with CUDA are the engine's batches checked to be pinned, decoded in place (``pin_memory``
+    kept the batch buffer's channels-last strides: no copy) and equal to the process engine's."""
     from shardkit.read import batchpool
 
+    ds = ShardDataset(stores["lmdb"], crop=32)
     assert isinstance(batchpool.pool(False), batchpool.BatchPool)
+    elsewhere = []
     with batchpool.pinned():
         assert isinstance(batchpool.pool(False), batchpool.PinnedPool)
         assert isinstance(batchpool.pool(True), batchpool.BatchPool)  # a worker's: shared
+        other = threading.Thread(target=lambda: elsewhere.append(type(batchpool.pool(False))))
+        other.start()
+        other.join()
+        if not torch.cuda.is_available():
+            with pytest.raises(RuntimeError) as refused:  # torch: no pinned allocator
+                ds.__getitems__(list(range(8)))
+            asked = [type(entry.locals.get("self")).__name__ for entry in refused.traceback]
+            assert "PinnedPool" in asked  # the batch buffer was asked of the pinned pool
+        else:
+            batch = ds.__getitems__(list(range(8)))
+            assert batch.images.is_pinned()
+    assert elsewhere == [batchpool.BatchPool]  # pinning is the pinning thread's only
     assert isinstance(batchpool.pool(False), batchpool.BatchPool)
     if torch.cuda.is_available():
-        ds = ShardDataset(stores["lmdb"], crop=32)
         loader = ds.loader(batch_size=8, engine="threads", num_threads=2, pin_memory=True)
         got = list(loader)
         assert all(images.is_pinned() and labels.is_pinned() for images, labels in got)
+        assert all(images.stride() == (32 * 32 * 3, 1, 32 * 3, 3) for images, _ in got)
         assert same(got, list(ds.loader(batch_size=8)))
 
 
