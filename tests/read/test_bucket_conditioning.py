@@ -83,3 +83,29 @@ def test_flip_without_crop_needs_a_bucketed_store(pack_photos):
         shardkit.ShardDataset(pack_photos("lmdb"), flip=0.5)
     with pytest.raises(OptionError, match="'crop_ltrb' is not a field of this store"):
         shardkit.ShardDataset(pack_photos("lmdb"), fields=["crop_ltrb"])
+
+
+def test_flip_moves_boxes_with_the_whole_record(tmp_path):
+    """Boxes of a flipped record are mirrored on its width (``W - x2, W - x1``: v2's
+    ``RandomHorizontalFlip`` of the whole image), not clamped."""
+    import json
+
+    from PIL import Image
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = [[[0.125, 0.25, 0.5, 0.75], [0.0, 0.0, 1.0, 1.0]], [[0.0625, 0.125, 0.75, 1.0]]]
+    for i, boxes in enumerate(rows):
+        Image.fromarray(np.full((32, 48, 3), 40 * i, np.uint8)).save(src / f"{i}.png")
+        with open(src / "metadata.jsonl", "a") as f:
+            f.write(json.dumps({"file_name": f"{i}.png", "boxes": boxes}) + "\n")
+    out = str(tmp_path / "boxes.lmdb")
+    shardkit.pack(str(src), out, buckets=[(32, 48)], bucket_step=8, workers=0, progress=False,
+                  metadata_file=str(src / "metadata.jsonl"),
+                  schema=[shardkit.fields.Boxes("boxes", format="XYXY", normalized=True)])
+    ds = shardkit.ShardDataset(out, fields=["boxes"], flip=1.0, tv_tensors=False)
+    for i in range(len(ds)):
+        image, target = ds[i]
+        want = np.array(rows[int(ds.source_path(i)[0])], np.float32) * [48, 32, 48, 32]
+        want[:, [0, 2]] = 48 - want[:, [2, 0]]
+        assert image.shape == (3, 32, 48) and np.array_equal(target["boxes"].numpy(), want)
