@@ -311,7 +311,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
         print("fields:\n" + Schema.from_json(summary["fields"]).describe())
     if summary.get("buckets"):
-        _report_buckets(summary["buckets"])
+        _report_buckets(summary["buckets"], summary["small_buckets"])
     return EXIT_OK
 
 
