@@ -33,21 +33,51 @@ SHELL = {"bash", "sh", "shell", "console"}
 # Words in code spans and shell blocks that name a file of this repository.
 REPO_PATH = re.compile(
     r"(?<![\w./~$-])(?:\./)?(?:shardkit|tests|benchmarks|scripts|examples|docs)/[\w./-]*\w")
-# Blocks that cannot run on a CPU-only machine without a cluster or a bucket.
-NEEDS_MORE = re.compile(r"cuda|init_process_group|://|/data/|/shared/")
-# What a runnable block finds in its working folder (see ``doc_stores``).
-STORES = ("imgs", "train.lmdb", "val.lmdb", "train.h5", "train-shards")
+# What every python block finds in its working folder (see ``doc_stores``): an ImageFolder,
+# stores packed from it, an aspect-ratio bucketed store with captions (a folder and a file) and
+# a COCO store with masks.
+STORES = ("imgs", "train.lmdb", "val.lmdb", "train.h5", "train-shards", "train-1024",
+          "train-kohya", "sdxl.lmdb", "coco-train.lmdb")
+# How tests/test_docs.py runs a ```python block is said by an HTML comment (invisible on GitHub)
+# on the lines right above it; without one the block runs as written:
+#   <!-- not run: REASON -->     not run, for REASON (a GPU cluster, a bucket): counted, shown
+#   <!-- run: setup=NAME -->     SETUPS[NAME] runs first (binds names a fragment reads)
+#   <!-- run: env=torchvision --> in the torchvision environment (.venv-tv: torchvision, timm)
+#   <!-- run: cuda=cpu -->       without CUDA, ``x.cuda(...)`` runs as ``x.to("cpu", ...)``
+# (``run:`` takes several, space-separated).
+NOTE = re.compile(r"<!--\s*(not run|run):(.*?)-->", re.S)
+ENVS = ("", "torchvision")
+SETUPS = {
+    # a dataset as the README's Read section makes it
+    "ds": 'import shardkit\nds = shardkit.ShardDataset("train.lmdb", crop=224, crop_mode="random")\n',
+    # what StoreWriter's add / add_encoded take: one source image, decoded and as its bytes
+    "arrays": ("import glob\nimport numpy as np\nimport shardkit\nfrom PIL import Image\n"
+               "source = sorted(glob.glob('imgs/*/*.jpg'))[0]\n"
+               "jpeg_bytes = open(source, 'rb').read()\n"
+               "pixels = np.asarray(Image.open(source).convert('RGB'))\n"
+               "(height, width), label = pixels.shape[:2], 1\n"),
+    # what the rest of diffusers' SDXL training script has made by then (a stand-in model)
+    "sdxl_script": ("import torch\nunet = torch.nn.Linear(6, 1)\n"
+                    "optimizer = torch.optim.SGD(unet.parameters(), lr=0.1)\n"
+                    "lr_scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)\n"
+                    "first_epoch, num_train_epochs = 0, 1\n"),
+    # one sample's draw as the loader keys it (the text above the block names them)
+    "sample_seed": ("import torch\nimport shardkit\nfrom torchvision.transforms import v2\n"
+                    "path, index, seed, epoch, position = 'train.lmdb', 3, 11, 2, 5\n"),
+}
 
 _MD = MarkdownIt("commonmark").enable("table")
 
 
 @dataclass(frozen=True)
 class Block:
-    """A fenced code block: the page it is on, its first line (1-based), language and text."""
+    """A fenced code block: the page it is on, its first line (1-based), language and text, and
+    the HTML comment right above it (``""`` without one: see ``NOTE``)."""
     page: str
     line: int
     lang: str
     text: str
+    note: str = ""
 
     def __str__(self) -> str:
         return f"{self.page}:{self.line}"
@@ -82,8 +112,52 @@ def _headings_of(path: str) -> set[str]:
 
 
 def blocks(page: str, text: str) -> list[Block]:
-    return [Block(page, tok.map[0] + 1, tok.info.split()[0] if tok.info else "", tok.content)
-            for tok in _MD.parse(text) if tok.type == "fence"]
+    found, before = [], None
+    for tok in _MD.parse(text):
+        if tok.type == "fence":
+            note = before.content.strip() if before is not None and \
+                before.type == "html_block" else ""
+            found.append(Block(page, tok.map[0] + 1, tok.info.split()[0] if tok.info else "",
+                               tok.content, note))
+        if tok.map is not None:  # block-level tokens only (not a paragraph's inline content)
+            before = tok
+    return found
+
+
+@dataclass(frozen=True)
+class RunNote:
+    """How a python block runs (see ``NOTE``)."""
+    reason: str | None = None     # not run, and why
+    setup: tuple[str, ...] = ()   # SETUPS that run first
+    env: str = ""                 # "" (this interpreter's environment) or "torchvision"
+    cuda_cpu: bool = False        # .cuda(...) runs on the CPU where CUDA is missing
+
+
+def run_note(block: Block) -> RunNote:
+    """The block's note, read; a malformed one raises ``ValueError`` naming the block."""
+    found = NOTE.fullmatch(block.note) if block.note else None
+    if block.note and block.note.startswith("<!--") and found is None:
+        raise ValueError(f"{block}: not a run note: {block.note!r}")
+    if found is None:
+        return RunNote()
+    kind, body = found.group(1), " ".join(found.group(2).split())
+    if kind == "not run":
+        if not body:
+            raise ValueError(f"{block}: 'not run' needs a reason")
+        return RunNote(reason=body)
+    setup, env, cuda_cpu = [], "", False
+    for word in body.split():
+        key, _, value = word.partition("=")
+        if key == "setup" and value in SETUPS:
+            setup.append(value)
+        elif key == "env" and value in ENVS:
+            env = value
+        elif key == "cuda" and value == "cpu":
+            cuda_cpu = True
+        else:
+            raise ValueError(f"{block}: unknown run option {word!r} (setup=NAME with NAME one "
+                             f"of {sorted(SETUPS)}, env=torchvision, cuda=cpu)")
+    return RunNote(setup=tuple(setup), env=env, cuda_cpu=cuda_cpu)
 
 
 def read_text(path: str) -> str:
@@ -305,17 +379,6 @@ def free_names(code: str) -> set[str]:
     return read - bound - set(dir(builtins))
 
 
-def runnable(block: Block) -> bool:
-    """A block runs when it compiles, binds every name it reads, needs no GPU, cluster, bucket
-    or absolute data path, and reads only the stores the test provides (``STORES``)."""
-    try:
-        if free_names(block.text) or NEEDS_MORE.search(block.text):
-            return False
-        return store_paths(block.text, written=False) <= set(STORES)
-    except SyntaxError:
-        return False
-
-
 def store_paths(code: str, written: bool) -> set[str]:
     """The string paths a block's shardkit calls write (``written``: the OUT of ``pack(SRC,
     OUT)`` and ``StoreWriter(OUT)``) or read (the first argument of any other shardkit call,
@@ -362,13 +425,20 @@ def diff_problems(block: Block, root: str = ROOT) -> list[str]:
     return problems
 
 
-# Runs each block in its own folder, in one fresh interpreter (torch is imported once).
+# Runs each block in its own folder, in one fresh interpreter (torch is imported once): its
+# setup first, in the same namespace; ``.cuda(`` on the CPU where asked and CUDA is missing.
 _RUNNER = """
-import json, os, sys, traceback
-for cwd, name, code in json.load(sys.stdin):
+import json, os, re, sys, traceback
+for cwd, name, setup, code, cuda_cpu in json.load(sys.stdin):
     os.chdir(cwd)
     try:
-        exec(compile(code, name, "exec"), {"__name__": "__main__"})
+        if cuda_cpu:
+            import torch
+            if not torch.cuda.is_available():
+                code = re.sub(r"[.]cuda[(]", '.to("cpu", ', code)
+        namespace = {"__name__": "__main__"}
+        exec(compile(setup, name + " (setup)", "exec"), namespace)
+        exec(compile(code, name, "exec"), namespace)
     except BaseException as exc:
         missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
         if missing and missing.split(".")[0] != "shardkit":  # an optional package not here
@@ -379,10 +449,18 @@ for cwd, name, code in json.load(sys.stdin):
 """
 
 
-def run_blocks(jobs: list[tuple[str, str, str]]) -> tuple[list[str], list[str]]:
-    """Run (folder, name, code) jobs in one fresh interpreter: (one line per block that raised,
-    one per block that imports a package this environment does not have)."""
-    run = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(jobs),
+def block_job(folder: str, block: Block) -> tuple[str, str, str, str, bool]:
+    """What ``run_blocks`` runs for ``block`` in ``folder``."""
+    note = run_note(block)
+    return (folder, str(block), "".join(SETUPS[name] for name in note.setup), block.text,
+            note.cuda_cpu)
+
+
+def run_blocks(jobs: list[tuple[str, str, str, str, bool]], python: str = sys.executable,
+               ) -> tuple[list[str], list[str]]:
+    """Run (folder, name, setup, code, cuda_cpu) jobs in one fresh ``python``: (one line per
+    block that raised, one per block that imports a package this environment does not have)."""
+    run = subprocess.run([python, "-c", _RUNNER], input=json.dumps(jobs),
                          capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr
     found: dict[str, list[str]] = {"DOC-BLOCK-FAILED": [], "DOC-BLOCK-NEEDS": []}
