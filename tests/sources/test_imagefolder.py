@@ -228,3 +228,21 @@ def test_kohya_folders_with_txt_and_caption_sidecars(tmp_path):
     assert [ds[i][1]["caption"] for i in range(3)] == ["a cat", "b cat", "c dog"]
     assert [(os.path.basename(s["path"]), s["reason"]) for s in result.skipped] == [
         ("d.png", "annotation: two different captions: d.txt and d.caption")]
+
+
+def test_metadata_file_outside_a_flat_folder_is_its_metadata(tmp_path):
+    """A flat folder of images and ``metadata_file`` kept elsewhere: every row's columns become
+    the records' fields (``file_name`` relative to SRC); none is dropped without a word."""
+    src = tmp_path / "flat"
+    for i in range(3):
+        png(str(src / f"{i}.png"), i)
+    meta = tmp_path / "elsewhere" / "rows.jsonl"
+    meta.parent.mkdir()
+    jsonl(meta, [{"file_name": f"{i}.png", "score": 10 * i, "text": f"t{i}"} for i in (2, 0)])
+    out = str(tmp_path / "o.lmdb")
+    result = shardkit.pack(str(src), out, metadata_file=str(meta), workers=1, progress=False)
+    assert [s["reason"] for s in result.skipped] == [
+        f"no metadata row names it ({meta}): datasets' imagefolder leaves it out"]
+    ds = shardkit.ShardDataset(out, fields=["score", "caption"])
+    assert [(ds[i][1]["score"], ds[i][1]["caption"]) for i in range(len(ds))] == [
+        (20, "t2"), (0, "t0")]

@@ -6,7 +6,8 @@ SRC is read so when it holds ``metadata.jsonl``/``.csv``/``.parquet`` (in SRC or
 subfolders), or images and no subfolder at all (where the ImageFolder layout finds no class);
 ``source_format='imagefolder'`` asks for it in any folder. An ImageFolder tree without a
 metadata file keeps torchvision's rules (:mod:`.folder`), and ``metadata_file`` over class
-folders keeps the metadata source's (:mod:`.metadata`).
+folders keeps the metadata source's (:mod:`.metadata`). Over a layout with no metadata file of
+its own, ``metadata_file`` is read as its metadata, ``file_name`` relative to SRC.
 
 Columns become typed fields as ``metadata_file``'s do
 (:func:`~shardkit.packing.annotations.infer_fields`); ``text`` (the caption column of
@@ -95,7 +96,7 @@ class ImagefolderSource(ImageFilesSource):
             raise PackError(f"{root}: no split {split!r} in this imagefolder layout (splits: "
                             f"{', '.join(layout.splits) or 'none, no files'}); pass `split`")
         skipped = list(layout.skipped)
-        if layout.metadata:
+        if layout.metadata or options.metadata_file is not None:
             files, found = _from_metadata(layout, split, options, skipped)
         else:
             files, found = [], _from_images(layout, split, skipped)
@@ -147,11 +148,15 @@ def _from_metadata(layout: Layout, split: str, options: SourceOptions,
     """The rows of the split's metadata files, each with its image's path: datasets' records."""
     root = layout.root
     files = layout.metadata_files(split)
-    if not files:
+    if not layout.metadata:
+        # A layout without metadata files of its own: the given file is its metadata, its
+        # file_name relative to SRC, as if it lay in SRC (never silently left unread).
+        files = [os.path.abspath(options.metadata_file)]
+    elif not files:
         others = [s for s in layout.splits if layout.metadata_files(s)]
         raise PackError(f"{root}: split {split!r} has no metadata file while {', '.join(others)} "
                         "has: datasets loads no images for it")
-    if options.metadata_file is not None:
+    if options.metadata_file is not None and layout.metadata:
         given = os.path.realpath(options.metadata_file)
         if given not in {os.path.realpath(os.path.join(root, f)) for f in files}:
             raise PackOptionError(
@@ -170,7 +175,7 @@ def _from_metadata(layout: Layout, split: str, options: SourceOptions,
         columns = columns or ((f, keys) if rows else None)
         if rows and "file_name" not in keys:
             raise PackError(f"{os.path.join(root, f)}: no 'file_name' column")
-        folder = os.path.dirname(f)
+        folder = "" if os.path.isabs(f) else os.path.dirname(f)
         for n, row in enumerate(rows, 1):
             where = f"{os.path.join(root, f)} row {n}"
             for key in list(row):
