@@ -2,15 +2,15 @@
 """A small DINO-style self-supervised loop (student/teacher, multi-crop) fed by shardkit views.
 
 Each sample comes as ``2`` global views and ``--locals`` local views, all cut from one decode of
-its record (``ShardDataset(path, views=[View(...), ...])``): exactly torchvision v2's
-``RandomResizedCrop`` + ``RandomHorizontalFlip`` of each view in turn. That is the crop and flip
-of DINO's ``DataAugmentationDINO``; DINO resizes with PIL's bicubic filter and adds colour jitter,
-grayscale, blur and solarisation, left out of this small loop. The student sees every view,
+its record with DINO's own augmentation (``ShardDataset(path, recipe=shardkit.recipes.dino(...))``:
+``DataAugmentationDINO``'s crops, flips, colour jitter, grayscale, blur, solarisation and
+normalisation, as torchvision v2's kernels on uint8 batches; main_dino.py's defaults: 2 x 224 at
+scale (0.4, 1), 8 x 96 at (0.05, 0.4)). The student sees every view,
 the teacher (an exponential moving average of the student) the global ones; the loss is DINO's
 cross-entropy between the teacher's centred, sharpened output and the student's, over pairs of
 different views. The views arrive normalised, as float batches made in the DataLoader workers
-(``ds.loader(..., normalize=(mean, std))``): normalising ten views an image in the loop would
-cost the training process more CPU than reading them.
+(the recipe ends with ``Normalize``): normalising ten views an image in the loop would cost the
+training process more CPU than reading them.
 
     python examples/train_dino.py STORE --steps 100 --workers 4
     python examples/train_dino.py STORE --global-size 64 --local-size 32 --steps 3  # CPU, tiny
@@ -30,9 +30,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from shardkit import ShardDataset, View
+from shardkit import ShardDataset
+from shardkit.recipes import dino
 
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def backbone_and_head(out_dim: int) -> nn.Module:
@@ -78,7 +78,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--global-size", type=int, default=224,
                         help="side of the 2 global views")
     parser.add_argument("--local-size", type=int, default=96, help="side of the local views")
-    parser.add_argument("--locals", type=int, default=6, help="local views per sample")
+    parser.add_argument("--locals", type=int, default=8, help="local views per sample")
+    parser.add_argument("--global-scale", type=float, nargs=2, default=(0.4, 1.0),
+                        help="global crops' scale (min, max)")
+    parser.add_argument("--local-scale", type=float, nargs=2, default=(0.05, 0.4),
+                        help="local crops' scale (min, max)")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per step")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
     parser.add_argument("--steps", type=int, default=10, help="training steps")
@@ -94,11 +98,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--locals and --workers must be >= 0")
     torch.manual_seed(args.seed)
 
-    views = [View(args.global_size, scale=(0.32, 1.0))] * 2 \
-        + [View(args.local_size, scale=(0.05, 0.32))] * args.locals
-    dataset = ShardDataset(args.store, views=views)
+    recipe = dino(tuple(args.global_scale), tuple(args.local_scale), args.locals,
+                  global_size=args.global_size, local_size=args.local_size)
+    dataset = ShardDataset(args.store, recipe=recipe)
     loader = dataset.loader(batch_size=args.batch_size, shuffle=True, drop_last=True,
-                            num_workers=args.workers, normalize=(MEAN, STD),
+                            num_workers=args.workers,
                             generator=torch.Generator().manual_seed(args.seed))
     student = backbone_and_head(args.out_dim)
     teacher = copy.deepcopy(student).requires_grad_(False)

@@ -55,6 +55,8 @@ class Plan(NamedTuple):
     width: int
     flip: bool
     dct: int = 1
+    interpolation: str = "bilinear"  # the resize's: "bilinear", "bicubic" or "nearest"
+    steps: Any = None  # what the recipe's steps after the crop drew (``Recipe.then``)
 
 
 class _Draws(threading.local):
@@ -158,6 +160,11 @@ class Recipe:
     reproduces them), or, for samples a ``ds.loader`` tagged (:mod:`.draws`), from a generator
     seeded per sample."""
 
+    #: The resize's interpolation, and the steps after the crop (``shardkit.recipes``): an
+    #: object whose ``draw(generator)`` makes their draws right after the flip's (None: none).
+    interpolation = "bilinear"
+    then: Any = None
+
     def __init__(self, size: int | tuple[int, int], mode: str,
                  scale: Sequence[float] = (0.08, 1.0),
                  ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip: float = 0.0,
@@ -213,6 +220,7 @@ class Recipe:
         # ``if torch.rand(1) >= p: return inputs`` (p == 0 draws nothing here, so a dataset
         # without flip draws exactly what it drew before flip existed).
         p = self._flip32 if self.flip > 0 or self.always_draw_flip else None
+        then, interpolation = self.then, self.interpolation
         plans = []
         for k, (height, width) in enumerate(sizes):
             if reseed is not None:
@@ -239,7 +247,8 @@ class Recipe:
             flip = p is not None and not uniform(0, 1).item() >= p
             dct = (dct_factor(h, w, out_h, out_w)
                    if dct_scale and h >= 2 * out_h and w >= 2 * out_w else 1)
-            plans.append(Plan(top, left, h, w, flip, dct))
+            steps = None if then is None else then.draw(generator)
+            plans.append(Plan(top, left, h, w, flip, dct, interpolation, steps))
         return plans
 
     def _central_box(self, height: int, width: int) -> tuple[int, int, int, int]:
@@ -319,8 +328,9 @@ def _uint8_kernel() -> bool:
     return native_uint8
 
 
-def resize_into(out: np.ndarray, src: np.ndarray) -> None:
-    """Resize HxWx3 uint8 ``src`` into ``out`` (anti-aliased bilinear, as torchvision v2)."""
+def resize_into(out: np.ndarray, src: np.ndarray, interpolation: str = "bilinear") -> None:
+    """Resize HxWx3 uint8 ``src`` into ``out`` as torchvision v2 resizes uint8 tensors with
+    ``antialias=True``: anti-aliased bilinear (the default) or bicubic, or nearest."""
     if not src.flags.c_contiguous or not src.flags.writeable:
         # A crop (or a raw record's read-only memory): copy it here, in this thread, rather than
         # let torch copy it with its intra-op threads, which costs far more than the copy.
@@ -331,6 +341,11 @@ def resize_into(out: np.ndarray, src: np.ndarray) -> None:
     # 1x3xHxW views of the HxWx3 memory (channels-last, the layout the kernel is fastest on).
     source = torch.from_numpy(src[None].transpose(0, 3, 1, 2))
     target = torch.from_numpy(out[None].transpose(0, 3, 1, 2))
+    if interpolation != "bilinear":  # uint8 kernels on every CPU (v2 keeps them uint8)
+        target.copy_(torch.nn.functional.interpolate(
+            source, size=size, mode=interpolation,
+            **({} if interpolation == "nearest" else {"align_corners": False, "antialias": True})))
+        return
     if _uint8_kernel():
         # F.interpolate's own call, without its Python (the same kernel, a few µs less per image)
         torch._C._nn._upsample_bilinear2d_aa(source, size, False, out=target)
@@ -372,7 +387,7 @@ def decode_boxes(data, encoding: str, height: int, width: int, plans: Sequence[P
 def cut_into(out: np.ndarray, src: Decoded, plan: Plan) -> None:
     """``plan``'s box of the decoded ``src``, resized to ``out``'s size and flipped as planned
     (a BGR ``src``: only for flipped plans, the row reversal turning it into RGB)."""
-    top, left, h, w, flip, _ = plan
+    top, left, h, w, flip = plan[:5]
     img, k = src.pixels, src.scale
     if (h, w) == out.shape[:2]:  # nothing to resize (torchvision returns the crop as it is)
         if src.bgr:
@@ -393,10 +408,10 @@ def cut_into(out: np.ndarray, src: Decoded, plan: Plan) -> None:
         # Resized BGR, then each row's bytes reversed into ``out``: the mirror image in RGB
         # (the kernel treats channels alike).
         resized = codec.scratch(out.nbytes, slot=2)[:out.nbytes].reshape(out.shape)
-        resize_into(resized, box)
+        resize_into(resized, box, plan.interpolation)
         _reverse_rows(out, resized)
         return
-    resize_into(out, box)
+    resize_into(out, box, plan.interpolation)
     if flip:
         mirror(out)
 

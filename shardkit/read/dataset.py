@@ -24,7 +24,7 @@ from .. import codec
 from ..errors import OptionError
 from ..integrations.loader import ShardLoader
 from ..integrations.thread_engine import check_engine, engine_loader
-from . import augment, batchpool, draws, lifetime, shipping
+from . import augment, batchpool, draws, lifetime, recipes, shipping
 from . import targets as targetmod
 from .batching import Batch, collate
 from .conditioning import Conditioning
@@ -124,6 +124,11 @@ class ShardDataset(OpenedInWorkers, Dataset):
             ``fields``: ``([view_0, ...], [target_0, ...])``, each target moved by its view),
             a batch ``[[images_0, ...], labels]``. ``transform`` applies to each view. Not
             with ``crop``/``crop_mode``/``scale``/``ratio``/``flip`` (each view has its own).
+        recipe: the whole decode-time recipe as one object of :mod:`shardkit.recipes`
+            (``RandomResizedCrop(224, flip=0.5, then=[ColorJitter(...), Normalize()])``,
+            ``Views([...])``, ``dino()``): torchvision v2's pixels, photometric steps applied
+            to the decoded uint8 batch, ``Normalize`` making the float batch. The options
+            ``crop`` ... ``views`` are shortcuts that build one (``ds.recipe``); not with them.
     """
 
     def __init__(self, path: str | os.PathLike, transform: Callable | None = None,
@@ -140,7 +145,12 @@ class ShardDataset(OpenedInWorkers, Dataset):
                  sanitize: bool = False, tv_tensors: bool | None = None,
                  multi_hot: bool | Sequence[str] = False,
                  ragged: targetmod.RaggedMode | dict[str, targetmod.RaggedMode] = "list",
-                 views: Sequence[augment.View] | None = None) -> None:
+                 views: Sequence[augment.View] | None = None, recipe: Any = None) -> None:
+        if recipe is not None:  # the options it stands for (refused next to its own options)
+            made = recipes.resolve(recipe, dict(crop=crop, crop_mode=crop_mode, scale=scale,
+                                                ratio=ratio, flip=flip, views=views))
+            crop, crop_mode, scale, ratio, flip, views = (
+                made[k] for k in ("crop", "crop_mode", "scale", "ratio", "flip", "views"))
         if output not in OUTPUTS:
             raise OptionError(f"output must be one of {OUTPUTS}, got {output!r}")
         if crop_mode not in codec.CROP_MODES:
@@ -161,11 +171,12 @@ class ShardDataset(OpenedInWorkers, Dataset):
                                   "flip (each View has its own) or output='bytes'")
         fanout = Fanout(threads)
         dct_scale = bool(dct_scale)
-        recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale, whole=True)
+        made_recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale, whole=True)
         # Through the pack's record layout: ds[i] is logical record i wherever its shard holds it.
         self.store = open_layout(Store(path, max_open_shards, cache_dir=cache_dir,
                                        cache_limit=cache_limit, storage_options=storage_options))
-        if recipe is not None and not recipe.size and self.store.settings.get("buckets") is None:
+        if made_recipe is not None and not made_recipe.size \
+                and self.store.settings.get("buckets") is None:
             self.store.close()  # only a bucketed store's records flip whole (batched as stored)
             raise OptionError("flip needs crop (the output size); without one only a store "
                               "packed with buckets flips, each record whole")
@@ -177,7 +188,15 @@ class ShardDataset(OpenedInWorkers, Dataset):
         self.crop_mode = crop_mode
         self.flip = flip
         self.views = views
-        self._set_recipes(recipe, views, dct_scale)
+        self._set_recipes(made_recipe, views, dct_scale)
+        self._recipes, self._thens = recipes.attach(
+            recipe, self._recipes, dict(crop=crop, crop_mode=crop_mode, scale=scale, ratio=ratio,
+                                        flip=flip), dct_scale)
+        self.recipe = recipe or recipes.from_flags(crop, crop_mode, scale, ratio, flip, views)
+        if recipes.floats(self._thens) and output != "tensor":
+            self.store.close()
+            raise OptionError(f"recipe ends with Normalize (float tensors): output must be "
+                              f"'tensor', got output={output!r}")
         self._decoder = Decoder(self.store, fast_decode, verify)
         self._fanout = fanout
         #: Builds each sample's target dict from the requested fields (None: the class label).
@@ -250,6 +269,8 @@ class ShardDataset(OpenedInWorkers, Dataset):
         twin.crop, twin.crop_mode, twin.flip = crop, crop_mode, flip
         twin._set_recipes(augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale), None,
                           dct_scale)
+        twin._thens = None
+        twin.recipe = recipes.from_flags(crop, crop_mode, scale, ratio, flip, None)
         return twin
 
     # -- ImageFolder-compatible attributes ------------------------------------------------------
@@ -363,13 +384,19 @@ class ShardDataset(OpenedInWorkers, Dataset):
             img = self._decoder.image(shard, k, local, buf)
             if origin[0] is not None and origin[0].flip:  # a bucketed record flipped whole
                 img = np.ascontiguousarray(img[:, ::-1])
-            return self._sample(self._present(img), label)
+            return self._sample(self._finish(img, origin, 0), label)
         outs = [np.empty((h, w, 3), np.uint8) for h, w in self._sizes]
         self._decoder.into(outs, shard, k, local, buf, int(shard.heights[local]),
                            int(shard.widths[local]), origin)
         if self.views is None:
-            return self._sample(self._present(outs[0]), label)
-        return self._sample([self._present(out) for out in outs], label)
+            return self._sample(self._finish(outs[0], origin, 0), label)
+        return self._sample([self._finish(out, origin, v) for v, out in enumerate(outs)], label)
+
+    def _finish(self, img: np.ndarray, plans: list, view: int) -> Any:
+        """A decoded view through its recipe's steps (``shardkit.recipes``), then presented."""
+        done = None if self._thens is None else recipes.finish_one(img, plans[view],
+                                                                   self._thens[view])
+        return self._present(img) if done is None else done
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         """Record ``index``: its draws from torch's global RNG, or from its own seed where a
@@ -469,9 +496,10 @@ class ShardDataset(OpenedInWorkers, Dataset):
                                                       mode, size if views is not None else size[0])
                     for pos, target in zip(positions.tolist(), built):
                         target_lists[v][pos] = target
+        finished = recipes.finish_batch(self._thens, blocks, plans)  # the recipe's steps
         batch = Batch()
         if self.output == "tensor":
-            images = [block.permute(0, 3, 1, 2) for block in blocks]
+            images = finished or [block.permute(0, 3, 1, 2) for block in blocks]
             samples = [image.unbind(0) for image in images]
         else:
             # numpy samples; the batch is what default_collate makes of them: an N x H x W x C

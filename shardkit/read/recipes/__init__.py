@@ -1,0 +1,121 @@
+"""Recipes as objects: what ``ShardDataset(path, recipe=...)`` does to each sample at decode,
+named as torchvision v2 names it (public as ``shardkit.recipes``).
+
+- crops (:mod:`.crops`): ``Whole``, ``CenterCrop``, ``RandomCrop``, ``RandomResizedCrop``,
+  ``Views([...])``; each may end with steps, ``then=[...]``;
+- steps (:mod:`.photometric`, :mod:`.normalize`): ``ColorJitter``, ``RandomGrayscale``,
+  ``GaussianBlur``, ``RandomSolarize``, then optionally ``Normalize`` (the float batch);
+- :func:`dino`: DINO's ``DataAugmentationDINO`` (:mod:`.dino`).
+
+A recipe draws in the order its steps are written, view after view, as ``v2.Compose`` does:
+the crop's draws, the flip's, then each step's, from the same per-sample seed as the crop
+(:mod:`shardkit.read.draws`). The ``crop=``/``crop_mode=``/``scale=``/``ratio=``/``flip=``/
+``views=`` options are shortcuts that build a crop recipe (:func:`from_flags`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ...errors import OptionError
+from .. import augment
+from .crops import CROPS, CenterCrop, RandomCrop, RandomResizedCrop, Views, Whole
+from .dino import dino
+from .normalize import Normalize
+from .photometric import ColorJitter, GaussianBlur, RandomGrayscale, RandomSolarize
+from .steps import Then
+
+__all__ = ["Whole", "CenterCrop", "RandomCrop", "RandomResizedCrop", "Views", "ColorJitter",
+           "RandomGrayscale", "GaussianBlur", "RandomSolarize", "Normalize", "dino", "View"]
+
+View = augment.View
+
+_FLAG_DEFAULTS = {"crop": None, "crop_mode": "center", "scale": (0.08, 1.0),
+                  "ratio": (3.0 / 4.0, 4.0 / 3.0), "flip": 0.0, "views": None}
+
+
+def _is_default(name: str, value: Any) -> bool:
+    default = _FLAG_DEFAULTS[name]
+    if isinstance(default, tuple):
+        try:
+            return tuple(value) == default
+        except TypeError:
+            return False
+    return value == default if default is not None else value is None
+
+
+def resolve(recipe: Any, flags: dict[str, Any]) -> dict[str, Any]:
+    """The options ``recipe`` stands for, checked against the ``flags`` given with it: a flag
+    set away from its default next to a recipe raises one ``OptionError`` naming both."""
+    if not isinstance(recipe, CROPS):
+        raise OptionError("recipe must be one of shardkit.recipes' Whole, CenterCrop, RandomCrop, "
+                          f"RandomResizedCrop, Views (or dino(...)), got {recipe!r}")
+    given = [name for name, value in flags.items() if not _is_default(name, value)]
+    if given:
+        raise OptionError(f"recipe and {given[0]} both say how to crop: pass "
+                          f"{type(recipe).__name__}(...) alone, or the options without recipe")
+    made = dict(_FLAG_DEFAULTS)
+    made.update(recipe.flags())
+    return made
+
+
+def from_flags(crop: int | None, crop_mode: str, scale: Sequence[float],
+               ratio: Sequence[float], flip: float, views: Sequence[Any] | None) -> Any:
+    """The recipe the options build (``ShardDataset.recipe``)."""
+    p = flip or None
+    if views is not None:
+        return Views(list(views))
+    if crop is None:
+        return Whole(p)
+    if crop_mode == "random_resized":
+        return RandomResizedCrop(crop, scale, ratio, p)
+    return (RandomCrop if crop_mode == "random" else CenterCrop)(crop, p)
+
+
+def attach(recipe: Any, made: tuple | None, flags: dict[str, Any],
+           dct_scale: bool) -> tuple[tuple | None, tuple | None]:
+    """The decode-time recipes (``made``: what the options built, one per view) with
+    ``recipe``'s interpolation, flip draws and steps attached; and each view's steps (None:
+    no view has any)."""
+    if recipe is None:
+        return made, None
+    parts = recipe.parts()
+    if made is None:
+        if all(p.interpolation == "bilinear" and not p.draw_flip and p.then is None
+               for p in parts):
+            return None, None  # a plain centre crop or whole image: nothing drawn
+        made = (augment.Recipe(flags["crop"] or 0, flags["crop_mode"], flags["scale"],
+                               flags["ratio"], flags["flip"], dct_scale),)
+    for r, part in zip(made, parts):
+        r.interpolation, r.always_draw_flip, r.then = part
+    thens = tuple(p.then for p in parts)
+    return made, (thens if any(t is not None for t in thens) else None)
+
+
+def floats(thens: tuple | None) -> bool:
+    """Whether the steps end in ``Normalize`` (float output)."""
+    return thens is not None and any(t is not None and t.normalize is not None for t in thens)
+
+
+def finish_one(img: Any, plan: Any, then: Then | None) -> torch.Tensor | None:
+    """One decoded HxWx3 uint8 ``img`` through ``then`` (in place; returns the float CxHxW
+    image when it ends with ``Normalize``, else None)."""
+    if then is None:
+        return None
+    out = then.apply(torch.from_numpy(img).permute(2, 0, 1)[None], [plan.steps])
+    return None if out.dtype == torch.uint8 else out[0]
+
+
+def finish_batch(thens: tuple | None, blocks: Sequence[torch.Tensor],
+                 plans: Sequence[Sequence[Any]]) -> list[torch.Tensor] | None:
+    """Each view's N x H x W x 3 uint8 block through its steps, in place; the per-view
+    N x C x H x W images (float where a view ends with ``Normalize``), or None without steps."""
+    if thens is None:
+        return None
+    images = []
+    for v, (block, then) in enumerate(zip(blocks, thens)):
+        x = block.permute(0, 3, 1, 2)
+        images.append(x if then is None else then.apply(x, [p[v].steps for p in plans]))
+    return images

@@ -1,0 +1,115 @@
+"""Recipes as objects (``shardkit.recipes``): the photometric steps draw from each sample's own
+seed, so a loader's batches (float ones too) are the same with 0 or 2 workers, on the thread
+engine and after a mid-epoch resume; the options stay as shortcuts that build a recipe; a recipe
+next to an option that also says how to crop is refused in one line naming both. Pixels equal to
+torchvision v2's are checked in ``test_recipes_tv.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import image_tree
+
+import shardkit
+from shardkit import recipes as R
+from shardkit.errors import OptionError
+
+RECIPE = R.Views([R.RandomResizedCrop(24, (0.2, 1.0), flip=0.5, interpolation="bicubic", then=[
+    R.ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8), R.RandomGrayscale(0.2),
+    R.GaussianBlur(5, p=0.5), R.RandomSolarize(128, p=0.2), R.Normalize()]),
+    R.RandomResizedCrop(16, then=[R.ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8)])])
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    """18 small photo-like JPEGs of varied sides in 3 classes, packed at 48 into 2 LMDB shards."""
+    base = tmp_path_factory.mktemp("recipes")
+    image_tree(str(base / "src"), classes=3, per_class=6, seed=31, sides=(40, 90))
+    out = str(base / "s.lmdb")
+    shardkit.pack(str(base / "src"), out, size=48, num_shards=2, workers=1, progress=False)
+    return out
+
+
+def stream(make, seed: int = 5) -> list[list[torch.Tensor]]:
+    """Each batch's views (cloned) of the loader ``make()`` makes after
+    ``torch.manual_seed(seed)`` (its shuffle and its draws follow that seed)."""
+    torch.manual_seed(seed)
+    return [[v.clone() for v in images] for images, _ in make()]
+
+
+def same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        len(x) == len(y) and all(u.dtype == v.dtype and torch.equal(u, v) for u, v in zip(x, y))
+        for x, y in zip(a, b))
+
+
+def test_photometric_draws_are_the_same_for_any_worker_count_engine_and_resume(store):
+    ds = shardkit.ShardDataset(store, recipe=RECIPE)
+    inline = stream(lambda: ds.loader(batch_size=4, shuffle=True))
+    assert inline[0][0].dtype == torch.float32 and inline[0][1].dtype == torch.uint8
+    assert inline[0][0].shape == (4, 3, 24, 24) and inline[0][0].is_contiguous()
+    workers = stream(lambda: ds.loader(batch_size=4, shuffle=True, num_workers=2))
+    threads = stream(lambda: ds.loader(batch_size=4, shuffle=True, engine="threads",
+                                       num_threads=2))
+    assert same(inline, workers) and same(inline, threads)
+    # A fresh loader under another seed resumes at the third batch with the same pixels.
+    torch.manual_seed(5)
+    loader = ds.loader(batch_size=4, shuffle=True, num_workers=2)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    torch.manual_seed(99)
+    resumed = ds.loader(batch_size=4, shuffle=True, num_workers=2)
+    resumed.load_state_dict(state)
+    assert same([[v.clone() for v in images] for images, _ in resumed], inline[2:])
+    # The steps are applied: the same crops without them give other pixels.
+    plain = shardkit.ShardDataset(store, views=[shardkit.View(24, (0.2, 1.0), flip=0.5),
+                                                shardkit.View(16, flip=0.0)])
+    assert not same([b[1:] for b in stream(lambda: plain.loader(batch_size=4, shuffle=True))],
+                    [b[1:] for b in inline])
+    ds.close()
+    plain.close()
+
+
+def test_options_build_a_recipe_and_a_conflicting_option_is_refused(store):
+    ds = shardkit.ShardDataset(store, crop=24, crop_mode="random_resized", flip=0.5)
+    assert ds.recipe == R.RandomResizedCrop(24, flip=0.5)
+    same_crop = shardkit.ShardDataset(store, recipe=R.RandomResizedCrop(24, flip=0.5))
+    torch.manual_seed(3)
+    a = [x for x, _ in ds.__getitems__(list(range(6)))]
+    torch.manual_seed(3)
+    b = [x for x, _ in same_crop.__getitems__(list(range(6)))]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert shardkit.ShardDataset(store, crop=20).recipe == R.CenterCrop(20)
+    assert shardkit.ShardDataset(store).recipe == R.Whole()
+    for option in (dict(crop=24), dict(flip=0.5), dict(scale=(0.5, 1.0)),
+                   dict(views=[shardkit.View(16)]), dict(crop_mode="random")):
+        name = next(iter(option))
+        with pytest.raises(OptionError, match=f"^recipe and {name} both say how to crop"):
+            shardkit.ShardDataset(store, recipe=R.CenterCrop(16), **option)
+    with pytest.raises(OptionError, match="output must be 'tensor'"):
+        shardkit.ShardDataset(store, recipe=R.CenterCrop(16, then=[R.Normalize()]),
+                              output="numpy")
+    with pytest.raises(OptionError, match="Normalize must be the last step"):
+        R.CenterCrop(16, then=[R.Normalize(), R.RandomGrayscale()])
+    with pytest.raises(OptionError, match="GaussianBlur kernel must be an odd"):
+        R.GaussianBlur(4)
+    with pytest.raises(OptionError, match="interpolation must be one of"):
+        R.RandomResizedCrop(16, interpolation="lanczos")
+    assert shardkit.View is R.View  # the view recipe's old name and import path
+
+
+def test_dino_is_main_dinos_augmentation():
+    """2 global crops of 224 at (0.4, 1), 8 local of 96 at (0.05, 0.4), bicubic; blur p 1.0 /
+    0.1 / 0.5; solarize on global 2 only; ImageNet normalisation at the end of each view."""
+    views = R.dino((0.4, 1.0), (0.05, 0.4), 8).views
+    assert [v.size for v in views] == [(224, 224)] * 2 + [(96, 96)] * 8
+    assert [v.scale for v in views] == [(0.4, 1.0)] * 2 + [(0.05, 0.4)] * 8
+    assert {v.interpolation for v in views} == {"bicubic"} and {v.flip for v in views} == {0.5}
+    blur = [next(s.p for s in v.then if isinstance(s, R.GaussianBlur)) for v in views]
+    assert blur == [1.0, 0.1] + [0.5] * 8
+    assert [any(isinstance(s, R.RandomSolarize) for s in v.then) for v in views] == \
+        [False, True] + [False] * 8
+    assert all(v.then[0] == R.ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8)
+               and v.then[1] == R.RandomGrayscale(0.2) and isinstance(v.then[-1], R.Normalize)
+               for v in views)
