@@ -135,7 +135,7 @@ class PilRecipe:
         import torch
         from PIL import Image
 
-        top, left, h, w, flip, _ = self.recipe.draw(img.height, img.width)
+        top, left, h, w, flip = self.recipe.draw(img.height, img.width)[:5]
         img = img.crop((left, top, left + w, top + h))
         img = img.resize((self.crop, self.crop), Image.Resampling.BILINEAR)
         if flip:
@@ -160,7 +160,7 @@ class TensorRecipe:
 
         from ..read import augment
 
-        top, left, h, w, flip, _ = self.recipe.draw(img.shape[1], img.shape[2])
+        top, left, h, w, flip = self.recipe.draw(img.shape[1], img.shape[2])[:5]
         box = img.permute(1, 2, 0).numpy()[top:top + h, left:left + w]
         out = np.empty((self.crop, self.crop, 3), np.uint8)
         if box.shape[:2] == out.shape[:2]:  # torchvision returns such a crop as it is
