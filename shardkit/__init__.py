@@ -16,9 +16,12 @@ _EXPORTS = {
     "worker_init_fn": "read.dataset", "normalize": "read.augment", "View": "read.augment",
     "ShardSampler": "read.sampler", "MixSampler": "read.mix", "Mix": "read.mix",
     "BucketSampler": "read.buckets",
-    "ShardLoader": "integrations.loader", "sample_seed": "read.draws",
+    "ShardLoader": "read.loading.loader", "sample_seed": "read.draws",
+    "Threads": "read.loading.engines", "Processes": "read.loading.engines",
     "pack": "packing.api", "merge": "packing.api", "PackResult": "packing.api",
     "StoreWriter": "packing.writer",
+    "Resize": "packing.options", "Buckets": "packing.options", "Shards": "packing.options",
+    "Local": "packing.options", "Dask": "packing.options", "Nodes": "packing.options",
     "info": "read.inspect", "verify": "read.inspect",
     "IMG_EXTENSIONS": "packing.discovery", "find_classes": "packing.discovery",
     "make_dataset": "packing.discovery",
@@ -26,10 +29,10 @@ _EXPORTS = {
     "OptionError": "errors",
 }
 
-__all__ = ["__version__", *_EXPORTS, "fields"]
+__all__ = ["__version__", *_EXPORTS, "fields", "sources"]
 
 
-_SUBPACKAGES = ("fields",)  # shardkit.fields.Boxes etc. without an import of their own
+_SUBPACKAGES = ("fields", "sources")  # shardkit.fields.Boxes etc. without an import of their own
 
 
 def __getattr__(name: str) -> Any:

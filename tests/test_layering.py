@@ -133,6 +133,14 @@ def test_pack_and_read_never_import_each_other():
     assert bad == []
 
 
+def test_read_never_imports_integrations():
+    """``shardkit.integrations`` (Lightning, timm, accelerate) builds on the read side's loaders
+    and engines (``shardkit.read.loading``); the read side never reaches up to it."""
+    bad = sorted((m, t) for m, deps in _graph().items() for t in deps
+                 if m.startswith("shardkit.read.") and t.startswith("shardkit.integrations"))
+    assert bad == []
+
+
 def _private_uses(module: str) -> list[str]:
     """Private names of other shardkit modules used here: ``from x import _y`` and ``x._y``."""
     with open(MODULES[module], encoding="utf-8") as f:

@@ -55,8 +55,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from ..errors import OptionError
 from ..read.consumers import ACCELERATE_WAY
+from ..read.loading.loader import ShardLoader
 from ..read.sampler import OrderedSampler
-from .loader import ShardLoader
 
 STATE_VERSION = 1
 #: Draw seeds are compared modulo this (a seed may be any 64-bit number; tensors are signed).
@@ -120,7 +120,7 @@ def _check_loader(accelerator: Any, loader: ShardLoader) -> None:
 
 def _draw_seed(loader: ShardLoader) -> int:
     """The seed the loader's next epoch draws with, unless a resume pins another (see
-    :class:`shardkit.integrations.loader.ShardLoader`)."""
+    :class:`shardkit.read.loading.loader.ShardLoader`)."""
     generator = loader.generator
     return generator.initial_seed() if generator is not None else torch.initial_seed()
 

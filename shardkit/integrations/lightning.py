@@ -32,9 +32,9 @@ except ImportError:  # pragma: no cover - the standalone package
 
 from ..errors import OptionError
 from ..read.dataset import ShardDataset
+from ..read.loading.engines import check_engine
+from ..read.loading.output import BatchOutput
 from ..read.sampler import ShardSampler
-from .output import BatchOutput
-from .thread_engine import check_engine
 
 
 def _dataset(source: Any, options: dict[str, Any] | None, name: str) -> ShardDataset | None:
@@ -59,7 +59,7 @@ class ShardDataModule(pl.LightningDataModule):
         engine: ``"processes"`` (DataLoader workers) or ``"threads"``: each rank's batches
             made by threads of its own process, ahead of the steps, with no worker process
             (``num_threads=``, ``prefetch=`` among the loader options; see
-            :mod:`shardkit.integrations.thread_engine`).
+            :mod:`shardkit.read.loading.thread_engine`).
         seed: the ``ShardSampler`` seed (the same on every rank).
         drop_last: drop each epoch's tail so no rank repeats a sample (else pad by repeating).
         normalize: ``(mean, std)``: hand the steps normalised float batches (on their device,

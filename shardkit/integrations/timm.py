@@ -24,7 +24,7 @@ Both delegate to timm's own functions for every other dataset. For ``--dataset s
   transform) and warns once that ``create_loader`` should come from ``shardkit.timm`` too.
 - The engine: ``create_loader(..., engine="threads")`` (or, for ``train.py``, the environment
   variable ``SHARDKIT_TIMM_ENGINE=threads``) reads with the thread engine
-  (:mod:`shardkit.integrations.thread_engine`) instead of worker processes; ``--workers``
+  (:mod:`shardkit.read.loading.thread_engine`) instead of worker processes; ``--workers``
   (``num_workers``) is then its ``num_threads`` (0: the CPUs this process may use), unless
   ``num_threads`` is given.
 """

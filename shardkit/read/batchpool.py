@@ -20,7 +20,7 @@ When every buffer is in use (a consumer that keeps many batches), a fresh one is
 ``/dev/shm``: see :mod:`shardkit.read.shipping`). A buffer is never reused while anything can
 still read it.
 
-A thread of the thread engine (:mod:`shardkit.integrations.thread_engine`) that pins its batches
+A thread of the thread engine (:mod:`shardkit.read.loading.thread_engine`) that pins its batches
 (``pin_memory=True`` with CUDA) asks for them with :func:`pinned`: its batches are then decoded
 straight into page-locked memory from torch's caching host allocator, which reuses a freed block
 only once the copies queued from it have finished (a slot reused as soon as its tensor is

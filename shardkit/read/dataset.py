@@ -22,19 +22,17 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from .. import codec
 from ..errors import OptionError
-from ..integrations.loader import ShardLoader
-from ..integrations.thread_engine import check_engine, engine_loader
 from . import augment, batchpool, draws, lifetime, recipes, shipping
 from . import targets as targetmod
 from .batching import Batch, collate
 from .conditioning import Conditioning
 from .decode import Decoder
 from .indices import check_index, check_indices
-from .sampler import StoreOrderSampler
+from .loading.engines import loader_for
 from .store import OpenShard, Store
 from .threads import Fanout
 from .view import open_layout
-from .workers import OpenedInWorkers, init_then, worker_init_fn
+from .workers import OpenedInWorkers, worker_init_fn
 
 Output = Literal["tensor", "numpy", "pil", "bytes"]
 OUTPUTS: tuple[str, ...] = get_args(Output)
@@ -553,7 +551,7 @@ class ShardDataset(OpenedInWorkers, Dataset):
         new._fanout = Fanout(self.threads)
         return new
 
-    def loader(self, batch_size: int | None = 1, *, engine: str = "processes",
+    def loader(self, batch_size: int | None = 1, *, engine: Any = "processes",
                num_threads: int | None = None, prefetch: int | None = None,
                **kwargs: Any) -> DataLoader:
         """A ``torch.utils.data.DataLoader`` over this dataset, set up as documented:
@@ -570,34 +568,25 @@ class ShardDataset(OpenedInWorkers, Dataset):
         ``loader.sampler.indices()`` lists it), not in index order: a class-mixed store spreads
         ImageFolder's order over every shard. For index order pass ``sampler=range(len(ds))``.
 
-        It is a :class:`shardkit.integrations.loader.ShardLoader`: ``state_dict()`` /
+        It is a :class:`shardkit.read.loading.loader.ShardLoader`: ``state_dict()`` /
         ``load_state_dict()`` resume mid-epoch (Lightning does it from its checkpoints), and
         ``normalize=(mean, std)`` (with ``device``, ``dtype``, ``memory_format``) yields
         normalised float batches, contiguous NCHW by default.
 
-        ``engine="threads"``: no worker process; ``num_threads`` threads of this process read,
-        decode and collate up to ``prefetch`` batches ahead of the loop (defaults: the CPUs this
-        process may use, twice that); worker options (``num_workers > 0``,
+        ``engine``: what makes the batches, an object of :mod:`shardkit.read.loading.engines`:
+        ``shardkit.Processes(num_workers, ...)`` (DataLoader workers; ``"processes"``, the
+        default, takes ``num_workers=`` etc. among the DataLoader arguments) or
+        ``shardkit.Threads(num_threads, prefetch)`` (``"threads"`` with ``num_threads=``,
+        ``prefetch=``): no worker process; that many threads of this process read, decode and
+        collate up to ``prefetch`` batches ahead of the loop (defaults: the CPUs this process
+        may use, twice that); worker options (``num_workers > 0``,
         ``multiprocessing_context``, ...) are refused. See
-        :mod:`shardkit.integrations.thread_engine`.
+        :mod:`shardkit.read.loading.thread_engine`.
         """
-        check_engine(engine, num_threads, prefetch, kwargs)
-        if batch_size is None and kwargs.get("batch_sampler") is None:
-            kwargs.setdefault("collate_fn", shipping.convert)  # one sample at a time
-        kwargs.setdefault("collate_fn", collate if self._targets is None
-                          else functools.partial(collate, ragged=self._targets.ragged))
-        kwargs.setdefault("persistent_workers", bool(kwargs.get("num_workers")))
-        if not kwargs.get("shuffle") and kwargs.get("sampler") is None \
-                and kwargs.get("batch_sampler") is None:
-            kwargs.pop("shuffle", None)
-            kwargs["sampler"] = StoreOrderSampler(self)  # shard by shard, not index order
-        user_init = kwargs.get("worker_init_fn")
-        if user_init is None or user_init is worker_init_fn:
-            kwargs["worker_init_fn"] = worker_init_fn
-        else:
-            kwargs["worker_init_fn"] = functools.partial(init_then, user_init)
-        return lifetime.track(engine_loader(self, batch_size, engine, num_threads, prefetch,
-                                            kwargs))
+        collate_fn = (collate if self._targets is None
+                      else functools.partial(collate, ragged=self._targets.ragged))
+        return lifetime.track(loader_for(self, batch_size, engine, num_threads, prefetch, kwargs,
+                                         collate_fn))
 
     def __repr__(self) -> str:
         return (f"ShardDataset({self.root!r}, records={len(self)}, classes={len(self.classes)}, "

@@ -7,7 +7,7 @@ other samples: another ``num_workers``, another engine or a resumed epoch draws 
 
 - ``seed``: the loader's ``generator``'s ``initial_seed()`` if one was passed, else
   ``torch.initial_seed()``, taken when an epoch's iterator starts (a ``load_state_dict`` pins
-  the saved one, see :class:`shardkit.integrations.loader.ShardLoader`);
+  the saved one, see :class:`shardkit.read.loading.loader.ShardLoader`);
 - ``epoch``: the sampler's ``epoch`` where it has one (``ShardSampler``, ``MixSampler``,
   ``DistributedSampler``), else the count of epochs the loader started before this one;
 - ``position``: the sample's place in the epoch. Under a ``ShardSampler``/``MixSampler`` its place

@@ -13,7 +13,6 @@ the same epoch order as ``ShardSampler`` (:mod:`shardkit.read.order`): a pure fu
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from typing import Any, Sequence
 
@@ -101,7 +100,7 @@ class Mix(ConcatDataset):
             return batch
         return samples
 
-    def loader(self, batch_size: int | None = 1, *, engine: str = "processes",
+    def loader(self, batch_size: int | None = 1, *, engine: Any = "processes",
                num_threads: int | None = None, prefetch: int | None = None,
                **kwargs: Any) -> Any:
         """A DataLoader over the mix set up as ``ShardDataset.loader`` sets one up
@@ -109,26 +108,10 @@ class Mix(ConcatDataset):
         without ``shuffle``, ``sampler`` or ``batch_sampler``: each part in its store's order,
         shard after shard, as :class:`shardkit.read.sampler.StoreOrderSampler` reads it;
         ``engine``, ``num_threads``, ``prefetch`` as there)."""
-        from ..integrations.thread_engine import check_engine, engine_loader
-        from . import shipping
         from .batching import collate
-        from .sampler import StoreOrderSampler
-        from .workers import init_then, worker_init_fn
+        from .loading.engines import loader_for
 
-        check_engine(engine, num_threads, prefetch, kwargs)
-        if not kwargs.get("shuffle") and kwargs.get("sampler") is None \
-                and kwargs.get("batch_sampler") is None:
-            kwargs.pop("shuffle", None)
-            kwargs["sampler"] = StoreOrderSampler(self)  # shard by shard, not index order
-
-        if batch_size is None and kwargs.get("batch_sampler") is None:
-            kwargs.setdefault("collate_fn", shipping.convert)  # one sample at a time
-        kwargs.setdefault("collate_fn", collate)
-        kwargs.setdefault("persistent_workers", bool(kwargs.get("num_workers")))
-        user_init = kwargs.get("worker_init_fn")
-        kwargs["worker_init_fn"] = (worker_init_fn if user_init in (None, worker_init_fn)
-                                    else functools.partial(init_then, user_init))
-        return engine_loader(self, batch_size, engine, num_threads, prefetch, kwargs)
+        return loader_for(self, batch_size, engine, num_threads, prefetch, kwargs, collate)
 
 
 def _largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 """The ``threads=N`` fan-out of ``ShardDataset``: one batch's records decoded by N threads, the
 calling thread being one of them. Several threads may run batches at once (the thread engine,
-:mod:`shardkit.integrations.thread_engine`): they share the helper threads."""
+:mod:`shardkit.read.loading.thread_engine`): they share the helper threads."""
 
 from __future__ import annotations
 

@@ -196,6 +196,33 @@ def test_options_are_checked_by_name(stores):
     assert type(ds.loader(batch_size=4)) is shardkit.ShardLoader
 
 
+def test_engine_objects_make_the_loaders_their_shortcuts_make(stores):
+    """``engine=shardkit.Threads(n, prefetch)`` / ``shardkit.Processes(n, ...)`` are what
+    ``engine="threads"`` / ``"processes"`` build: the same loaders and the same batches
+    (random crops and flips included); each option is given in one place."""
+    ds = ShardDataset(stores["lmdb"], crop=24, crop_mode="random", flip=0.5)
+    kwargs = dict(batch_size=16, shuffle=True)
+    processes = ds.loader(engine=shardkit.Processes(2, prefetch_factor=3), **seeded(kwargs))
+    assert type(processes) is shardkit.ShardLoader
+    assert (processes.num_workers, processes.prefetch_factor) == (2, 3)
+    assert processes.persistent_workers
+    threads = ds.loader(engine=shardkit.Threads(2, prefetch=3), **seeded(kwargs))
+    assert isinstance(threads, ThreadLoader) and (threads.threads, threads.depth) == (2, 3)
+    ref = list(ds.loader(**seeded(kwargs)))  # engine="processes" in this process
+    assert same(list(processes), ref) and same(list(threads), ref)
+    refused = [(dict(engine=shardkit.Threads(2), num_threads=2), "num_threads is given with"),
+               (dict(engine=shardkit.Processes(2), num_workers=2), "num_workers is given twice"),
+               (dict(engine=shardkit.Threads(), num_workers=2), "num_workers=2 cannot be used"),
+               (dict(engine=shardkit.Processes(), prefetch=2), "prefetch is given with")]
+    for options, message in refused:
+        with pytest.raises(OptionError, match=message):
+            ds.loader(batch_size=4, **options)
+    with pytest.raises(OptionError, match="num_threads must be an integer >= 1"):
+        shardkit.Threads(0)
+    with pytest.raises(OptionError, match="Processes: pin_memory is not a worker-process"):
+        shardkit.Processes(2, pin_memory=True)
+
+
 def test_a_per_sample_transform_is_named_once():
     def jitter_in_threads(img):
         return img
@@ -451,7 +478,7 @@ def test_a_stopped_epoch_starts_none_of_its_queued_batches(stores, monkeypatch):
     """One thread, six batches queued: the loop drops the iterator while the thread is inside
     batch 1 (held there; the stop leaves it behind after ``STOP_WAIT``). Let go, it finishes
     batch 1 and starts none of batches 2-6."""
-    from shardkit.integrations import thread_engine
+    from shardkit.read.loading import thread_engine
 
     monkeypatch.setattr(thread_engine, "STOP_WAIT", 0.1)
     inside, gate = threading.Event(), threading.Event()
