@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest = os.path.join(local, metadata.MANIFEST_NAME)
         with open(manifest, "rb") as f:
             shard_bytes = sum(e["bytes"] for e in
-                              metadata.parse_manifest(f.read(), manifest)["shards"])
+                              metadata.parse_manifest_layout(f.read(), manifest)["shards"])
         prefix = "/" + url.removeprefix("s3://") + "/"
         want = epoch(local, os.path.join(work, "unused"), args.workers, None)["digest"]
         rows = []

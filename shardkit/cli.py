@@ -214,24 +214,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_pack(args: argparse.Namespace) -> int:
     from .packing.api import pack
+    from .packing.shortcuts import records
     from .packing.sources.imagefolder import has_layout
 
-    result = pack(args.src, args.out, format=args.format, size=args.size, quality=args.quality,
-                  encoding=args.encoding, workers=args.workers, strict=args.strict,
-                  overwrite=args.overwrite, max_pixels=args.max_pixels,
-                  allow_empty=args.allow_empty, file_list=args.file_list,
-                  coco=args.coco, coco_masks=args.coco_masks, metadata_file=args.metadata,
-                  captions=args.captions, schema=args.schema,
-                  source_format=args.source_format, image_key=args.image_key,
-                  label_key=args.label_key,
-                  shard_size=args.shard_size, num_shards=args.num_shards, resume=args.resume,
-                  engine=args.engine, scheduler=args.scheduler, retries=args.retries,
-                  num_nodes=args.num_nodes,
-                  node_rank=args.node_rank, progress=not args.quiet, order=args.order,
-                  layout_seed=args.layout_seed, buckets=args.buckets,
-                  bucket_step=args.bucket_step, bucket_upscale=args.bucket_upscale,
-                  min_bucket_count=args.min_bucket_count,
-                  split=args.split)
+    # The flags build the records pack takes (shardkit.Resize, Shards, Local...).
+    asked = records(
+        size=args.size, quality=args.quality, encoding=args.encoding, buckets=args.buckets,
+        bucket_step=args.bucket_step, bucket_upscale=args.bucket_upscale,
+        min_bucket_count=args.min_bucket_count, shard_size=args.shard_size,
+        num_shards=args.num_shards, order=args.order, layout_seed=args.layout_seed,
+        engine=args.engine, workers=args.workers, scheduler=args.scheduler,
+        retries=args.retries, num_nodes=args.num_nodes, node_rank=args.node_rank,
+        file_list=args.file_list, coco=args.coco, coco_masks=args.coco_masks,
+        metadata_file=args.metadata, captions=args.captions,
+        source_format=args.source_format, image_key=args.image_key, label_key=args.label_key,
+        split=args.split)
+    result = pack(args.src, args.out, source=asked.source, image=asked.image,
+                  shards=asked.shards, engine=asked.engine, format=args.format,
+                  schema=args.schema, max_pixels=args.max_pixels, strict=args.strict,
+                  overwrite=args.overwrite, allow_empty=args.allow_empty,
+                  resume=args.resume, progress=not args.quiet)
     if args.num_nodes > 1:
         print(f"node {args.node_rank}/{args.num_nodes}: packed {result.count} images; run "
               f"'shardkit merge {args.out}' when every node is done", file=sys.stderr)

@@ -281,9 +281,9 @@ def check_fields_version(obj: dict[str, Any], where: str) -> None:
         raise StoreError(f"{where}: format version and field declarations disagree")
 
 
-def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
-    """A manifest, checked except for its typed fields (:mod:`shardkit.storemeta` parses with
-    those)."""
+def parse_manifest_layout(raw: bytes | str, where: str) -> dict[str, Any]:
+    """A manifest's layout (header, seal, shard entries), checked without its typed fields:
+    :func:`shardkit.storemeta.parse_manifest` parses a whole manifest."""
     from .formats import FORMATS  # here: the registry's modules import this one (fileutil)
 
     obj = loads(raw, where)

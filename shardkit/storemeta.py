@@ -26,7 +26,7 @@ def parse_shard_meta(raw: bytes | str, where: str) -> dict[str, Any]:
 def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
     """A folder store's ``manifest.json``; StoreError naming ``where`` if it is not one
     shardkit can read."""
-    obj = metadata.parse_manifest(raw, where)
+    obj = metadata.parse_manifest_layout(raw, where)
     check_meta(obj, where)
     bucketmeta.check(obj, where)
     return obj

@@ -124,7 +124,7 @@ class CocoAnnotations(RecordFields):
             fields.append(Masks("masks", max_bytes=MAX_MASK_PIXELS // 8 + 64))
         self.schema = Schema(fields)
 
-    # -- what the packer asks (see ``Plan.fields``) ----------------------------------------------
+    # -- what the packer asks (see ``PackPlan.fields``) ----------------------------------------------
 
     def discovery(self) -> Discovery:
         """The sources: every image's file, label -1 (a COCO store has no class-folder label).

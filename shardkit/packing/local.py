@@ -12,7 +12,7 @@ from ..fields import FieldError
 from . import stream
 from . import workers as encoders
 from ..progress import progress as progress_bar
-from .plan import Plan
+from .plan import PackPlan
 from .encoding import Encoded
 from .writer import StoreWriter, remove_store_files
 
@@ -29,10 +29,10 @@ class ShardStopped(Exception):
     """A shard's packing stopped because its ``stop`` check said so (its pack stopped)."""
 
 
-def add_source(writer: StoreWriter, plan: Plan, source: int, path: str, label: int,
+def add_source(writer: StoreWriter, plan: PackPlan, source: int, path: str, label: int,
                result: Encoded, crc: int | None, strict: bool) -> None:
     """Append the record of ``source`` (its index in the sources' order; ``path``, ``label``:
-    from :meth:`Plan.rows`), or record why it was skipped; ``crc`` if already known."""
+    from :meth:`PackPlan.rows`), or record why it was skipped; ``crc`` if already known."""
     if result.data is None:
         if strict:
             raise PackError(f"{path}: {result.reason} (`strict=True`: no output written)")
@@ -51,7 +51,7 @@ def add_source(writer: StoreWriter, plan: Plan, source: int, path: str, label: i
         writer.skip(path, f"annotation: {exc}")
 
 
-def run_local(plan: Plan, shards: list[int], dest: dict[int, str], *, workers: int,
+def run_local(plan: PackPlan, shards: list[int], dest: dict[int, str], *, workers: int,
               strict: bool, progress: bool, on_shard_done: ShardDone,
               on_start: Callable[[], None] = lambda: None) -> None:
     """Encode the given shards with local encoding workers, writing each through a StoreWriter.
@@ -75,7 +75,7 @@ def run_local(plan: Plan, shards: list[int], dest: dict[int, str], *, workers: i
         records.close()
 
 
-def pack_shard(plan: Plan, k: int, dest: str, strict: bool = False, upload: Any = None,
+def pack_shard(plan: PackPlan, k: int, dest: str, strict: bool = False, upload: Any = None,
                encoded: Callable[[], Any] | None = None,
                stop: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Pack shard ``k`` of ``plan`` in this process into ``dest``; returns its manifest entry.

@@ -27,7 +27,7 @@ SIZE_SAMPLE = 32  # images encoded up front to estimate bytes per record for `sh
 
 
 @dataclass
-class Plan:
+class PackPlan:
     """Sources, shard boundaries and settings: everything that decides the output.
 
     The per-source arrays live in a plan folder (:mod:`.plan_store`, ``table``), mapped where
@@ -142,9 +142,9 @@ class PlanRef:
     def __init__(self, folder: str, root: str, fields: RecordFields | None,
                  settings: PackSettings) -> None:
         self.folder, self.root, self.fields, self.settings = folder, root, fields, settings
-        self._plan: Plan | None = None
+        self._plan: PackPlan | None = None
 
-    def open(self) -> Plan:
+    def open(self) -> PackPlan:
         if self._plan is None:
             self._plan = open_plan(self.folder, self.root, self.fields, self.settings)
         return self._plan
@@ -154,7 +154,7 @@ class PlanRef:
 
 
 class _SlotPaths(Sequence):
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: PackPlan) -> None:
         self.plan = plan
 
     def __len__(self) -> int:
@@ -176,11 +176,11 @@ class _SlotLabels(_SlotPaths):
 # This process's plans, by folder (a task's reopen), held only while something uses them: a
 # plan keeps its files open (SourceTable's preads), and a finished pack deletes the folder, so a
 # strong cache leaked those descriptors, and the deleted files' disk space, for the process's life.
-_opened: weakref.WeakValueDictionary[tuple[Any, ...], Plan] = weakref.WeakValueDictionary()
+_opened: weakref.WeakValueDictionary[tuple[Any, ...], PackPlan] = weakref.WeakValueDictionary()
 
 
 def open_plan(folder: str, root: str | None = None, fields: RecordFields | None = None,
-              settings: PackSettings | None = None) -> Plan:
+              settings: PackSettings | None = None) -> PackPlan:
     """The plan saved in ``folder`` (by :func:`make_plan`), its arrays mapped as they are read.
 
     ``root``: where the sources are (default: as planned); ``fields`` and ``settings``: the
@@ -204,7 +204,7 @@ def open_plan(folder: str, root: str | None = None, fields: RecordFields | None 
         shard, refs = table.index_arrays()
         info = header["index"]
         index = ContainerIndex(info["format"], info["files"], shard, refs, info["shard_starts"])
-    plan = Plan(header["root"] if root is None else root, header["classes"],
+    plan = PackPlan(header["root"] if root is None else root, header["classes"],
                 header["class_to_idx"], table, header["bounds"],
                 settings or PackSettings(format=header["format"]), header["sharded"], header["skipped"],
                 header["layout"], fields, index)
@@ -255,7 +255,7 @@ def _side_bytes(fields: RecordFields | None, path: str, result: Any) -> dict[str
 
 def make_plan(scan: Scan, settings: PackSettings, folder: str, *, shard_size: int | None = None,
               num_shards: int | None = None, strict: bool = False, order: str = "mixed",
-              layout_seed: int = 0) -> Plan:
+              layout_seed: int = 0) -> PackPlan:
     """Lay a source's records out (``order``) and fix the shard boundaries (see
     :func:`shardkit.pack`), saving the plan in ``folder`` (:mod:`.plan_store`; a scan made by
     :meth:`.sources.Source.scan_into` has its sources there already)."""

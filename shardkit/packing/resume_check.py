@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import os
 
-from .plan import Plan, open_plan
+from .plan import PackPlan, open_plan
 from .plan_seal import PARTS, plan_id
 from .plan_store import PlanError
 from .staging import PLAN_NAME, plan_folder
 
 
-def refusal(partial: str, plan: Plan, parts: dict[str, str]) -> str | None:
+def refusal(partial: str, plan: PackPlan, parts: dict[str, str]) -> str | None:
     """Why the work in ``partial`` cannot go on with ``plan`` (whose fingerprint is ``parts``),
     in a few words naming what differs; None when it can (or there is none)."""
     kept = plan_folder(partial)

@@ -22,7 +22,7 @@ from ..formats import open_reader
 from .discovery import serial
 from .layout import SLOTS_NAME
 from .merging import merge_labels
-from .plan import Plan, open_plan
+from .plan import PackPlan, open_plan
 from .writer import remove_store_files
 
 PLAN_NAME = "plan.json"
@@ -97,7 +97,7 @@ def plan_folder(partial: str) -> str:
     return os.path.join(partial, PLAN_DIR)
 
 
-def adopt_plan(plan: Plan, partial: str) -> Plan:
+def adopt_plan(plan: PackPlan, partial: str) -> PackPlan:
     """Move ``plan``'s folder into ``partial`` (once :func:`prepare_partial` has accepted it),
     where tasks and ``merge`` find it; the one already there is kept if it has the same
     fingerprint (``resume``, another node's: it holds the same plan)."""
@@ -128,7 +128,7 @@ def entry_path(partial: str, k: int) -> str:
     return os.path.join(partial, f"shard-{k:05d}.done.json")
 
 
-def completed_shards(partial: str, plan: Plan, plan_id: str, shards: Iterable[int],
+def completed_shards(partial: str, plan: PackPlan, plan_id: str, shards: Iterable[int],
                      uploader: Any = None) -> dict[int, dict[str, Any]]:
     """Shards of an interrupted run whose file still matches the checksum recorded when done
     (with ``uploader``: whose upload is recorded, with that checksum, in the remote store)."""
@@ -154,7 +154,7 @@ def completed_shards(partial: str, plan: Plan, plan_id: str, shards: Iterable[in
     return done
 
 
-def prepare_partial(partial: str, plan: Plan, plan_id: str, resume: bool,
+def prepare_partial(partial: str, plan: PackPlan, plan_id: str, resume: bool,
                     shards: Sequence[int], uploader: Any = None) -> dict[int, dict]:
     """Create or reuse the partial folder; returns which of ``shards`` are already complete.
 
@@ -192,7 +192,7 @@ def prepare_partial(partial: str, plan: Plan, plan_id: str, resume: bool,
     return done
 
 
-def finalize_sharded(partial: str, plan: Plan | None = None,
+def finalize_sharded(partial: str, plan: PackPlan | None = None,
                      publish: Callable[[str], None] | None = None,
                      lister: Any = None) -> tuple[dict[str, Any], int]:
     """Merge per-shard entries into ``manifest.json`` (+ ``labels.npy``, ``layout.npy``),

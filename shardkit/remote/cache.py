@@ -20,17 +20,11 @@ from . import access, limit
 from .access import LocalFault, RemoteFolder, default_cache_dir
 from .background import Background
 from .failures import LOCAL_ERRNOS
-from .locks import close as close_lock
 from .locks import locked, open_lock, read_side, remove_side, touch_side, try_lock, write_side
+from .limit import release_held
+from .locks import close as close_lock
+from .readahead import ReadAheadWindow, default_read_ahead
 from .slots import NO_PLACE, Place, Slots
-
-#: Downloads a process keeps in flight ahead of its reads (:meth:`ShardCache.read_ahead`): as many
-#: shards as fit in READ_AHEAD_BYTES, within [READ_AHEAD_MIN, READ_AHEAD_MAX]. Small shards are
-#: bound by round trips (more in flight hide them), large ones by bandwidth (a few fill the link,
-#: and the bytes bound keeps what is fetched ahead of the reads bounded).
-READ_AHEAD_MIN, READ_AHEAD_MAX = 4, 32
-READ_AHEAD_BYTES = 1 << 30
-
 
 #: A shard's seal is written this long after its last change (ctime) at the earliest: longer than
 #: the kernel's coarse timestamp tick (a jiffy: 1-10 ms), so a later write changes its ctime.
@@ -40,13 +34,6 @@ SEAL_MARGIN_NS = 20_000_000
 def _seal(st: os.stat_result, sha256: str) -> dict[str, Any]:
     return {"sha256": sha256, "bytes": st.st_size, "dev": st.st_dev, "ino": st.st_ino,
             "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
-
-
-def default_read_ahead(shard_bytes: list[int]) -> int:
-    """The read-ahead depth for shards of these sizes (the largest counts)."""
-    largest = max(shard_bytes, default=0)
-    fit = READ_AHEAD_BYTES // largest if largest else READ_AHEAD_MAX
-    return int(min(READ_AHEAD_MAX, max(READ_AHEAD_MIN, fit)))
 
 
 class ShardCache:
@@ -111,7 +98,7 @@ class ShardCache:
             self._lock = threading.Lock()
             self._pid = os.getpid()
             # A cache dropped without close() releases its shards (descriptors, locks) too.
-            self._finalizer = weakref.finalize(self, _release_all, self._held, self._pid,
+            self._finalizer = weakref.finalize(self, release_held, self._held, self._pid,
                                                self.root, self.cache_limit)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -177,15 +164,15 @@ class ShardCache:
 
     def close(self) -> None:
         self._claim()
-        _release_all(self._held, self._pid, self.root, self.cache_limit)
+        release_held(self._held, self._pid, self.root, self.cache_limit)
 
     def read_ahead(self, shards: Any) -> None:
         """This process reads ``shards`` next, in this order: download the first
         ``read_ahead_depth`` of them that are not cached yet, several at once, in background
         threads. A shard another process downloads is left to it, and a download that would go
-        over ``cache_limit`` is not started. Room is given in this order (:class:`_Window`): a
-        shard is not downloaded ahead of one before it that found no room, which its fetch would
-        then evict. Errors are dropped here: the :meth:`fetch` that needs the shard reports them."""
+        over ``cache_limit`` is not started. Room is given in this order
+        (:class:`~.readahead.ReadAheadWindow`): a shard is not downloaded ahead of one before it
+        that found no room, which its fetch would then evict. Errors are dropped here: the :meth:`fetch` that needs the shard reports them."""
         self._claim()
         meta = self.remote.meta["shards"]
         window = [int(k) for k in list(shards)[:self.read_ahead_depth]]
@@ -199,7 +186,7 @@ class ShardCache:
                 # daemon threads: exit does not wait for a stalled download (see .background)
                 self._pool = Background(2 * self.read_ahead_depth, "shardkit-prefetch")
             self._pending.update(todo)
-            order = _Window(len(todo))
+            order = ReadAheadWindow(len(todo))
             for j, k in enumerate(todo):  # FIFO: position j starts no later than j + 1
                 self._pool.submit(self._prefetch, k, order, j, self._slots.place())
 
@@ -215,7 +202,7 @@ class ShardCache:
         if pool is not None:
             pool.shutdown(wait=True)
 
-    def _prefetch(self, k: int, order: "_Window", j: int, place: Place) -> None:
+    def _prefetch(self, k: int, order: ReadAheadWindow, j: int, place: Place) -> None:
         entry = self.remote.meta["shards"][k]
         try:
             place.take()  # in reading order, like the window's room
@@ -460,44 +447,3 @@ class ShardCache:
                     return None
             if not on_full():  # outside the evict lock: a release trims under it
                 on_full = None
-
-
-class _Window:
-    """The order in which one read-ahead window's downloads get room: position ``j`` asks only
-    once every position before it has room, and gives up when one of them found none (room it
-    took would be evicted again by the fetch of the earlier shard: downloaded twice)."""
-
-    def __init__(self, size: int) -> None:
-        self._placed: list[bool | None] = [None] * size
-        self._cond = threading.Condition()
-
-    def wait(self, j: int) -> bool:
-        """Block until position ``j - 1`` is decided; True if every position before ``j`` has
-        room."""
-        if j == 0:
-            return True
-        with self._cond:
-            self._cond.wait_for(lambda: self._placed[j - 1] is not None)
-            return bool(self._placed[j - 1])
-
-    def decide(self, j: int, placed: bool) -> None:
-        """Position ``j`` has room (``placed``) or not; the first decision stands."""
-        with self._cond:
-            if self._placed[j] is None:
-                self._placed[j] = placed and (j == 0 or bool(self._placed[j - 1]))
-                self._cond.notify_all()
-
-
-def _release_all(held: dict[int, int], pid: int | None, root: str,
-                 cache_limit: int | None) -> None:
-    """Close the ``.use`` descriptors of ``held`` (in the process that took them) and trim."""
-    if pid != os.getpid():
-        return
-    try:
-        released = bool(held)
-        for k in list(held):
-            close_lock(held.pop(k))
-        if released and cache_limit is not None:
-            limit.trim(root, cache_limit)
-    except Exception:  # noqa: BLE001 - also runs from a finalizer: never raise or print there
-        pass

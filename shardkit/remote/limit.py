@@ -104,3 +104,18 @@ def touch(path: str) -> None:
         os.utime(os.path.join(head, f".{name}.use"), ns=(now, now), follow_symlinks=False)
     except OSError:
         pass  # not there (a labels file: never evicted)
+
+
+def release_held(held: dict[int, int], pid: int | None, root: str,
+                 cache_limit: int | None) -> None:
+    """Close the ``.use`` descriptors of ``held`` (in the process that took them) and trim."""
+    if pid != os.getpid():
+        return
+    try:
+        released = bool(held)
+        for k in list(held):
+            close(held.pop(k))
+        if released and cache_limit is not None:
+            trim(root, cache_limit)
+    except Exception:  # noqa: BLE001 - also runs from a finalizer: never raise or print there
+        pass

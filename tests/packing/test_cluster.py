@@ -33,7 +33,7 @@ from moto.s3.models import s3_backends
 import shardkit
 import shardkit.remote.access
 from shardkit.cli import main as cli_main
-from shardkit.packing import dask_engine, grain
+from shardkit.packing import dask_watch, grain
 from shardkit.read.store import Store
 
 from helpers import image_tree, jpeg_bytes, random_photo, write_bytes
@@ -259,7 +259,7 @@ def test_a_task_that_always_fails_stops_with_one_line_and_resume_completes(
         src, local, cluster, faults, tmp_path, capsys, monkeypatch):
     """Shard 3 holds until every other shard is done (and is named as slow meanwhile), then
     fails on every attempt: one line naming it, the other shards kept; --resume finishes."""
-    monkeypatch.setattr(dask_engine, "STRAGGLER_MIN_SECONDS", 0.5)  # the floor for real shards
+    monkeypatch.setattr(dask_watch, "STRAGGLER_MIN_SECONDS", 0.5)  # the floor for real shards
     go = str(tmp_path / "go")
     set_faults(faults, {"3": {"fail": -1, "hold": go}})
     out = str(tmp_path / "always")
@@ -307,7 +307,7 @@ def test_short_shards_share_tasks_and_a_shard_that_fails_is_run_again_alone(
     shard 5 is recorded, not run again; shard 6 runs again alone. Shard 7 fails once before
     shard 8 of its task ran: shard 8 goes back in line with no attempt counted, so that its own
     failure later still has its retry (`--retries 1`)."""
-    monkeypatch.setattr(dask_engine, "STRAGGLER_MIN_SECONDS", 0.5)
+    monkeypatch.setattr(dask_watch, "STRAGGLER_MIN_SECONDS", 0.5)
     # Only the caps shape these tasks, not how long a one-image shard took on a busy machine
     monkeypatch.setattr(grain, "TASK_SECONDS", 3600.0)
     reference = str(tmp_path / "local")
@@ -398,9 +398,9 @@ def test_a_running_task_stops_once_its_pack_stopped(src, cluster, faults, tmp_pa
         deadline = time.monotonic() + 60
         # executing_tasks lists a cancelled task too while its thread still runs it
         while time.monotonic() < deadline and any(
-                client.run(dask_engine.executing_tasks).values()):
+                client.run(dask_watch.executing_tasks).values()):
             time.sleep(0.05)
-        assert not any(client.run(dask_engine.executing_tasks).values())
+        assert not any(client.run(dask_watch.executing_tasks).values())
     assert sorted(attempts(faults)) == [8, 12]  # shard 9 never started
     partial = partial_of(out)
     assert os.path.exists(os.path.join(partial, "shard-00007.lmdb"))  # finished before
@@ -413,7 +413,7 @@ def test_the_slow_shard_watch_asks_only_while_a_task_may_be_slow(cluster, tmp_pa
     taking the GIL from their tasks, a log line on each) only while a task has been in flight
     longer than its limit, and then at most once per POLL_SECONDS; the limit is the median shard
     time times the task's shards. A real task held on a worker: named as one shard, not as 30."""
-    monkeypatch.setattr(dask_engine, "STRAGGLER_MIN_SECONDS", 0.0)
+    monkeypatch.setattr(dask_watch, "STRAGGLER_MIN_SECONDS", 0.0)
     asked, said = [], []
     go = tmp_path / "go"
 
@@ -427,13 +427,13 @@ def test_the_slow_shard_watch_asks_only_while_a_task_may_be_slow(cluster, tmp_pa
         future = client.submit(hold, str(go), key="held-task", pure=False)
         try:
             deadline = time.monotonic() + 60  # until it runs (the ask here is not the watch's)
-            while not any(real(dask_engine.executing_tasks).values()):
+            while not any(real(dask_watch.executing_tasks).values()):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-            monkeypatch.setattr(dask_engine, "POLL_SECONDS", 3600.0)  # one ask in this phase
-            watch = dask_engine.Stragglers(said.append)
+            monkeypatch.setattr(dask_watch, "POLL_SECONDS", 3600.0)  # one ask in this phase
+            watch = dask_watch.Stragglers(said.append)
             watch.asked = float("-inf")
-            watch.times = [0.1] * dask_engine.STRAGGLER_MIN_DONE  # a limit of 0.4 s a shard
+            watch.times = [0.1] * dask_watch.STRAGGLER_MIN_DONE  # a limit of 0.4 s a shard
             for _ in range(20):  # submitted just now: cannot have run 0.4 s yet
                 watch.running(client, {"held-task": (future, [7], time.monotonic())})
             assert asked == []
@@ -441,8 +441,8 @@ def test_the_slow_shard_watch_asks_only_while_a_task_may_be_slow(cluster, tmp_pa
             time.sleep(0.5)  # the task has now run over 0.4 s, and under 30 x 0.4 s = 12 s
             for _ in range(20):
                 watch.running(client, {"held-task": (future, list(range(7, 37)), long_ago)})
-            assert asked == [dask_engine.executing_tasks] and said == []  # asked once a poll
-            monkeypatch.setattr(dask_engine, "POLL_SECONDS", 0.0)
+            assert asked == [dask_watch.executing_tasks] and said == []  # asked once a poll
+            monkeypatch.setattr(dask_watch, "POLL_SECONDS", 0.0)
             watch.running(client, {"held-task": (future, [7], long_ago)})
             assert len(asked) == 2
             assert len(said) == 1 and said[0].startswith("shardkit: shard 7 is slow: running "), \

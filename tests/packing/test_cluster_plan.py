@@ -145,7 +145,7 @@ def test_a_task_payload_is_o1_in_sources(src, tmp_path):
 
 
 def test_a_shards_rows_are_read_at_once_as_its_slots(tree, tmp_path):
-    """``Plan.rows(k)`` (what a shard task reads, in a few reads) gives each slot's source,
+    """``PackPlan.rows(k)`` (what a shard task reads, in a few reads) gives each slot's source,
     path, label and item exactly as the per-slot accessors do, in the mixed layout (scattered
     sources) and in the sources' order (one contiguous range), odd and non-UTF-8 names too."""
     odd = os.path.join(tree, "big", os.fsdecode(b"bad-\xff-name.jpg"))

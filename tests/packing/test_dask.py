@@ -277,13 +277,13 @@ def test_an_unreachable_scheduler_is_said_while_tried_then_named(monkeypatch, ca
     """Dask tries an address for the whole timeout: after a moment the pack says it is
     connecting (it was silent for 60 s), then stops with one line naming the address."""
     from helpers.dask_cluster import free_port
-    from shardkit.packing import dask_engine
+    from shardkit.packing import dask_session
 
-    monkeypatch.setattr(dask_engine, "CONNECT_SECONDS", 2)
-    monkeypatch.setattr(dask_engine, "CONNECT_NOTICE_SECONDS", 0.2)
+    monkeypatch.setattr(dask_session, "CONNECT_SECONDS", 2)
+    monkeypatch.setattr(dask_session, "CONNECT_NOTICE_SECONDS", 0.2)
     address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
     with pytest.raises(PackError, match=f"^cannot reach the Dask scheduler at {address}: "):
-        dask_engine.DaskSession(address)
+        dask_session.DaskSession(address)
     assert capsys.readouterr().err == (f"shardkit: connecting to the Dask scheduler at "
                                        f"{address} (up to 2 s)\n")
 

@@ -48,7 +48,7 @@ def key(url: str, name: str) -> str:
 
 def manifest(folder: str) -> dict:
     with open(os.path.join(folder, metadata.MANIFEST_NAME), "rb") as f:
-        return metadata.parse_manifest(f.read(), folder)
+        return metadata.parse_manifest_layout(f.read(), folder)
 
 
 def largest(folder: str) -> int:

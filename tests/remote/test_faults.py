@@ -66,7 +66,7 @@ def stored(server: S3Server, url: str) -> dict[str, bytes]:
 
 def shard_files(folder: str) -> list[str]:
     with open(os.path.join(folder, metadata.MANIFEST_NAME), "rb") as f:
-        return [e["file"] for e in metadata.parse_manifest(f.read(), folder)["shards"]]
+        return [e["file"] for e in metadata.parse_manifest_layout(f.read(), folder)["shards"]]
 
 
 # -- downloads --------------------------------------------------------------------------------

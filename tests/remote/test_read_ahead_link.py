@@ -51,7 +51,7 @@ def proxy(server, url, monkeypatch):
 
 def shard_files(folder: str) -> list[str]:
     with open(os.path.join(folder, metadata.MANIFEST_NAME), "rb") as f:
-        return [e["file"] for e in metadata.parse_manifest(f.read(), folder)["shards"]]
+        return [e["file"] for e in metadata.parse_manifest_layout(f.read(), folder)["shards"]]
 
 
 def key(url: str, name: str) -> str:
@@ -174,8 +174,8 @@ def test_targets_judge_the_remote_latency_report():
 def test_read_ahead_depth_follows_the_shard_size():
     """Small shards: more downloads in flight (round trips dominate); large ones: a few, so what
     is fetched ahead stays within READ_AHEAD_BYTES."""
-    from shardkit.remote.cache import (READ_AHEAD_BYTES, READ_AHEAD_MAX, READ_AHEAD_MIN,
-                                       default_read_ahead)
+    from shardkit.remote.readahead import (READ_AHEAD_BYTES, READ_AHEAD_MAX, READ_AHEAD_MIN,
+                                           default_read_ahead)
 
     assert default_read_ahead([900_000, 1_000_000]) == READ_AHEAD_MAX
     assert default_read_ahead([256 << 20]) == READ_AHEAD_MIN

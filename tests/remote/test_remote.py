@@ -53,7 +53,7 @@ def url(s3, local_store) -> str:
 
 def manifest_of(folder: str) -> dict:
     with open(os.path.join(folder, metadata.MANIFEST_NAME), "rb") as f:
-        return metadata.parse_manifest(f.read(), folder)
+        return metadata.parse_manifest_layout(f.read(), folder)
 
 
 def key(url: str, name: str) -> str:

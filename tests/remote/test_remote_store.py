@@ -86,7 +86,7 @@ def key(url: str, name: str) -> str:
 
 def shard_names(folder: str) -> list[str]:
     with open(os.path.join(folder, metadata.MANIFEST_NAME), "rb") as f:
-        return [e["file"] for e in metadata.parse_manifest(f.read(), folder)["shards"]]
+        return [e["file"] for e in metadata.parse_manifest_layout(f.read(), folder)["shards"]]
 
 
 def gets(server: S3Server, url: str, names: list[str]) -> list[int]:

@@ -53,7 +53,7 @@ def test_seaweedfs_refuses_an_upload_damaged_in_transit_and_it_is_sent_again(sea
     monkeypatch.setattr(shardkit.remote.access, "RETRY_DELAYS", (0.05, 0.05))
     url = f"s3://{seaweed.new_bucket()}/train"
     with open(os.path.join(local, metadata.MANIFEST_NAME), "rb") as f:
-        name = metadata.parse_manifest(f.read(), local)["shards"][0]["file"]
+        name = metadata.parse_manifest_layout(f.read(), local)["shards"][0]["file"]
     with FaultProxy(seaweed.endpoint) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         path = "/" + url.removeprefix("s3://") + "/" + name

@@ -11,7 +11,9 @@ container, the index encoding workers read members through (:func:`read_item`).
 Adding an input is one module and one line below. :data:`SOURCE_FORMATS` (the formats of SRC:
 ``source_format``'s choices, ``--source-format``, the docs) derives from it.
 
-* :mod:`.base`        the interface, the scan's records, the label rules, the container base
+* :mod:`.base`        the interface, the scan's records
+* :mod:`.container`   the base of the container sources, the label rules
+* :mod:`.specs`       the sources as the records a user builds (``shardkit.sources``)
 * :mod:`.coco` COCO · :mod:`.metadata` metadata table and captions · :mod:`.file_list` file list
 * :mod:`.litdata` LitData ``optimize`` folders · :mod:`.mds` MDS · :mod:`.parquet` parquet and
   Arrow · :mod:`.webdataset` tar shards · :mod:`.folder` ImageFolder layout (the fallback)

@@ -32,7 +32,8 @@ from ..annotations import (CAPTION_FIELD, MAX_CAPTION_BYTES, check_geometry, inf
                            read_caption)
 from ..hf_folder import METADATA_FILENAMES, Layout, image_path, is_image, read_layout, read_rows
 from ..record_fields import RecordFields
-from .base import ImageFilesSource, Labels, Scan, Source, SourceOptions
+from .base import ImageFilesSource, Scan, Source, SourceOptions
+from .container import Labels
 
 NAME = "imagefolder"
 DEFAULT_SPLIT = "train"  # the split training scripts take from load_dataset's DatasetDict

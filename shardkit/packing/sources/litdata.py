@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import PackError
-from .base import (IndexFolderSource, MemberError, Scanned, Shard, SourceOptions, inside_folder,
-                   pil_as_file)
+from .base import MemberError, SourceOptions
+from .container import IndexFolderSource, Scanned, Shard, inside_folder, pil_as_file
 from .files import open_cached
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm")

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import PackError
-from .base import (IndexFolderSource, MemberError, Scanned, Shard, SourceOptions, inside_folder,
-                   member_name, pil_as_file)
+from .base import MemberError, SourceOptions
+from .container import IndexFolderSource, Scanned, Shard, inside_folder, member_name, pil_as_file
 from .fields import FieldRejected, decode_mds, is_mds_field
 from .files import open_cached
 

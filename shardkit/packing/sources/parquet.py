@@ -22,7 +22,8 @@ from typing import Any
 
 from ...errors import PackError
 from ...urls import is_url
-from .base import ContainerSource, MemberError, Scanned, Shard, SourceOptions, member_name
+from .base import MemberError, SourceOptions
+from .container import ContainerSource, Scanned, Shard, member_name
 
 IMAGE_COLUMNS = ("image", "img", "jpg", "png")
 LABEL_COLUMNS = ("label", "labels", "cls", "class")

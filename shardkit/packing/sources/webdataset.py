@@ -27,8 +27,8 @@ from pathlib import PurePosixPath
 
 from ...errors import PackError, ShardkitError, StoreError
 from ...urls import is_url
-from .base import (ContainerSource, MemberError, Scanned, Shard, SourceOptions, TransferFailed,
-                   member_name, read_classes_file)
+from .base import MemberError, SourceOptions, TransferFailed
+from .container import ContainerSource, Scanned, Shard, member_name, read_classes_file
 from .fields import FIELD_BYTES, FieldRejected, decode_member, wds_field
 from .files import open_cached
 from .url_objects import RangeFile, object_size, remote, url_target

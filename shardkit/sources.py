@@ -1,0 +1,19 @@
+"""The sources ``shardkit.pack`` reads, as records: ``pack(src, out, source=Coco("ann.json"))``.
+
+:class:`Detect` (the default: SRC's format from its content), :class:`ImageFolder`
+(torchvision's layout), :class:`HFImageFolder` (Hugging Face's imagefolder layout),
+:class:`WebDataset`, :class:`Parquet`, :class:`MDS`, :class:`LitData`, and the inputs over an
+image folder: :class:`Coco`, :class:`Metadata`, :class:`Captions`, :class:`FileList`. A tuple
+of records combines inputs that combine (``(FileList("list.csv"), Captions())``). Each checks
+its fields when built (``OptionError`` naming ``Class.field``); docs/sources.md describes what
+each reads.
+"""
+
+from __future__ import annotations
+
+from .packing.sources.specs import (MDS, Captions, Coco, Detect, FileList, HFImageFolder,
+                                    ImageFolder, LitData, Metadata, Parquet, SourceSpec,
+                                    WebDataset)
+
+__all__ = ["Captions", "Coco", "Detect", "FileList", "HFImageFolder", "ImageFolder", "LitData",
+           "MDS", "Metadata", "Parquet", "SourceSpec", "WebDataset"]
