@@ -30,7 +30,8 @@ import numpy as np
 from .. import bucketmeta
 from ..errors import OptionError, StoreError
 from .order import Groups, rng
-from .sampler import OrderedSampler, fingerprint, shard_groups
+from .sampler import OrderedSampler
+from .shardorder import fingerprint, shard_groups
 
 
 def bucket_sizes(store: Any) -> np.ndarray | None:

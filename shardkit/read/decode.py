@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import codec, jpegrows
 from ..errors import StoreError
-from . import augment, partial
+from . import cut, partial
 
 if TYPE_CHECKING:
     from .shard import OpenShard
@@ -91,7 +91,7 @@ class Decoder:
             self.check(shard, k, local, buf)
             self.check_rows(shard, k, local, buf)
         try:
-            augment.decode_views(outs, buf, self.encoding, height, width, plans, self.fast,
+            cut.decode_views(outs, buf, self.encoding, height, width, plans, self.fast,
                                  partial.record_rows(shard, local))
         except codec.RecordDecodeError as exc:
             raise self.error(k, local, exc) from None

@@ -3,7 +3,8 @@
 ``ds[1.9]``, ``ds["3"]`` or ``ds[np.float64(2)]`` raise ``TypeError`` (a list never truncates);
 ``ds[2**63]`` raises ``IndexError`` like any other index past the end; integer types that
 ``operator.index`` accepts (``int``, ``bool``, numpy integers, one-element integer tensors)
-work, and negative indices count from the end.
+work, and negative indices count from the end. ``locate_many`` maps checked global indices to
+(shard, index within the shard).
 """
 
 from __future__ import annotations
@@ -53,3 +54,17 @@ def check_indices(indices: Any, count: int) -> np.ndarray:
         raise _range_error(bad, count)
     idx = idx.astype(np.int64)
     return np.where(idx < 0, idx + count, idx) if low < 0 else idx
+
+
+def locate_many(starts: np.ndarray, indices: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Global indices -> (shard numbers, indices within those shards), int64 arrays, given each
+    shard's start ``[0, s1, ..., N]``; negative indices count from the end, as in a list."""
+    count = int(starts[-1])
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if len(idx) and (idx.min() < -count or idx.max() >= count):
+        bad = next(i for i in idx.tolist() if not -count <= i < count)
+        raise IndexError(f"index {bad} out of range for a store of {count} records")
+    if len(idx) and idx.min() < 0:
+        idx = np.where(idx < 0, idx + count, idx)
+    shards = np.searchsorted(starts, idx, side="right") - 1
+    return shards, idx - starts[shards]

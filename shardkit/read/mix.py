@@ -23,7 +23,8 @@ from torch.utils.data import ConcatDataset, get_worker_info
 from ..errors import OptionError
 from . import batchpool, draws
 from .order import Groups, rng
-from .sampler import OrderedSampler, fingerprint, shard_groups
+from .sampler import OrderedSampler
+from .shardorder import fingerprint, shard_groups
 
 
 class Mix(ConcatDataset):

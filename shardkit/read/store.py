@@ -51,64 +51,15 @@ from ..errors import OptionError, StoreError
 from ..fileutil import file_size, sha256_file
 from ..forklock import ForkLock
 from ..urls import is_url
+from .indices import locate_many
 from .shard import OpenShard, ShardEntry, checked_array, open_pinned
+# disk_bytes: a name this module has always offered
+from .storefiles import check_record_arrays, default_max_open_shards, disk_bytes  # noqa: F401
 
 
 # Serialises each store's first use in a process (threads may start it together); made again in
 # a forked child, where a thread of the parent may have held it.
 _CLAIMING = ForkLock()
-
-
-def default_max_open_shards() -> int:
-    """A quarter of this process's open-file limit (``ulimit -n``), within 8..4096: each open
-    shard costs one descriptor, and a shuffled read reopens shards when fewer fit than it uses."""
-    try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if soft == resource.RLIM_INFINITY:
-            soft = 1 << 20
-    except (ImportError, OSError, ValueError):  # no such limit here (Windows)
-        soft = 1024
-    return max(8, min(4096, soft // 4))
-
-
-def locate_many(starts: np.ndarray, indices: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Global indices -> (shard numbers, indices within those shards), int64 arrays, given each
-    shard's start ``[0, s1, ..., N]``; negative indices count from the end, as in a list."""
-    count = int(starts[-1])
-    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-    if len(idx) and (idx.min() < -count or idx.max() >= count):
-        bad = next(i for i in idx.tolist() if not -count <= i < count)
-        raise IndexError(f"index {bad} out of range for a store of {count} records")
-    if len(idx) and idx.min() < 0:
-        idx = np.where(idx < 0, idx + count, idx)
-    shards = np.searchsorted(starts, idx, side="right") - 1
-    return shards, idx - starts[shards]
-
-
-def check_record_arrays(meta: dict[str, Any], local: Any, where: str) -> None:
-    """A folder store's per-record files (``labels.npy``, the record layout's ``layout.npy``)
-    hold as many records as the manifest's ``count``: read from their ``.npy`` headers (memory
-    maps, no data read), so a manifest whose count is wrong is refused at open, before anything
-    sizes memory by it. ``local(name, sha256)`` is the file's local path."""
-    count = meta["count"]
-    files = [(meta["labels"], (count,), "labels")]
-    if "layout" in meta:
-        files.append((meta["layout"], (2, count), "record layout"))
-    for info, shape, what in files:
-        path = local(info["file"], info["sha256"])
-        try:
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except FileNotFoundError:
-            raise StoreError(f"{what} file not found: {path}") from None
-        except Exception as exc:  # noqa: BLE001 - numpy reports a bad header as many types
-            raise StoreError(f"{path}: cannot load {what}: {exc}") from None
-        found = tuple(arr.shape)
-        del arr
-        if found != shape:
-            raise StoreError(f"{where}: manifest says {count} records, but {info['file']} holds "
-                             f"{what} of shape {list(found)} (damaged or forged store)")
 
 
 class Store:
@@ -483,16 +434,3 @@ class Store:
 
     def __len__(self) -> int:
         return self.count
-
-
-def disk_bytes(path: str) -> int:
-    """Bytes of a local store's files: the file of a single-file store; the manifest and the
-    files it names for a folder store (not leftovers such as shards still held by old readers)."""
-    if not os.path.isdir(path):
-        return file_size(path)
-    manifest = os.path.join(path, metadata.MANIFEST_NAME)
-    with open(manifest, "rb") as f:
-        meta = storemeta.parse_manifest(f.read(), manifest)
-    names = [e["file"] for e in meta["shards"]] + [meta["labels"]["file"]] + (
-        [meta["layout"]["file"]] if "layout" in meta else [])
-    return file_size(manifest) + sum(file_size(os.path.join(path, n)) for n in names)

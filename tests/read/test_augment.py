@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 import shardkit
 from shardkit import ShardDataset, codec
 from shardkit.bench.sample import make_sample, photo_like
-from shardkit.read import augment
+from shardkit.read import augment, cut
 
 
 @pytest.fixture(scope="module")
@@ -215,13 +215,13 @@ def reference_resize(src: np.ndarray, size: int, dtype=torch.uint8) -> np.ndarra
 
 @pytest.mark.parametrize("native", [True, False], ids=["uint8-kernel", "float-kernel"])
 def test_resize_into_is_torchs_antialiased_bilinear(monkeypatch, native):
-    monkeypatch.setattr(augment, "native_uint8", native)
+    monkeypatch.setattr(cut, "native_uint8", native)
     rng = np.random.default_rng(0)
     img = photo_like(rng, 341, 256)
     readonly = np.frombuffer(img.tobytes(), np.uint8).reshape(img.shape)
     for src in (img[10:200, 30:300], img[:, :], img[100:150, 7:47], readonly[5:250, 0:256]):
         out = np.zeros((64, 64, 3), np.uint8)
-        augment.resize_into(out, src)
+        cut.resize_into(out, src)
         expected = reference_resize(src, 64, torch.uint8 if native else torch.float32)
         assert np.array_equal(out, expected)
     if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
@@ -239,19 +239,19 @@ def test_decode_into_crops_resizes_and_flips(stores, size):
     data, img = ds[0][0], full[0][0]
     h, w = img.shape[:2]
     out = np.empty((size, size, 3), np.uint8)
-    assert augment.decode_into(out, data, "jpeg", h, w, augment.Plan(10, 20, 100, 90, False)) == 1
+    assert cut.decode_into(out, data, "jpeg", h, w, augment.Plan(10, 20, 100, 90, False)) == 1
     assert np.array_equal(out, reference_resize(img[10:110, 20:110], size))
     for threads in (1, 3):  # several torch threads: the odd rows are flipped in slices
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            augment.decode_into(out, data, "jpeg", h, w, augment.Plan(10, 20, 100, 90, True))
+            cut.decode_into(out, data, "jpeg", h, w, augment.Plan(10, 20, 100, 90, True))
         finally:
             torch.set_num_threads(before)
         assert np.array_equal(out, reference_resize(img[10:110, 20:110], size)[:, ::-1])
     out = np.empty((48, 48, 3), np.uint8)
     # A box of the output's size is cut, not resized; outside the image is zero (centre padding)
-    augment.decode_into(out, data, "jpeg", h, w, augment.Plan(-4, 3, 48, 48, True))
+    cut.decode_into(out, data, "jpeg", h, w, augment.Plan(-4, 3, 48, 48, True))
     assert np.array_equal(out[4:], img[:44, 3:51][:, ::-1]) and not out[:4].any()
 
 
@@ -263,7 +263,7 @@ def test_mirror_flips_in_place_with_any_number_of_torch_threads(threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        augment.mirror(out)
+        cut.mirror(out)
     finally:
         torch.set_num_threads(before)
     assert np.array_equal(out, img[:, ::-1])
@@ -417,7 +417,7 @@ def test_large_records_decode_dct_scaled_close_to_full_size(stores):
         for i, (h, w) in enumerate(sizes):
             plan = recipe.draw(h, w)
             scaled = np.empty((224, 224, 3), np.uint8)
-            factors.append(augment.decode_into(scaled, raw[i][0], "jpeg", h, w, plan))
+            factors.append(cut.decode_into(scaled, raw[i][0], "jpeg", h, w, plan))
             assert np.array_equal(batch.images[i].permute(1, 2, 0).numpy(), scaled)
             full = codec.decode(raw[i][0], "jpeg", h, w)
             exact = reference_resize(full[plan.top:plan.top + plan.height,

@@ -17,7 +17,7 @@ import torch
 import shardkit
 from shardkit import OptionError, ShardDataset, ShardSampler, View
 from shardkit.bench.sample import make_sample
-from shardkit.read import augment
+from shardkit.read import cut
 
 # Two "global" views and three "local" ones (one non-square), DINO-like at a small scale.
 VIEWS = [View(40, scale=(0.32, 1.0))] * 2 + [View(16, scale=(0.05, 0.32), flip=1.0)] * 2 \
@@ -59,13 +59,13 @@ def test_each_view_is_the_single_view_recipe_from_its_rng_state_and_one_decode(
     expected = [[single[i][0] for single in singles] for i in range(n)]  # view after view
 
     decodes = []
-    real = augment.decode_boxes
+    real = cut.decode_boxes
 
     def counting(data, *args, **kwargs):
         decodes.append(bytes(data[:0]))
         return real(data, *args, **kwargs)
 
-    monkeypatch.setattr(augment, "decode_boxes", counting)
+    monkeypatch.setattr(cut, "decode_boxes", counting)
     torch.manual_seed(7)
     items = _items(ds, range(n))
     assert len(decodes) == n  # one decode per record for all five... four views

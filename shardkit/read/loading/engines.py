@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from ...errors import OptionError
 from .. import shipping
-from ..sampler import StoreOrderSampler
+from ..shardorder import StoreOrderSampler
 from ..workers import init_then, worker_init_fn
 from .loader import ShardLoader
 from .thread_engine import PROCESS_ONLY, ThreadLoader, check_threads, count_option
