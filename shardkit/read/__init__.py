@@ -7,7 +7,9 @@
 - ``augment``: crop boxes and flips drawn as torchvision draws them, resized at decode.
 - ``batchpool``: reusable (shared-memory) batch buffers.
 - ``threads``: the ``threads=N`` fan-out of one batch's records.
-- ``dataset``: ``ShardDataset``, ``collate``, ``worker_init_fn`` (orchestration of the above).
+- ``dataset``: ``ShardDataset``, ``collate``, ``worker_init_fn`` (orchestration of the above);
+  ``items``: how it reads items and batches; ``cut``: boxes cut, resized and flipped.
+- ``loading``: the loaders and their engines (``Threads``, ``Processes``, ``ShardLoader``).
 - ``view``: a store seen through the pack's record layout and an optional subset
   (``StoreView``: logical index -> physical place).
 - ``order``: the epoch order, a pure function of (seed, epoch) over a canonical partition.

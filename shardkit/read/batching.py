@@ -58,7 +58,7 @@ def collate(batch: Sequence[Any], ragged: Any = "list") -> Any:
                     for v in range(len(batch[0][1]))]
         return [[images for images, _ in per_view], [targets for _, targets in per_view]]
     try:
-        return shipping.collate(batch)  # default_collate, in memfd memory inside a worker
+        return shipping.default_collate(batch)  # in memfd memory inside a worker
     except RuntimeError as exc:
         sizes = _image_sizes(batch)
         if len(sizes) > 1:  # torch's "stack expects each tensor to be equal size" says not why

@@ -13,23 +13,23 @@ import copy
 import functools
 import numbers
 import os
-from itertools import repeat
 from typing import Any, Callable, Literal, Sequence, get_args
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset
 
 from .. import codec
 from ..errors import OptionError
-from . import augment, batchpool, draws, lifetime, recipes, shipping
+from . import augment, lifetime, recipes
 from . import targets as targetmod
-from .batching import Batch, collate
+from .batching import Batch, collate  # noqa: F401  (Batch: shardkit.Batch is read here)
 from .conditioning import Conditioning
 from .decode import Decoder
-from .indices import check_index, check_indices
+from .indices import check_index
+from .items import Items
 from .loading.engines import loader_for
-from .store import OpenShard, Store
+from .store import Store
 from .threads import Fanout
 from .view import open_layout
 from .workers import OpenedInWorkers, worker_init_fn
@@ -52,7 +52,7 @@ def _forward(part: str, name: str) -> property:
                     lambda self, value: setattr(getattr(self, part), name, value))
 
 
-class ShardDataset(OpenedInWorkers, Dataset):
+class ShardDataset(Items, OpenedInWorkers, Dataset):
     """Images and labels from a shardkit store, with ImageFolder's ``classes``/``class_to_idx``/``targets``.
 
     Args:
@@ -325,206 +325,6 @@ class ShardDataset(OpenedInWorkers, Dataset):
     def close(self) -> None:
         self.store.close()
         self._fanout.close()
-
-    # -- reading --------------------------------------------------------------------------------
-
-    def _origin(self, shard: OpenShard, local: int,
-                seed: int | None = None) -> list[augment.Plan | None]:
-        """One sample's plan per view ([None]: a plain centre crop or the whole image), drawn
-        from torch's global RNG or, with ``seed``, from a generator seeded with it."""
-        # Drawn in the calling thread, in sample order: any number of threads decodes the same.
-        if self._recipes is None:
-            return [None]
-        size = (int(shard.heights[local]), int(shard.widths[local]))
-        return augment.draw_views(self._recipes, (size,), None if seed is None else (seed,))[0]
-
-    def _present(self, img: np.ndarray) -> Any:
-        if self.output == "numpy":
-            return img
-        if self.output == "pil":
-            from PIL import Image
-
-            return Image.fromarray(img, "RGB")
-        return torch.from_numpy(img).permute(2, 0, 1)
-
-    def _sample(self, img: Any, label: int) -> tuple[Any, Any]:
-        if self.transform is not None:
-            img = ([self.transform(i) for i in img] if self.views is not None
-                   else self.transform(img))
-        if self.target_transform is not None:
-            label = self.target_transform(label)
-        if self.transforms is not None:
-            img, label = self.transforms(img, label)
-        return img, label
-
-    def _label(self, shard: OpenShard, local: int, plans: list[augment.Plan | None]) -> Any:
-        """The class label, or with ``fields`` the target dict moved by the sample's crop (with
-        ``views``: one per view, each moved by its view)."""
-        if self._targets is None:
-            return int(shard.labels[local])
-        height, width = int(shard.heights[local]), int(shard.widths[local])
-        if self.views is not None:
-            return [self._targets.build(shard, local, targetmod.move_for(
-                plan, "random_resized", size, height, width))
-                for plan, size in zip(plans, self._sizes)]
-        move = (None if self.output == "bytes" else targetmod.move_for(
-            plans[0], self.crop_mode, self.crop, height, width))
-        return self._targets.build(shard, local, move)
-
-    def _item(self, shard: OpenShard, k: int, local: int, buf,
-              origin: list[augment.Plan | None]) -> tuple[Any, Any]:
-        label = self._label(shard, local, origin)
-        if self.output == "bytes":
-            if self.verify:
-                self._decoder.check(shard, k, local, buf)
-            return self._sample(bytes(buf), label)
-        if self._sizes is None:
-            img = self._decoder.image(shard, k, local, buf)
-            if origin[0] is not None and origin[0].flip:  # a bucketed record flipped whole
-                img = np.ascontiguousarray(img[:, ::-1])
-            return self._sample(self._finish(img, origin, 0), label)
-        outs = [np.empty((h, w, 3), np.uint8) for h, w in self._sizes]
-        self._decoder.into(outs, shard, k, local, buf, int(shard.heights[local]),
-                           int(shard.widths[local]), origin)
-        if self.views is None:
-            return self._sample(self._finish(outs[0], origin, 0), label)
-        return self._sample([self._finish(out, origin, v) for v, out in enumerate(outs)], label)
-
-    def _finish(self, img: np.ndarray, plans: list, view: int) -> Any:
-        """A decoded view through its recipe's steps (``shardkit.recipes``), then presented."""
-        done = None if self._thens is None else recipes.finish_one(img, plans[view],
-                                                                   self._thens[view])
-        return self._present(img) if done is None else done
-
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
-        """Record ``index``: its draws from torch's global RNG, or from its own seed where a
-        ``ds.loader`` tagged it (:mod:`shardkit.read.draws`)."""
-        seed = draws.seed_of(index)
-        k, local = self.store.locate(check_index(index, len(self)))
-        shard = self.store.shard(k)
-        with shard.reader.records() as get:
-            return self._item(shard, k, local, get(local), self._origin(shard, local, seed))
-
-    def __getitems__(self, indices: Sequence[int]) -> list:
-        """A batch: one read transaction per shard, optional threads, one buffer when cropping.
-        Draws as ``__getitem__``: per-sample seeds where a ``ds.loader`` tagged the batch."""
-        seeds = draws.seeds_of(indices)
-        indices = check_indices(indices, len(self))
-        if self.output == "bytes" or self._sizes is None or self.transform is not None \
-                or self.transforms is not None or self.output == "pil" \
-                or (self.views is not None and self._targets is not None
-                    and self.target_transform is not None):
-            return self._getitems_each(indices, seeds)
-        return self._getitems_batched(indices, seeds)
-
-    def _by_shard(self, indices: Sequence[int]) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """[(shard, positions in the batch, indices in the shard)], so each shard is read in one
-        transaction (vectorised: no Python work per index)."""
-        shards, local = self.store.locate_many(indices)
-        if len(self.store.shards) == 1:
-            return [(0, np.arange(len(local)), local)]
-        found = []
-        for k in np.unique(shards).tolist():
-            positions = np.flatnonzero(shards == k)
-            found.append((k, positions, local[positions]))
-        return found
-
-    def _getitems_each(self, indices: Sequence[int], seeds: np.ndarray | None = None) -> list:
-        results: list = [None] * len(indices)
-        located = self._by_shard(indices)
-        plans = self._plans(located, len(indices), seeds)
-        for k, positions, local in located:
-            shard = self.store.shard(k)
-            with shard.reader.records() as get:
-                jobs = [(shard, k, i, get(i), plans[pos])
-                        for pos, i in zip(positions.tolist(), local.tolist())]
-                for pos, sample in zip(positions.tolist(), self._fanout.run(self._item, jobs)):
-                    results[pos] = sample
-        return results
-
-    def _plans(self, located: list[tuple[int, np.ndarray, np.ndarray]], n: int,
-               seeds: np.ndarray | None = None) -> list[list[augment.Plan | None]]:
-        """Each batch position's boxes and flips (one per view), drawn in batch order (as
-        ``__getitem__`` would), or each from its seed in ``seeds`` (batch order)."""
-        if self._recipes is None:
-            return [[None]] * n
-        sizes = np.empty((n, 2), dtype=np.int64)
-        for k, positions, local in located:
-            shard = self.store.shard(k)
-            sizes[positions, 0], sizes[positions, 1] = shard.heights[local], shard.widths[local]
-        return augment.draw_views(self._recipes, sizes.tolist(), seeds)
-
-    def _getitems_batched(self, indices: Sequence[int],
-                          seeds: np.ndarray | None = None) -> Batch:
-        n, sizes, views = len(indices), self._sizes, self.views
-        # One reusable buffer (shared memory in a worker, so sending the batch is free), each
-        # view's N x H x W x 3 block after the previous one's.
-        flat, slot = batchpool.pool(get_worker_info() is not None).take(
-            (sum(n * h * w * 3 for h, w in sizes),))
-        blocks, start = [], 0
-        for h, w in sizes:
-            blocks.append(flat[start:start + n * h * w * 3].view(n, h, w, 3))
-            start += n * h * w * 3
-        pixels = [block.numpy() for block in blocks]
-        labels = np.empty(n, dtype=np.int64)
-        # per view: each position's target (with fields)
-        target_lists: list[list[Any]] = [[None] * n for _ in sizes]
-        located = self._by_shard(indices)
-        plans = self._plans(located, n, seeds)
-        outs = list(zip(*pixels))  # each position's outputs, one per view
-        for k, positions, local in located:
-            shard = self.store.shard(k)
-            labels[positions] = shard.labels[local]
-            heights = shard.heights[local].tolist()
-            widths = shard.widths[local].tolist()
-            local_list = local.tolist()
-            with shard.reader.records() as get:
-                # Built by C-level zip/map, not a per-sample Python loop: the thread engine's
-                # threads share one GIL, and this runs once per record.
-                at = positions.tolist()
-                jobs = list(zip(map(outs.__getitem__, at), repeat(shard), repeat(k), local_list,
-                                map(get, local_list), heights, widths, map(plans.__getitem__, at)))
-                self._fanout.run(self._decoder.into, jobs)
-            if self._targets is not None:  # boxes of the whole shard's part moved at once
-                mode = "random_resized" if views is not None else self.crop_mode
-                for v, size in enumerate(sizes):
-                    # a view's output may be (height, width); a crop is its side
-                    built = self._targets.build_batch(shard, local_list,
-                                                      [plans[p][v] for p in positions.tolist()],
-                                                      mode, size if views is not None else size[0])
-                    for pos, target in zip(positions.tolist(), built):
-                        target_lists[v][pos] = target
-        finished = recipes.finish_batch(self._thens, blocks, plans)  # the recipe's steps
-        batch = Batch()
-        if self.output == "tensor":
-            images = finished or [block.permute(0, 3, 1, 2) for block in blocks]
-            samples = [image.unbind(0) for image in images]
-        else:
-            # numpy samples; the batch is what default_collate makes of them: an N x H x W x C
-            # uint8 tensor (here without a copy), so either collate yields the same type.
-            images, samples = blocks, pixels
-            batch.channels_last = True
-        batch.slot = slot
-        if views is None:
-            batch.images = images[0]
-            label_list = labels.tolist() if self._targets is None else target_lists[0]
-            if self.target_transform is not None:
-                label_list = [self.target_transform(t) for t in label_list]
-            batch.extend(zip(samples[0], label_list))
-        else:
-            batch.images = images
-            label_list = (labels.tolist() if self._targets is None
-                          else [list(ts) for ts in zip(*target_lists)])
-            if self.target_transform is not None:
-                label_list = [self.target_transform(t) for t in label_list]
-            batch.extend(zip(map(list, zip(*samples)), label_list))
-        if self._targets is not None:
-            batch.labels = (self._targets.collate(label_list) if views is None
-                            else [self._targets.collate(ts) for ts in target_lists])
-        else:
-            batch.labels = (torch.from_numpy(labels) if self.target_transform is None
-                            else shipping.collate(label_list))
-        return batch
 
     # -- subsets (shardkit.read.subset) ----------------------------------------------------------
 

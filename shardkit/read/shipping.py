@@ -7,8 +7,9 @@ workers die with "unable to allocate shared memory(shm)". A memfd (``os.memfd_cr
 same kind of memory, but no mount bounds it. Tensors made here live in one: torch sends such a
 tensor by its descriptor, as it sends its own segments, with no copy into ``/dev/shm``.
 
-``collate`` is ``default_collate`` and ``convert`` is ``default_convert`` (the same values, types
-and errors), except that inside a DataLoader worker every tensor they return lives in a memfd.
+``default_collate`` and ``convert`` are torch's ``default_collate`` and ``default_convert`` (the
+same values, types and errors; ``shardkit.collate`` calls the first for what is not a shardkit
+batch), except that inside a DataLoader worker every tensor they return lives in a memfd.
 Outside a worker nothing differs. (torch's ``file_system`` sharing strategy copies any tensor into
 ``/dev/shm`` regardless; the default ``file_descriptor`` strategy does not.)
 """
@@ -81,8 +82,8 @@ COLLATE_FN_MAP: dict[Any, Callable] = {
     for key, step in default_collate_fn_map.items()}
 
 
-def collate(batch: Any) -> Any:
-    """``default_collate`` whose tensors, inside a DataLoader worker, live in memfd memory."""
+def default_collate(batch: Any) -> Any:
+    """torch's ``default_collate`` whose tensors, inside a DataLoader worker, live in memfd memory."""
     return _collate(batch, collate_fn_map=COLLATE_FN_MAP)
 
 

@@ -304,7 +304,7 @@ def collate_samples(batch: Sequence[Any], ragged: Any = "list") -> list[Any]:
     """``[images, targets]`` from a list of ``(image, target dict)`` samples: images stacked
     (``default_collate``, in memfd memory inside a worker: no ``/dev/shm``) when they share a
     shape, else a list; targets by ``collate_targets``."""
-    from .shipping import collate as default_collate
+    from .shipping import default_collate
 
     images = [sample[0] for sample in batch]
     same = all(isinstance(i, torch.Tensor) and i.shape == images[0].shape for i in images) or all(
