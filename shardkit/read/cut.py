@@ -85,8 +85,9 @@ def decode_boxes(data, encoding: str, height: int, width: int, plans: Sequence[P
     k = min(p.dct for p in plans) if encoding == "jpeg" else 1
     sh, sw = -(-height // k), -(-width // k)
     buffer = codec.scratch(sh * sw * 3) if encoding == "jpeg" else None
-    if rows is not None and k == 1:  # a record with row markers: only the rows the boxes cover
-        top, bottom = partial.box_rows(plans, height)
+    # a record with row markers: only the rows the boxes cover, unless that is (nearly) all
+    top, bottom = partial.box_rows(plans, height) if rows is not None else (0, height)
+    if rows is not None and k == 1 and not partial.whole(top, bottom, height, rows, fast):
         img, row0 = partial.decode_rows(data, rows, top, bottom, fast, buffer, bgr,
                                         (height, width))
         return Decoded(img, 1, height, width, bgr, row0)

@@ -9,6 +9,8 @@ where chroma upsampling reads across the cut: fancy upsampling (``fast=False``) 
 subsampled chroma (4:2:0) computes a pixel row from the chroma row above or below it, so a crop
 that starts or ends on an MCU row's edge also decodes the MCU row beyond it (its context).
 ``fast=True`` (libjpeg-turbo's merged upsampling) reads nothing across rows and needs none.
+A window that leaves out at most one MCU row (a centre crop's, usually) is decoded whole
+(:func:`whole`): the cut would cost what it saves.
 
 :func:`decode_rows` returns the decoded window and where it starts; every row of ``[top,
 bottom)`` in it is identical to the full decode's (``tests/read/test_partial.py`` checks every
@@ -70,6 +72,21 @@ def window(top: int, bottom: int, height: int, mcu_height: int,
         top, bottom = top - 1, bottom + 1
     top, bottom = max(top, 0), min(bottom, height)
     return top // mcu_height, -(-bottom // mcu_height)
+
+
+#: A window that leaves out at most this many MCU rows is decoded whole: cutting the record
+#: costs about what one MCU row's decode saves (docs/reading.md, *Partial decode*).
+WHOLE_BELOW = 1
+
+
+def whole(top: int, bottom: int, height: int, starts: np.ndarray, fast: bool = False) -> bool:
+    """Whether pixel rows ``[top, bottom)`` of a ``height``-row record with row index ``starts``
+    are decoded whole: their window (:func:`window`) leaves out at most ``WHOLE_BELOW`` MCU rows.
+    The MCU height is the one (8 or 16) the index's row count gives, so no header is read."""
+    rows = len(starts) - 1
+    mh = 16 if -(-height // 16) == rows and -(-height // 8) != rows else 8
+    m0, m1 = window(top, bottom, height, mh, mh > 8 and not fast)
+    return rows - (m1 - m0) <= WHOLE_BELOW
 
 
 def decode_rows(data, starts: np.ndarray, top: int, bottom: int, fast: bool = False,
@@ -156,6 +173,9 @@ def crop_into(out: np.ndarray, data, starts: np.ndarray, height: int, width: int
     outside the image; ``height`` x ``width``: the record's size in the index."""
     top, left = origin or codec.center_origin(height, width, out.shape[0])
     first, last = box_rows(((top, left, out.shape[0], out.shape[1]),), height)
+    if whole(first, last, height, starts, fast):
+        codec.decode_crop_into(out, data, "jpeg", height, width, (top, left), fast)
+        return
     img, y0 = decode_rows(data, starts, first, last, fast, codec.scratch(height * width * 3),
                           size=(height, width))
     codec.crop_into(out, img, top - y0, left)

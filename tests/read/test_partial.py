@@ -184,3 +184,25 @@ def test_row_decode_in_dataloader_workers(tmp_path) -> None:
         got.append([images for images, _ in loader])
     assert len(got[0]) == 3
     assert all(torch.equal(x, y) for x, y in zip(*got))
+
+
+def test_window_over_nearly_every_row_decodes_whole() -> None:
+    """A window leaving out at most one MCU row is decoded whole (the cut costs what it saves),
+    one leaving out two is decoded by rows; the crops' pixels are the full decode's either way."""
+    from shardkit.read import cut
+    from shardkit.read.augment import Plan
+
+    arr = noise(np.random.default_rng(5), 64, 40)  # four 16-row MCU rows (4:2:0)
+    data = jpegrows.encode_rows(arr, 90)
+    starts = jpegrows.row_starts(data)
+    for bottom, decoded_rows in ((40, 64), (24, 32)):  # context row: MCU rows 0-2, then 0-1
+        plan = Plan(0, 3, bottom, 30, False)
+        src = cut.decode_boxes(data, "jpeg", 64, 40, [plan], rows=starts)
+        assert (src.row0, src.pixels.shape[0]) == (0, decoded_rows)
+        got, want = np.empty((20, 20, 3), np.uint8), np.empty((20, 20, 3), np.uint8)
+        cut.decode_views([got], data, "jpeg", 64, 40, [plan], rows=starts)
+        cut.decode_views([want], data, "jpeg", 64, 40, [plan])
+        assert np.array_equal(got, want)
+    # the centre crop of an image packed at 256 covers every MCU row: decoded whole
+    assert partial.whole(*partial.box_rows([(16, 16, 224, 224)], 256), 256, np.zeros(17))
+    assert not partial.whole(*partial.box_rows([(16, 16, 200, 224)], 256), 256, np.zeros(17))
