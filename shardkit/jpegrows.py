@@ -10,7 +10,11 @@ joined with markers between them. Every DCT block depends only on its own pixels
 chroma is averaged inside 2x2 pixel cells, which never straddle an MCU row), and a JPEG starts
 its DC prediction from zero, as a restart does: the coefficients, so the decoded pixels, are
 exactly those of the same image encoded whole; only the entropy stream is split (a marker and a
-padded byte per row, ~0.1 % of a 256-pixel record).
+padded byte per row, ~0.1 % of a 256-pixel record). No one-pass encoder at hand writes the markers
+with these coefficients: simplejpeg has no restart setting, and Pillow's ``restart_marker_rows``
+encodes with libjpeg's accurate integer DCT, whose coefficients (so pixels) differ from the fast
+DCT's. The rows cost one encoder call each: 1.45x a whole-image encode, +7 % pack CPU
+(``benchmarks/row_markers_pack.py``).
 
 :func:`row_starts` finds the rows of any such JPEG (ours, or one saved by Pillow with
 ``restart_marker_rows=1``): the packer stores them in the shard index (``row_offsets`` /
@@ -45,24 +49,28 @@ def encode_rows(pixels: np.ndarray, quality: int) -> bytes:
     if height <= mh:  # one row: nothing to split
         return simplejpeg.encode_jpeg(pixels, quality=quality, colorspace="RGB",
                                       colorsubsampling="420")
-    parts: list[bytes] = []
-    header = b""
-    for k, top in enumerate(range(0, height, mh)):
-        strip = simplejpeg.encode_jpeg(pixels[top:top + mh], quality=quality, colorspace="RGB",
-                                       colorsubsampling="420")
-        frame = parse_header(strip)
-        if frame is None or frame.scan_end != len(strip) - 2:
-            raise ValueError("simplejpeg wrote a JPEG shardkit cannot split into rows")
-        if k == 0:
-            mcus = -(-pixels.shape[1] // (8 * frame.hmax))
-            head = bytearray(strip[:frame.sos])
-            struct.pack_into(">H", head, frame.sof_height, height)
-            header = bytes(head) + b"\xff\xdd\x00\x04" + struct.pack(">H", mcus) + \
-                strip[frame.sos:frame.scan_start]
-        else:
-            parts.append(RST_MARKERS[(k - 1) % 8])
-        parts.append(strip[frame.scan_start:frame.scan_end])
-    return header + b"".join(parts) + b"\xff\xd9"
+    encode = simplejpeg.encode_jpeg
+    strips = [encode(pixels[top:top + mh], quality, "RGB", "420") for top in range(0, height, mh)]
+    first, last = strips[0], strips[-1]
+    frame = parse_header(first)
+    if frame is None or frame.scan_end != len(first) - 2:
+        raise ValueError("simplejpeg wrote a JPEG shardkit cannot split into rows")
+    # Every strip has the first one's headers (the last one's SOF height aside), so the header
+    # is parsed once and the others are only compared with it (the per-row cost is the encode).
+    start, sof = frame.scan_start, frame.sof_height
+    head = first[:start]
+    if (not all([strip.startswith(head) and strip.endswith(b"\xff\xd9") for strip in strips[1:-1]])
+            or not last.startswith(head[:sof]) or last[sof + 2:start] != head[sof + 2:start]
+            or not last.endswith(b"\xff\xd9")):
+        raise ValueError("simplejpeg wrote a JPEG shardkit cannot split into rows")
+    mcus = -(-pixels.shape[1] // (8 * frame.hmax))
+    parts = [first[:sof], struct.pack(">H", height), first[sof + 2:frame.sos],
+             b"\xff\xdd\x00\x04", struct.pack(">H", mcus), first[frame.sos:-2]]
+    for k in range(1, len(strips)):
+        parts.append(RST_MARKERS[(k - 1) % 8])
+        parts.append(strips[k][start:-2])
+    parts.append(b"\xff\xd9")
+    return b"".join(parts)
 
 
 class Frame:
