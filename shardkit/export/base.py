@@ -104,7 +104,7 @@ class Exporter:
 
     def records(self) -> Iterator[Record]:
         """Every record in the dataset's order (``ds[i]``: through a mixed layout, if any)."""
-        from ..read.view import open_layout
+        from ..read.storeview import open_layout
 
         store = self.store
         view = open_layout(store)

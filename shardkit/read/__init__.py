@@ -10,7 +10,7 @@
 - ``dataset``: ``ShardDataset``, ``collate``, ``worker_init_fn`` (orchestration of the above);
   ``items``: how it reads items and batches; ``cut``: boxes cut, resized and flipped.
 - ``loading``: the loaders and their engines (``Threads``, ``Processes``, ``ShardLoader``).
-- ``view``: a store seen through the pack's record layout and an optional subset
+- ``storeview``: a store seen through the pack's record layout and an optional subset
   (``StoreView``: logical index -> physical place).
 - ``order``: the epoch order, a pure function of (seed, epoch) over a canonical partition.
 - ``sampler``: ``ShardSampler``, a DistributedSampler whose ranks read whole shards and resume

@@ -31,7 +31,7 @@ from .items import Items
 from .loading.engines import loader_for
 from .store import Store
 from .threads import Fanout
-from .view import open_layout
+from .storeview import open_layout
 from .workers import OpenedInWorkers, worker_init_fn
 
 Output = Literal["tensor", "numpy", "pil", "bytes"]
@@ -343,7 +343,7 @@ class ShardDataset(Items, OpenedInWorkers, Dataset):
         return split(self, val, seed)
 
     def with_store(self, store: Any) -> ShardDataset:
-        """This dataset's settings reading ``store`` (a :class:`shardkit.read.view.StoreView`
+        """This dataset's settings reading ``store`` (a :class:`shardkit.read.storeview.StoreView`
         of its store): what subsets are made of."""
         new = copy.copy(self)
         new.store = store

@@ -15,7 +15,7 @@ from ..progress import progress as progress_bar
 from ..urls import is_url
 from .decode import Decoder, shard_name
 from .store import Store, disk_bytes
-from .view import labels_by_place
+from .storeview import labels_by_place
 
 MAX_FAULTS = 100
 

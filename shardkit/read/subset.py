@@ -2,7 +2,7 @@
 fraction, and a seeded train/val split.
 
 A subset is a ``ShardDataset`` (the same decode, crop and batch paths) whose store is a
-:class:`shardkit.read.view.StoreView`: record ``i`` of the subset is record ``indices[i]`` of
+:class:`shardkit.read.storeview.StoreView`: record ``i`` of the subset is record ``indices[i]`` of
 the dataset it was taken from. It is lazy (no shard opens) and picklable (the index travels as
 one int64 array), and ``ShardSampler`` deals it shard by shard as it does a whole store.
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ..errors import OptionError
-from .view import StoreView
+from .storeview import StoreView
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset

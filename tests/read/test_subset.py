@@ -149,3 +149,13 @@ def test_remap_of_a_remapped_subset_composes(store):
     kept = first.subset(classes=["c3"])  # no remap: the first remap's labels stay
     assert kept.classes == ["c1", "c2", "c3"] and set(kept.targets.tolist()) == {2}
     assert {y for _, y in _records(kept)} == {2}
+
+
+def test_store_view_keeps_its_old_import_path() -> None:
+    """``shardkit.read.view`` (the old module name) still gives the store view for a release;
+    ``shardkit.View`` is the view recipe."""
+    import shardkit
+    from shardkit.read import storeview, view
+
+    assert view.StoreView is storeview.StoreView and view.open_layout is storeview.open_layout
+    assert shardkit.View is not view.StoreView
