@@ -13,8 +13,8 @@ exactly those of the same image encoded whole; only the entropy stream is split 
 padded byte per row, ~0.1 % of a 256-pixel record). No one-pass encoder at hand writes the markers
 with these coefficients: simplejpeg has no restart setting, and Pillow's ``restart_marker_rows``
 encodes with libjpeg's accurate integer DCT, whose coefficients (so pixels) differ from the fast
-DCT's. The rows cost one encoder call each: 1.45x a whole-image encode, +7 % pack CPU
-(``benchmarks/row_markers_pack.py``).
+DCT's. The rows cost one encoder call each: about 1.5x a whole-image encode, +7-10 % pack CPU
+(``benchmarks/results/row_markers_pack.txt``).
 
 :func:`row_starts` finds the rows of any such JPEG (ours, or one saved by Pillow with
 ``restart_marker_rows=1``): the packer stores them in the shard index (``row_offsets`` /
