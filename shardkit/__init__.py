@@ -14,6 +14,7 @@ from ._version import __version__
 _EXPORTS = {
     "ShardDataset": "read.dataset", "Batch": "read.dataset", "collate": "read.dataset",
     "worker_init_fn": "read.dataset", "normalize": "read.augment", "View": "read.augment",
+    "Fields": "read.fieldspec",
     "ShardSampler": "read.sampler", "MixSampler": "read.mix", "Mix": "read.mix",
     "BucketSampler": "read.buckets",
     "ShardLoader": "read.loading.loader", "sample_seed": "read.draws",

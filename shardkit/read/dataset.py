@@ -24,8 +24,8 @@ from ..errors import OptionError
 from . import augment, lifetime, recipes
 from . import targets as targetmod
 from .batching import Batch, collate  # noqa: F401  (Batch: shardkit.Batch is read here)
-from .conditioning import Conditioning
 from .decode import Decoder
+from .fieldspec import Fields
 from .indices import check_index
 from .items import Items
 from .loading.engines import loader_for
@@ -106,16 +106,15 @@ class ShardDataset(Items, OpenedInWorkers, Dataset):
         fields: return ``(image, target)`` with ``target`` a dict of these typed fields of the
             store (``"label"``: the class label), as torchvision's wrapped ``CocoDetection``
             does; boxes and masks follow ``crop``/``flip`` exactly as torchvision v2 moves them
-            (see ``docs/fields.md``). None: ``(image, label)``.
+            (see ``docs/fields.md``). A list of names, or a :class:`shardkit.Fields` holding
+            them with ``sanitize`` ... ``ragged`` (then not given apart; ``ds.fields``). None:
+            ``(image, label)``.
         transforms: applied to ``(image, target)`` together (torchvision v2 style), after the
             decode-time crop.
-        sanitize: drop boxes as ``v2.SanitizeBoundingBoxes()`` does after the crop, with
-            their per-box fields and masks.
-        tv_tensors: boxes as ``tv_tensors.BoundingBoxes`` and masks as ``tv_tensors.Mask``
-            (None: when torchvision is installed; False: plain tensors).
-        multi_hot: multi-label fields (True: all) as float32 multi-hot vectors.
-        ragged: how batches carry ragged fields: ``"list"``, ``"padded"`` or ``"packed"``,
-            or a dict of those per field (``shardkit.read.targets``).
+        sanitize, tv_tensors, multi_hot, ragged: with ``fields`` a list, the
+            :class:`shardkit.Fields` options (drop boxes as ``v2.SanitizeBoundingBoxes()``;
+            boxes and masks as tv_tensors; multi-label fields as multi-hot vectors; how batches
+            carry ragged fields).
         views: several views of each sample from one decode (self-supervised multi-crop): a
             list of :class:`shardkit.View`, each torchvision v2's ``RandomResizedCrop`` +
             ``RandomHorizontalFlip`` drawn in turn; an item is ``([view_0, ...], label)`` (with
@@ -139,7 +138,7 @@ class ShardDataset(Items, OpenedInWorkers, Dataset):
                  dct_scale: bool = False, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | None = None,
                  storage_options: dict[str, Any] | None = None,
-                 fields: Sequence[str] | None = None, transforms: Callable | None = None,
+                 fields: Sequence[str] | Fields | None = None, transforms: Callable | None = None,
                  sanitize: bool = False, tv_tensors: bool | None = None,
                  multi_hot: bool | Sequence[str] = False,
                  ragged: targetmod.RaggedMode | dict[str, targetmod.RaggedMode] = "list",
@@ -167,6 +166,8 @@ class ShardDataset(Items, OpenedInWorkers, Dataset):
                     or not _default(ratio, (3.0 / 4.0, 4.0 / 3.0)):
                 raise OptionError("views cannot be used with crop, crop_mode, scale, ratio, "
                                   "flip (each View has its own) or output='bytes'")
+        fields = Fields.of(fields, sanitize=sanitize, tv_tensors=tv_tensors,
+                           multi_hot=multi_hot, ragged=ragged)
         fanout = Fanout(threads)
         dct_scale = bool(dct_scale)
         made_recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale, whole=True)
@@ -197,11 +198,9 @@ class ShardDataset(Items, OpenedInWorkers, Dataset):
                               f"'tensor', got output={output!r}")
         self._decoder = Decoder(self.store, fast_decode, verify)
         self._fanout = fanout
+        self.fields = fields
         #: Builds each sample's target dict from the requested fields (None: the class label).
-        self._targets = None if fields is None else targetmod.Targets(
-            targetmod.store_schema(self.store), fields, sanitize=sanitize,
-            tv_tensors=tv_tensors, multi_hot=multi_hot, ragged=ragged,
-            conditioning=Conditioning.of(self.store))
+        self._targets = None if fields is None else fields.targets(self.store)
         self.transforms = transforms
 
     def _set_recipes(self, recipe: augment.Recipe | None, views: tuple | None,

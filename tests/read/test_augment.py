@@ -557,6 +557,26 @@ def test_sanitize_through_the_dataset_keeps_boxes_on_the_bounds(tmp_path):
         assert targets[0]["labels"].tolist() == [1, 2, 3]
 
 
+def test_fields_object_builds_what_the_field_options_build(tmp_path):
+    """``fields=Fields([...], sanitize=True)`` is ``fields=[...]`` with ``sanitize=True``: the
+    same object as ``ds.fields``, the same targets; an option given next to a ``Fields`` object
+    is refused with one OptionError naming it."""
+    store = _box_store(str(tmp_path / "f.lmdb"), [(200, 300, [
+        [100, 50, 200, 150], [10, 10, 60, 40]])])  # the second lies outside the crop
+    spec = shardkit.Fields(["boxes", "labels"], sanitize=True)
+    flags = ShardDataset(store, fields=["boxes", "labels"], crop=100, sanitize=True)
+    made = ShardDataset(store, fields=spec, crop=100)
+    assert flags.fields == made.fields == spec
+    for a, b in zip(_items_and_batch(flags), _items_and_batch(made)):
+        assert a[0]["boxes"].tolist() == b[0]["boxes"].tolist() == [[0, 0, 100, 100]]
+        assert a[0]["labels"].tolist() == b[0]["labels"].tolist() == [1]
+    with pytest.raises(shardkit.OptionError, match="sanitize") as refused:
+        ShardDataset(store, fields=spec, sanitize=True)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(shardkit.OptionError, match="list of field names"):
+        shardkit.Fields("boxes")
+
+
 def test_random_crop_of_an_image_the_crop_size_leaves_boxes_alone(tmp_path):
     """v2 ``RandomCrop`` does not crop an image exactly its size, so a box a rounding error past
     the border (as stored boxes scaled with the image can be) is not clamped, and sanitize drops
