@@ -8,7 +8,10 @@ W --nthreads 1``, fresh for each run, so every high-water mark is that run's), a
 into shards of 1,000 sources from a separate client process (``shardkit.pack(engine='dask',
 scheduler=...)``). Memory is each process's ``VmHWM`` (peak resident set, /proc/PID/status)
 at the end of the pack. Bytes per source = (peak at the large N - peak at the small N) / (the
-difference in N), extrapolated to 10^9 sources. Throughput: the same pack with the local engine
+difference in N), extrapolated to 10^9 sources. Per shard: the same peak growth over the
+difference in shards, and the client's growth while packing (its resident set sampled every
+5 ms after ``startup_seconds``, over its value then: what it holds for the shards, apart from
+the planning's per-source arrays, which set the peak); ``--memory-only`` runs only these. Throughput: the same pack with the local engine
 and W encoding workers (the same cores), images/s of the encoding phase (PackResult's: both
 engines import the packing code before it starts), and of the whole call;
 the load average after each size (the machine may be shared).
@@ -52,21 +55,35 @@ import tempfile
 import time
 
 CLIENT = r"""
-import json, os, sys, time
+import json, os, sys, threading, time
 import shardkit
 src, out, engine, scheduler, workers, shards, size = sys.argv[1:8]
+samples = []  # (seconds since the call, VmRSS kB), every 5 ms: the packing phase's own peak
+def rss():
+    with open("/proc/self/status") as f:
+        return int(next(l for l in f if l.startswith("VmRSS")).split()[1])
+def sample(stop=threading.Event()):
+    while not stop.wait(0.005):
+        samples.append((time.perf_counter() - t0, rss()))
+    return stop
 kw = dict(size=int(size), num_shards=int(shards), progress=False)
 if engine == "dask":  # the cluster's workers pack
     kw.update(engine="dask", scheduler=scheduler)
 else:
     kw.update(workers=int(workers))
 t0 = time.perf_counter()
+if engine == "dask":  # the local engine forks its encoders only with no other thread running
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
 r = shardkit.pack(src, out, **kw)
+at_start = [kb for t, kb in samples if t <= r.startup_seconds][-1:] or [0]
+during = [kb for t, kb in samples if t > r.startup_seconds] or [0]
 status = dict(line.split(":", 1) for line in open("/proc/self/status"))
 print(json.dumps({"count": r.count, "seconds": r.seconds, "startup": r.startup_seconds,
                   "whole_images_per_second": r.count / r.seconds,
                   "images_per_second": r.count / max(1e-9, r.seconds - r.startup_seconds),
-                  "client_hwm_kb": int(status["VmHWM"].split()[0])}))
+                  "client_hwm_kb": int(status["VmHWM"].split()[0]),
+                  "client_packing_growth_kb": max(during) - at_start[0]}))
 """
 
 
@@ -240,6 +257,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs=2, default=[20_000, 200_000])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--per-shard", type=int, default=1000)
+    ap.add_argument("--memory-only", action="store_true",
+                    help="only the memory runs: no local engine packs, no throughput rounds")
     ap.add_argument("--repeat", type=int, default=5,
                     help="rounds of alternating throughput runs (dask default, dask with the "
                          "packing settings, local; then the workers' cores shape) on each tree "
@@ -265,18 +284,26 @@ def main() -> None:
                 got = run(src, os.path.join(tmp, f"dask{n}"), "dask", address, args.workers,
                           shards)
                 got["worker_hwm_kb"] = [hwm_kb(p) for p in pids]
+            got["shards"] = shards
+            rows[n] = got
+            line = (f"N={n:>9,}: client peak {got['client_hwm_kb'] / 1024:7.1f} MiB (while "
+                    f"packing +{got['client_packing_growth_kb'] / 1024:.2f} MiB over its start), "
+                    f"workers {[round(k / 1024, 1) for k in got['worker_hwm_kb']]} MiB; "
+                    f"{shards} shards")
+            if args.memory_only:
+                lines.append(line + f"; load {os.getloadavg()[0]:.2f}")
+                subprocess.run(["rm", "-rf", src], check=True)
+                continue
             local = run(src, os.path.join(tmp, f"local{n}"), "local", "", args.workers, shards)
             got["local_images_per_second"] = local["images_per_second"]
             got["local_whole_images_per_second"] = local["whole_images_per_second"]
-            rows[n] = got
-            lines.append(f"N={n:>9,}: client peak {got['client_hwm_kb'] / 1024:7.1f} MiB, "
-                         f"workers {[round(k / 1024, 1) for k in got['worker_hwm_kb']]} MiB; "
+            lines.append(f"{line}; "
                          f"dask {got['images_per_second']:7.0f} img/s, local "
                          f"{local['images_per_second']:7.0f} img/s (ratio "
                          f"{got['images_per_second'] / local['images_per_second']:.2f}; whole "
                          f"call {got['whole_images_per_second']:.0f} vs "
-                         f"{local['whole_images_per_second']:.0f}); {got['count']} records, "
-                         f"{shards} shards; load {os.getloadavg()[0]:.2f}")
+                         f"{local['whole_images_per_second']:.0f}); {got['count']} records; "
+                         f"load {os.getloadavg()[0]:.2f}")
             if n == args.sizes[1] and args.repeat:
                 tiny = shared(src, tmp, shards, 8, args)
                 tiny_shape = shape(src, tmp, shards, 8, args)
@@ -298,6 +325,15 @@ def main() -> None:
                  f"worst worker {worker:.1f} (target <= ~45; before: 328 and 257)")
     lines.append(f"extrapolated to 10^9 sources: client +{client * 1e9 / 2**30:.1f} GiB, each "
                  f"worker +{worker * 1e9 / 2**30:.1f} GiB")
+    ds = rows[large]["shards"] - rows[small]["shards"]
+    packing = (rows[large]["client_packing_growth_kb"] -
+               rows[small]["client_packing_growth_kb"]) * 1024 / ds
+    lines.append(f"client bytes per shard ({rows[small]['shards']:,} -> "
+                 f"{rows[large]['shards']:,} shards): peak {client * dn / ds:.0f} (the peak is "
+                 f"the planning's, per source), while packing {packing:.0f} (target <= 1,024)")
+    if args.memory_only:
+        print("\n".join(lines))
+        return
     lines.append(f"throughput dask/local at N={large:,} (the memory runs): "
                  f"{rows[large]['images_per_second'] / rows[large]['local_images_per_second']:.2f}")
     if args.repeat:

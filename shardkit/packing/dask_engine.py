@@ -24,13 +24,15 @@ import uuid
 from collections import deque
 from typing import Any, Callable
 
+import numpy as np
+
 from ..errors import PackError
 from ..progress import progress as progress_bar
 from . import dask_watch
 from .dask_session import QUIET_WORKERS, DaskSession, import_dask
 from .dask_tasks import attempt_shards, first_tasks, hand_over, warm_up
 from .dask_watch import Stragglers, dashboard_link, executing_tasks, next_batch
-from .grain import MOST_SHARDS, Grain, named
+from .grain import MOST_SHARDS, Grain, ShardSizes, named
 from .local import ShardDone, pack_shard
 from .plan import PackPlan
 
@@ -92,8 +94,10 @@ def run_dask(plan: PackPlan, shards: list[int], dest: dict[int, str], *, schedul
     owned = session is None
     session = session or DaskSession(scheduler, workers)
     client = session.client
-    sizes = {k: plan.bounds[k + 1] - plan.bounds[k] for k in shards}
-    bar = progress_bar(sum(sizes.values()), progress, "pack (dask)")
+    # Per shard the client holds numbers in arrays (its sources, its attempts), never an
+    # object: dicts of them cost 200 bytes a shard (docs/cluster.md, Numbers).
+    sizes = ShardSizes(plan.bounds)
+    bar = progress_bar(sum(sizes[k] for k in shards), progress, "pack (dask)")
 
     def say(line: str) -> None:  # above the bar, if there is one
         if hasattr(bar, "write"):
@@ -116,7 +120,7 @@ def run_dask(plan: PackPlan, shards: list[int], dest: dict[int, str], *, schedul
         # does before its encoders start, not inside its first shard's time.
         first_tasks(client, warm_up, plan_future, shards[0])
         token = uuid.uuid4().hex[:12]
-        attempts: dict[int, int] = {}
+        attempts = np.zeros(plan.num_shards, dtype=np.int32)
         pending = deque(shards)
         # An upload's task hands its thread on while the network sends (hand_over): one
         # shard a task, or the rest of a group would run on a thread the worker lent out.
@@ -127,7 +131,7 @@ def run_dask(plan: PackPlan, shards: list[int], dest: dict[int, str], *, schedul
         def submit(group: list[int]) -> None:
             nonlocal submitted
             for k in group:
-                attempts[k] = attempts.get(k, 0) + 1
+                attempts[k] += 1
             submitted += 1
             key = f"shardkit-shard-{group[0]:05d}-{group[-1]:05d}-{token}-{submitted}"
             future = client.submit(attempt_shards, group, pack_shard, plan_future,
@@ -187,7 +191,7 @@ def run_dask(plan: PackPlan, shards: list[int], dest: dict[int, str], *, schedul
                             attempts[k] -= 1  # submit counts it again
                             submit([k])
                         continue
-                    say(_failed(exc, group[0], attempts[group[0]], retries))
+                    say(_failed(exc, group[0], int(attempts[group[0]]), retries))
                     submit(group)
                     continue
                 if future.status != "finished":  # cancelled: the scheduler dropped the tasks
@@ -209,7 +213,7 @@ def run_dask(plan: PackPlan, shards: list[int], dest: dict[int, str], *, schedul
                     k, exc = failure
                     rest = group[group.index(k) + 1:]
                     put_back(rest)
-                    say(_failed(exc, k, attempts[k], retries))
+                    say(_failed(exc, k, int(attempts[k]), retries))
                     submit([k])  # alone: its retries and messages are its own
             if time.monotonic() - asked >= dask_watch.POLL_SECONDS:  # workers come and go
                 threads, asked = _threads(client), time.monotonic()

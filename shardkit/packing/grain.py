@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import Mapping
+from typing import Iterator, Mapping, Sequence
 
 #: The time a task aims at, in seconds.
 TASK_SECONDS = 1.0
@@ -70,6 +70,25 @@ class Grain:
             group.append(pending.popleft())
         self.largest = max(self.largest, len(group))
         return group
+
+
+class ShardSizes(Mapping):
+    """Shard number -> its number of sources, from a plan's shard bounds (``bounds[k]`` to
+    ``bounds[k + 1]``), worked out when asked: no object per shard."""
+
+    def __init__(self, bounds: Sequence[int]) -> None:
+        self.bounds = bounds
+
+    def __getitem__(self, k: int) -> int:
+        if not 0 <= k < len(self.bounds) - 1:
+            raise KeyError(k)
+        return self.bounds[k + 1] - self.bounds[k]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self.bounds) - 1))
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
 
 
 def named(shards: list[int]) -> str:

@@ -12,7 +12,9 @@ import errno
 import hashlib
 import json
 import os
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
 
 
 from .. import bucketmeta, metadata, storemeta
@@ -22,6 +24,7 @@ from ..formats import open_reader
 from .discovery import serial
 from .layout import SLOTS_NAME
 from .merging import merge_labels
+from .plan_store import INDEX_DTYPE
 from .plan import PackPlan, open_plan
 from .writer import remove_store_files
 
@@ -210,23 +213,19 @@ def finalize_sharded(partial: str, plan: PackPlan | None = None,
     except (OSError, ValueError, RecursionError):
         raise PackError(f"{partial}: no pack in progress to merge") from None
     plan_id, num_shards = plan_info["plan_id"], plan_info["num_shards"]
-    entries, missing = [], []
-    for k in range(num_shards):
-        try:
-            with open(entry_path(partial, k), "rb") as f:
-                entry = json.loads(f.read())
-        except (OSError, ValueError, RecursionError):
-            missing.append(k)
-            continue
-        if entry.get("plan_id") != plan_id:
-            missing.append(k)
-        entries.append(entry)
+    missing = [k for k in range(num_shards) if _entry(partial, k, plan_id) is None]
     if missing:
         raise PackError(f"{len(missing)} of {num_shards} shards are not finished yet "
                         f"(first: {missing[0]}); run the remaining nodes, or pack with "
                         "`resume=True`")
+    # One entry at a time: what the manifest keeps of each, its skips and its bucket counts;
+    # not every entry at once (a list of them was 1.2 KB a shard on the client).
     start, skipped, shard_list, common = 0, [], [], None
-    for k, entry in enumerate(entries):
+    skipped_slots, buckets = [], []
+    for k in range(num_shards):
+        entry = _entry(partial, k, plan_id)
+        if entry is None:
+            raise PackError(f"shard {k}: its done entry in {partial} changed while merging")
         path = os.path.join(partial, entry["file"])
         if _uploaded(entry) and plan is not None:  # uploaded to a remote OUT: no file here
             common = common or plan.common_meta()
@@ -244,6 +243,10 @@ def finalize_sharded(partial: str, plan: PackPlan | None = None,
                     "format", "format_version", "shardkit_version", "classes", "class_to_idx",
                     "settings", "source_root", "fields", "annotations") if key in meta}
         skipped.extend(entry["skipped"])
+        if entry.get("skipped_slots"):
+            skipped_slots.append(np.asarray(entry["skipped_slots"], dtype=INDEX_DTYPE))
+        if entry.get(bucketmeta.KEY) is not None:
+            buckets.append(entry[bucketmeta.KEY])
         shard_list.append({key: entry[key] for key in ("file", "format", "count", "bytes",
                                                        "sha256", "row_markers") if key in entry}
                           | {"start": start})
@@ -252,8 +255,10 @@ def finalize_sharded(partial: str, plan: PackPlan | None = None,
         raise PackError("cannot merge a store with no shards")
     labels_path = os.path.join(partial, "labels.npy")
     # labels.npy (the sources' order) and layout.npy from the plan's arrays, in tasks.
+    summary = {"count": start, "skipped_slots": np.concatenate(skipped_slots)
+               if skipped_slots else np.zeros(0, INDEX_DTYPE)}
     layout = merge_labels(partial, plan if plan is not None else open_plan(plan_folder(partial)),
-                          entries, lister or serial)
+                          [summary], lister or serial)
     skipped = (plan.discovery_skipped if plan is not None
                else plan_info.get("discovery_skipped", [])) + skipped
     manifest = common | {"kind": "sharded", "count": start, "skipped": skipped,
@@ -263,8 +268,7 @@ def finalize_sharded(partial: str, plan: PackPlan | None = None,
         manifest |= {"layout": layout, "format_version": metadata.LAYOUT_VERSION}
     spec = common["settings"].get(bucketmeta.KEY)
     if spec is not None:  # the shards' bucket counts summed
-        manifest[bucketmeta.KEY] = bucketmeta.merge(spec, (e.get(bucketmeta.KEY)
-                                                          for e in entries))
+        manifest[bucketmeta.KEY] = bucketmeta.merge(spec, buckets)
     manifest = metadata.seal(manifest)
     replace_atomic(os.path.join(partial, metadata.MANIFEST_NAME), metadata.dumps(manifest))
     if publish is not None:
@@ -281,9 +285,18 @@ def finalize_sharded(partial: str, plan: PackPlan | None = None,
     return manifest, start
 
 
-def read_entries(partial: str, shards: Iterable[int]) -> list[dict[str, Any]]:
-    entries = []
+def _entry(partial: str, k: int, plan_id: str) -> dict[str, Any] | None:
+    """Shard ``k``'s done entry, None if missing, unreadable or of another plan."""
+    try:
+        with open(entry_path(partial, k), "rb") as f:
+            entry = json.loads(f.read())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return entry if isinstance(entry, dict) and entry.get("plan_id") == plan_id else None
+
+
+def read_entries(partial: str, shards: Iterable[int]) -> Iterator[dict[str, Any]]:
+    """The done entries of ``shards``, read one at a time as they are iterated."""
     for k in shards:
         with open(entry_path(partial, k), "rb") as f:
-            entries.append(json.loads(f.read()))
-    return entries
+            yield json.loads(f.read())
