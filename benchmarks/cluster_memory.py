@@ -308,7 +308,7 @@ def main() -> None:
                 tiny = shared(src, tmp, shards, 8, args)
                 tiny_shape = shape(src, tmp, shards, 8, args)
             subprocess.run(["rm", "-rf", src], check=True)
-        if args.photos and args.repeat:
+        if args.photos and args.repeat and not args.memory_only:
             from shardkit.bench.sample import make_sample
 
             src = os.path.join(tmp, "photos")
