@@ -205,14 +205,17 @@ class ShardDataset(Items, OpenedInWorkers, Dataset):
 
     def _set_recipes(self, recipe: augment.Recipe | None, views: tuple | None,
                      dct_scale: bool) -> None:
-        """Each view's recipe (``crop``: the one view; None: the plain centre crop, which draws
-        nothing) and each view's output (height, width) (None: the whole image)."""
+        """Per view (a single crop is a view of one, unwrapped in the item): its recipe (None:
+        the plain centre crop, which draws nothing), its output (height, width) (None: the
+        whole image) and how its targets move (crop mode, output size)."""
         if views is not None:
             self._recipes = tuple(v.recipe(dct_scale) for v in views)
             self._sizes = [v.size for v in views]
+            self._moves = [("random_resized", v.size) for v in views]
         else:
             self._recipes = None if recipe is None else (recipe,)
             self._sizes = None if self.crop is None else [(self.crop, self.crop)]
+            self._moves = [(self.crop_mode, self.crop)]
 
     @property
     def random_draws(self) -> bool:

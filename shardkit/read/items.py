@@ -46,10 +46,15 @@ class Items:
             return Image.fromarray(img, "RGB")
         return torch.from_numpy(img).permute(2, 0, 1)
 
-    def _sample(self, img: Any, label: int) -> tuple[Any, Any]:
+    def _unwrap(self, per_view: list) -> Any:
+        """Per-view results as the item carries them: the list with ``views``, else its one
+        element (a single crop is a view of one, and stays a tensor, not a list of one)."""
+        return per_view if self.views is not None else per_view[0]
+
+    def _sample(self, imgs: list, label: Any) -> tuple[Any, Any]:
         if self.transform is not None:
-            img = ([self.transform(i) for i in img] if self.views is not None
-                   else self.transform(img))
+            imgs = [self.transform(i) for i in imgs]
+        img = self._unwrap(imgs)
         if self.target_transform is not None:
             label = self.target_transform(label)
         if self.transforms is not None:
@@ -61,14 +66,11 @@ class Items:
         ``views``: one per view, each moved by its view)."""
         if self._targets is None:
             return int(shard.labels[local])
+        if self.output == "bytes":
+            return self._targets.build(shard, local, None)
         height, width = int(shard.heights[local]), int(shard.widths[local])
-        if self.views is not None:
-            return [self._targets.build(shard, local, targetmod.move_for(
-                plan, "random_resized", size, height, width))
-                for plan, size in zip(plans, self._sizes)]
-        move = (None if self.output == "bytes" else targetmod.move_for(
-            plans[0], self.crop_mode, self.crop, height, width))
-        return self._targets.build(shard, local, move)
+        return self._unwrap([self._targets.build(shard, local, targetmod.move_for(
+            plan, mode, size, height, width)) for plan, (mode, size) in zip(plans, self._moves)])
 
     def _item(self, shard: OpenShard, k: int, local: int, buf,
               origin: list[augment.Plan | None]) -> tuple[Any, Any]:
@@ -76,17 +78,15 @@ class Items:
         if self.output == "bytes":
             if self.verify:
                 self._decoder.check(shard, k, local, buf)
-            return self._sample(bytes(buf), label)
+            return self._sample([bytes(buf)], label)
         if self._sizes is None:
             img = self._decoder.image(shard, k, local, buf)
             if origin[0] is not None and origin[0].flip:  # a bucketed record flipped whole
                 img = np.ascontiguousarray(img[:, ::-1])
-            return self._sample(self._finish(img, origin, 0), label)
+            return self._sample([self._finish(img, origin, 0)], label)
         outs = [np.empty((h, w, 3), np.uint8) for h, w in self._sizes]
         self._decoder.into(outs, shard, k, local, buf, int(shard.heights[local]),
                            int(shard.widths[local]), origin)
-        if self.views is None:
-            return self._sample(self._finish(outs[0], origin, 0), label)
         return self._sample([self._finish(out, origin, v) for v, out in enumerate(outs)], label)
 
     def _finish(self, img: np.ndarray, plans: list, view: int) -> Any:
@@ -109,6 +109,7 @@ class Items:
         Draws as ``__getitem__``: per-sample seeds where a ``ds.loader`` tagged the batch."""
         seeds = draws.seeds_of(indices)
         indices = check_indices(indices, len(self))
+        # (a target_transform of each sample's per-view target lists has no batched form)
         if self.output == "bytes" or self._sizes is None or self.transform is not None \
                 or self.transforms is not None or self.output == "pil" \
                 or (self.views is not None and self._targets is not None
@@ -155,7 +156,7 @@ class Items:
 
     def _getitems_batched(self, indices: Sequence[int],
                           seeds: np.ndarray | None = None) -> Batch:
-        n, sizes, views = len(indices), self._sizes, self.views
+        n, sizes = len(indices), self._sizes
         # One reusable buffer (shared memory in a worker, so sending the batch is free), each
         # view's N x H x W x 3 block after the previous one's.
         flat, slot = batchpool.pool(get_worker_info() is not None).take(
@@ -185,12 +186,10 @@ class Items:
                                 map(get, local_list), heights, widths, map(plans.__getitem__, at)))
                 self._fanout.run(self._decoder.into, jobs)
             if self._targets is not None:  # boxes of the whole shard's part moved at once
-                mode = "random_resized" if views is not None else self.crop_mode
-                for v, size in enumerate(sizes):
-                    # a view's output may be (height, width); a crop is its side
+                for v, (mode, size) in enumerate(self._moves):
                     built = self._targets.build_batch(shard, local_list,
                                                       [plans[p][v] for p in positions.tolist()],
-                                                      mode, size if views is not None else size[0])
+                                                      mode, size)
                     for pos, target in zip(positions.tolist(), built):
                         target_lists[v][pos] = target
         finished = recipes.finish_batch(self._thens, blocks, plans)  # the recipe's steps
@@ -204,22 +203,16 @@ class Items:
             images, samples = blocks, pixels
             batch.channels_last = True
         batch.slot = slot
-        if views is None:
-            batch.images = images[0]
-            label_list = labels.tolist() if self._targets is None else target_lists[0]
-            if self.target_transform is not None:
-                label_list = [self.target_transform(t) for t in label_list]
-            batch.extend(zip(samples[0], label_list))
-        else:
-            batch.images = images
-            label_list = (labels.tolist() if self._targets is None
-                          else [list(ts) for ts in zip(*target_lists)])
-            if self.target_transform is not None:
-                label_list = [self.target_transform(t) for t in label_list]
-            batch.extend(zip(map(list, zip(*samples)), label_list))
+        batch.images = self._unwrap(images)
+        label_list = (labels.tolist() if self._targets is None
+                      else [self._unwrap(list(ts)) for ts in zip(*target_lists)])
+        if self.target_transform is not None:
+            label_list = [self.target_transform(t) for t in label_list]
+        batch.extend(zip(map(self._unwrap, map(list, zip(*samples))), label_list))
         if self._targets is not None:
-            batch.labels = (self._targets.collate(label_list) if views is None
-                            else [self._targets.collate(ts) for ts in target_lists])
+            # each view's targets (a single crop's transformed ones: views take the path above)
+            per_view = target_lists if self.target_transform is None else [label_list]
+            batch.labels = self._unwrap([self._targets.collate(ts) for ts in per_view])
         else:
             batch.labels = (torch.from_numpy(labels) if self.target_transform is None
                             else shipping.default_collate(label_list))
