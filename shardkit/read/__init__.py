@@ -8,7 +8,9 @@
 - ``batchpool``: reusable (shared-memory) batch buffers.
 - ``threads``: the ``threads=N`` fan-out of one batch's records.
 - ``dataset``: ``ShardDataset``, ``collate``, ``worker_init_fn`` (orchestration of the above);
-  ``items``: how it reads items and batches; ``cut``: boxes cut, resized and flipped.
+  ``items``: how it reads items and batches; ``attributes``: what it reads from the store's
+  metadata (classes, targets, buckets); ``fieldspec``: ``Fields``, the typed fields it returns;
+  ``cut``: boxes cut, resized and flipped.
 - ``loading``: the loaders and their engines (``Threads``, ``Processes``, ``ShardLoader``).
 - ``storeview``: a store seen through the pack's record layout and an optional subset
   (``StoreView``: logical index -> physical place).

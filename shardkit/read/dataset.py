@@ -15,23 +15,21 @@ import numbers
 import os
 from typing import Any, Callable, Literal, Sequence, get_args
 
-import numpy as np
-import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .. import codec
 from ..errors import OptionError
 from . import augment, lifetime, recipes
 from . import targets as targetmod
+from .attributes import StoreAttributes
 from .batching import Batch, collate  # noqa: F401  (Batch: shardkit.Batch is read here)
 from .decode import Decoder
 from .fieldspec import Fields
-from .indices import check_index
 from .items import Items
 from .loading.engines import loader_for
 from .store import Store
-from .threads import Fanout
 from .storeview import open_layout
+from .threads import Fanout
 from .workers import OpenedInWorkers, worker_init_fn
 
 Output = Literal["tensor", "numpy", "pil", "bytes"]
@@ -52,7 +50,7 @@ def _forward(part: str, name: str) -> property:
                     lambda self, value: setattr(getattr(self, part), name, value))
 
 
-class ShardDataset(Items, OpenedInWorkers, Dataset):
+class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
     """Images and labels from a shardkit store, with ImageFolder's ``classes``/``class_to_idx``/``targets``.
 
     Args:
@@ -272,51 +270,6 @@ class ShardDataset(Items, OpenedInWorkers, Dataset):
         twin._thens = None
         twin.recipe = recipes.from_flags(crop, crop_mode, scale, ratio, flip, None)
         return twin
-
-    # -- ImageFolder-compatible attributes ------------------------------------------------------
-
-    @property
-    def classes(self) -> list[str]:
-        return self.store.classes
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        return self.store.class_to_idx
-
-    @property
-    def targets(self) -> np.ndarray:
-        """Label of every record (int64 array, not a list: no per-record Python objects)."""
-        return self.store.labels
-
-    @property
-    def bucket_sizes(self) -> np.ndarray | None:
-        """A store packed with ``buckets=``: each aspect-ratio bucket's (height, width), a
-        ``(K, 2)`` int64 array (``docs/buckets.md``); None for a store packed without."""
-        from .buckets import bucket_sizes
-
-        return bucket_sizes(self.store)
-
-    @property
-    def buckets(self) -> np.ndarray | None:
-        """Each record's bucket (an index into ``bucket_sizes``), an int64 array in this
-        dataset's order (a subset: its records); None for a store packed without buckets.
-        Computed on each access from the shards' memory-mapped heights and widths: keep it."""
-        from .buckets import record_buckets
-
-        sizes = self.bucket_sizes
-        return None if sizes is None else record_buckets(self.store, sizes)
-
-    @property
-    def encoding(self) -> str:
-        return self.store.encoding
-
-    def __len__(self) -> int:
-        return self.store.count
-
-    def source_path(self, index: int) -> str:
-        """Path of record ``index``'s source image, relative to the packed folder."""
-        k, local = self.store.locate(check_index(index, len(self)))
-        return self.store.shard(k).source_path(local)
 
     # -- process-local state --------------------------------------------------------------------
 

@@ -1,0 +1,56 @@
+"""What ``ShardDataset`` reads from its store's metadata rather than its records: ImageFolder's
+``classes``/``class_to_idx``/``targets``, the length, a record's source path, and a bucketed
+store's buckets (:class:`StoreAttributes`, a part of :class:`shardkit.read.dataset.ShardDataset`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .indices import check_index
+
+
+class StoreAttributes:
+    """The attributes of ``ShardDataset`` that come from ``self.store``."""
+
+    @property
+    def classes(self) -> list[str]:
+        return self.store.classes
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return self.store.class_to_idx
+
+    @property
+    def targets(self) -> np.ndarray:
+        """Label of every record (int64 array, not a list: no per-record Python objects)."""
+        return self.store.labels
+
+    @property
+    def bucket_sizes(self) -> np.ndarray | None:
+        """A store packed with ``buckets=``: each aspect-ratio bucket's (height, width), a
+        ``(K, 2)`` int64 array (``docs/buckets.md``); None for a store packed without."""
+        from .buckets import bucket_sizes
+
+        return bucket_sizes(self.store)
+
+    @property
+    def buckets(self) -> np.ndarray | None:
+        """Each record's bucket (an index into ``bucket_sizes``), an int64 array in this
+        dataset's order (a subset: its records); None for a store packed without buckets.
+        Computed on each access from the shards' memory-mapped heights and widths: keep it."""
+        from .buckets import record_buckets
+
+        sizes = self.bucket_sizes
+        return None if sizes is None else record_buckets(self.store, sizes)
+
+    @property
+    def encoding(self) -> str:
+        return self.store.encoding
+
+    def __len__(self) -> int:
+        return self.store.count
+
+    def source_path(self, index: int) -> str:
+        """Path of record ``index``'s source image, relative to the packed folder."""
+        k, local = self.store.locate(check_index(index, len(self)))
+        return self.store.shard(k).source_path(local)
