@@ -33,6 +33,7 @@ from ..errors import PackError
 from ..fields import FieldError, MultiLabel, Schema, Text, as_schema
 from ..fileutil import read_bounded
 from .discovery import Discovery
+from .hf_folder import json_lines
 from .record_fields import RecordFields
 from .writer import relative_path
 
@@ -144,17 +145,7 @@ def _read_table(path: str, key: str | None, skip: tuple[int, ...]) -> dict[str, 
         raise PackError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     rows: list[dict[str, Any]]
     if path.lower().endswith((".jsonl", ".json", ".ndjson")):
-        rows = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except (ValueError, RecursionError) as exc:
-                raise PackError(f"{path} line {n}: not valid JSON ({exc})") from None
-            if not isinstance(row, dict):
-                raise PackError(f"{path} line {n}: not a JSON object")
-            rows.append(row)
+        rows = json_lines(path, text)
         key = key or "path"
     else:
         dialect = "excel-tab" if "\t" in text.split("\n", 1)[0] else "excel"

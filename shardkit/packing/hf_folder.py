@@ -34,6 +34,7 @@ from typing import Any
 
 from ..errors import PackError
 from ..fileutil import read_bounded
+from .discovery import enter_folder
 
 #: datasets' ``ImageFolder.EXTENSIONS`` (the extensions Pillow opens, fixed)
 IMAGE_EXTENSIONS = frozenset(
@@ -85,14 +86,8 @@ def list_files(root: str, skipped: list[dict[str, str]]) -> list[str]:
     out: list[str] = []
 
     def walk(path: str, rel: str, ancestors: frozenset) -> None:
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            skipped.append({"path": path, "reason": f"cannot open folder: {exc.strerror}"})
-            return
-        key = (st.st_dev, st.st_ino)
-        if key in ancestors:
-            skipped.append({"path": path, "reason": "symlink loop: folder already on this path"})
+        key = enter_folder(path, ancestors, skipped)
+        if key is None:
             return
         try:
             with os.scandir(path) as it:
@@ -236,18 +231,7 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     except UnicodeDecodeError as exc:
         raise PackError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     if path.endswith(".jsonl"):
-        rows = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except (ValueError, RecursionError) as exc:
-                raise PackError(f"{path} line {n}: not valid JSON ({exc})") from None
-            if not isinstance(row, dict):
-                raise PackError(f"{path} line {n}: not a JSON object")
-            rows.append(row)
-        return rows
+        return json_lines(path, text)
     table = [r for r in csv.reader(io.StringIO(text, newline="")) if r]
     if not table:
         return []
@@ -258,6 +242,23 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     columns = [_column([r[i] for r in table[1:]], name.endswith("file_name"))
                for i, name in enumerate(header)]
     return [{name: col[k] for name, col in zip(header, columns)} for k in range(len(table) - 1)]
+
+
+def json_lines(path: str, text: str) -> list[dict[str, Any]]:
+    """The rows of JSON Lines ``text`` read from ``path``: one JSON object a line, blank lines
+    skipped."""
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            raise PackError(f"{path} line {n}: not valid JSON ({exc})") from None
+        if not isinstance(row, dict):
+            raise PackError(f"{path} line {n}: not a JSON object")
+        rows.append(row)
+    return rows
 
 
 def _column(cells: list[str], text: bool) -> list[Any]:
