@@ -71,6 +71,22 @@ def _is_dir(entry: os.DirEntry) -> bool:
         return False
 
 
+def enter_folder(path: str, ancestors: frozenset,
+                 skipped: list[dict[str, str]]) -> tuple[int, int] | None:
+    """The (device, inode) of the folder ``path``, or None, with the reason added to
+    ``skipped``, when it cannot be opened or is already in ``ancestors`` (a symlink loop)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        skipped.append({"path": path, "reason": f"cannot open folder: {exc.strerror}"})
+        return None
+    key = (st.st_dev, st.st_ino)
+    if key in ancestors:
+        skipped.append({"path": path, "reason": "symlink loop: folder already on this path"})
+        return None
+    return key
+
+
 def _walk(top: str, skipped: list[dict[str, str]], ancestors: frozenset = frozenset(),
           split: int | None = None):
     """``os.walk(top, followlinks=True)`` that visits each real directory once, yielding
@@ -82,14 +98,8 @@ def _walk(top: str, skipped: list[dict[str, str]], ancestors: frozenset = frozen
     inode) as the last item, and not walked into (its subfolders are listed elsewhere).
     """
     def walk(path: str, ancestors: frozenset, split: int | None):
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            skipped.append({"path": path, "reason": f"cannot open folder: {exc.strerror}"})
-            return
-        key = (st.st_dev, st.st_ino)
-        if key in ancestors:
-            skipped.append({"path": path, "reason": "symlink loop: folder already on this path"})
+        key = enter_folder(path, ancestors, skipped)
+        if key is None:
             return
         ancestors = ancestors | {key}
         dirs, files = [], []
