@@ -55,14 +55,13 @@ of the image fitted inside the bucket, which the reader derives as ``crop_ltrb``
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import numpy as np
 
 from ..bucketing import (AreaRule, BucketRule, KohyaRule, ListRule, Placement, SDXLRule,
                          TooSmall)
-from ..bucketing.rules import DEFAULT_STEP, area_sizes, center_anchor, cover
+from ..bucketing.rules import DEFAULT_STEP, area_sizes, center_anchor, cover, is_int
 from ..errors import PackError, PackOptionError
 from .record_fields import RecordFields
 
@@ -84,11 +83,11 @@ def make_spec(buckets: Any, step: Any, upscale: Any, min_bucket_count: Any = Non
             if given:
                 raise PackOptionError(f"`{name}` needs `buckets`")
         return None
-    if step is not None and (not _is_int(step) or step < 1):
+    if step is not None and (not is_int(step) or step < 1):
         raise PackOptionError(f"`bucket_step` must be a positive integer, not {step!r}")
     if upscale is not None and not isinstance(upscale, bool):
         raise PackOptionError(f"`bucket_upscale` must be True or False, not {upscale!r}")
-    if min_bucket_count is not None and (not _is_int(min_bucket_count)
+    if min_bucket_count is not None and (not is_int(min_bucket_count)
                                          or min_bucket_count < 1):
         raise PackOptionError(f"`min_bucket_count` must be an integer >= 1, not "
                               f"{min_bucket_count!r}")
@@ -105,7 +104,7 @@ def _rule(buckets: Any, step: Any, upscale: Any) -> BucketRule:
             raise PackOptionError("`bucket_step` and `bucket_upscale` are parameters of the "
                                   "rule object given as `buckets`: set them there")
         return buckets
-    if _is_int(buckets):
+    if is_int(buckets):
         return AreaRule(int(buckets), steps, bool(upscale))
     if buckets == "sdxl":
         if step is not None or upscale is False:
@@ -121,16 +120,6 @@ def _rule(buckets: Any, step: Any, upscale: Any) -> BucketRule:
                               "list of (height, width) sizes, 'sdxl', 'kohya' or a "
                               f"shardkit.bucketing rule, not {buckets!r}")
     return ListRule(tuple(buckets), steps, bool(upscale))
-
-
-def _is_int(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    try:
-        operator.index(value)
-    except TypeError:
-        return False
-    return True
 
 
 class BucketFields(RecordFields):
