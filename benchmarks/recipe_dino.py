@@ -46,9 +46,8 @@ except ImportError:  # run from a source checkout without installing
     import shardkit
 import shardkit.recipes as R
 from shardkit import ShardDataset, View, collate
-from shardkit.bench.sample import make_sample
 
-from reports import command_line, emit  # beside this script
+from reports import command_line, emit, sample_store  # beside this script
 
 BATCH = 64
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -154,11 +153,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work_dir or tmp
-        src, store = os.path.join(work, "sample"), os.path.join(work, "s256.lmdb")
-        if not os.path.isdir(src):
-            make_sample(src, args.sample, 10, seed=0, workers=1)
-        if not os.path.exists(store):
-            shardkit.pack(src, store, size=256, workers=1, progress=False)
+        src, store = sample_store(work, args.sample)
         folder = ImageFolder(src, transform=DinoPil())
 
         def shards(ds):

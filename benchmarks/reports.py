@@ -1,5 +1,6 @@
 """What the benchmark scripts share: the tail (print the report, and write it to ``--out`` as
-well), and timing datasets' epochs in rounds (:func:`time_rounds`).
+well), the sample images and their store packed at 256 (:func:`sample_store`), and timing
+datasets' epochs in rounds (:func:`time_rounds`).
 
 Imported by the scripts beside it (``python benchmarks/<script>.py`` puts this folder first on
 ``sys.path``). The files written are the ones benchmarks/results/ holds and the docs link to.
@@ -40,6 +41,21 @@ def emit(lines: list[str], out: str | None, command: str | None = None) -> None:
     if out:
         with open(out, "w") as f:
             f.write((f"$ {command}\n" if command else "") + report)
+
+
+def sample_store(work: str, count: int) -> tuple[str, str]:
+    """(image folder, store): ``count`` sample photos in 10 classes under ``work``/sample and
+    their store packed at 256 (the default) in ``work``/s256.lmdb, each made only where it is not
+    there yet (a kept ``--work-dir`` reuses them)."""
+    import shardkit
+    from shardkit.bench.sample import make_sample
+
+    src, store = os.path.join(work, "sample"), os.path.join(work, "s256.lmdb")
+    if not os.path.isdir(src):
+        make_sample(src, count, 10, seed=0, workers=1)
+    if not os.path.exists(store):
+        shardkit.pack(src, store, size=256, workers=1, progress=False)
+    return src, store
 
 
 def epoch(ds: Any, seed: int, batch: int) -> tuple[float, float, Any]:

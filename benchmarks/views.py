@@ -35,9 +35,8 @@ except ImportError:  # run from a source checkout without installing
     import shardkit
 from shardkit import ShardDataset, View
 from shardkit.bench import systems
-from shardkit.bench.sample import make_sample
 
-from reports import time_rounds  # beside this script
+from reports import sample_store, time_rounds  # beside this script
 
 BATCH = 64
 GLOBAL = View(224, scale=(0.32, 1.0))
@@ -70,11 +69,7 @@ def main() -> int:
     tv = systems.torchvision_version()
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work_dir or tmp
-        src, store = os.path.join(work, "sample"), os.path.join(work, "s256.lmdb")
-        if not os.path.isdir(src):
-            make_sample(src, args.sample, 10, seed=0, workers=1)
-        if not os.path.exists(store):
-            shardkit.pack(src, store, size=256, workers=1, progress=False)
+        _, store = sample_store(work, args.sample)
         configs = {
             "plain random crop 224 (no resize)": ShardDataset(store, crop=224, crop_mode="random"),
             "one view (recipe: crop_mode=random_resized, scale 0.32-1, flip)":
