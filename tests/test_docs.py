@@ -284,3 +284,11 @@ def test_the_checks_catch_broken_docs(tmp_path):
     good = bad.replace("-two", "-one")
     assert "does not apply" in diff_problems(Block("t.md", 1, "diff", bad), root=str(tmp_path))[0]
     assert diff_problems(Block("t.md", 1, "diff", good), root=str(tmp_path)) == []
+
+
+def test_the_readme_stays_a_front_door():
+    """README.md says what shardkit is, how to start and where to read on; the rest lives in docs/."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert len(lines) < 180, f"README.md has {len(lines)} lines; move detail into docs/"
+    assert "./scripts/demo.sh" in "\n".join(lines) and "./scripts/test.sh" in "\n".join(lines)
