@@ -7,6 +7,8 @@ import hashlib
 import json
 import os
 
+from shardkit.read.store import Store
+
 
 def manifest(store: str) -> dict:
     with open(os.path.join(store, "manifest.json"), "rb") as f:
@@ -31,3 +33,18 @@ def store_files(store: str) -> dict[str, str]:
 def partial_of(out: str) -> str:
     head, tail = os.path.split(os.path.abspath(out))
     return os.path.join(head, f".{tail}.partial")
+
+
+def records(store: str) -> list[tuple]:
+    """(record bytes, label, height, width, source path relative to the root), index order."""
+    s = Store(store)
+    try:
+        out = []
+        for k, entry in enumerate(s.shards):
+            shard = s.shard(k)
+            with shard.reader.records() as get:
+                out += [(bytes(get(i)), int(shard.labels[i]), int(shard.heights[i]),
+                         int(shard.widths[i]), shard.source_path(i)) for i in range(entry.count)]
+        return out
+    finally:
+        s.close()

@@ -34,13 +34,12 @@ import shardkit
 import shardkit.remote.access
 from shardkit.cli import main as cli_main
 from shardkit.packing import dask_watch, grain
-from shardkit.read.store import Store
 
 from helpers import image_tree, jpeg_bytes, random_photo, write_bytes
 from helpers.dask_cluster import dask_cluster
 from helpers.faultproxy import FaultProxy
 from helpers.s3server import DUMMY_ENV, S3Server
-from helpers.scaleout import manifest, partial_of, store_files
+from helpers.scaleout import manifest, partial_of, records, store_files
 
 distributed = pytest.importorskip("dask.distributed")
 
@@ -121,21 +120,6 @@ def set_faults(path: str, spec: dict) -> None:
 def attempts(path: str) -> list[int]:
     with open(f"{path}.attempts") as f:
         return [int(n) for n in f.read().split()]
-
-
-def records(store: str) -> list[tuple]:
-    """(record bytes, label, height, width, source path relative to the root), index order."""
-    s = Store(store)
-    try:
-        out = []
-        for k, entry in enumerate(s.shards):
-            shard = s.shard(k)
-            with shard.reader.records() as get:
-                out += [(bytes(get(i)), int(shard.labels[i]), int(shard.heights[i]),
-                         int(shard.widths[i]), shard.source_path(i)) for i in range(entry.count)]
-        return out
-    finally:
-        s.close()
 
 
 def same_but_root(a: str, root_a: str, b: str, root_b: str) -> None:

@@ -18,11 +18,10 @@ import shardkit.remote.access
 from helpers import image_tree, imagefolder_reference, write_bytes
 from helpers.faultproxy import FaultProxy
 from helpers.s3server import S3Server
-from helpers.scaleout import manifest, partial_of
+from helpers.scaleout import manifest, partial_of, records
 from shardkit.errors import PackError
 from shardkit.packing.sources import MemberError, TransferFailed
 from shardkit.packing.sources.url_folder import read_url, scan_url_folder
-from shardkit.read.store import Store
 
 OPTIONS = {"num_shards": 4, "size": 32, "progress": False}
 
@@ -69,20 +68,6 @@ def local(tree, tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("transfers-local") / "train")
     shardkit.pack(tree, out, workers=0, **OPTIONS)
     return out
-
-
-def records(store: str) -> list[tuple]:
-    s = Store(store)
-    try:
-        out = []
-        for k, entry in enumerate(s.shards):
-            shard = s.shard(k)
-            with shard.reader.records() as get:
-                out += [(bytes(get(i)), int(shard.labels[i]), shard.source_path(i))
-                        for i in range(entry.count)]
-        return out
-    finally:
-        s.close()
 
 
 def bounds(store: str) -> tuple[list[int], list[int]]:
@@ -145,7 +130,7 @@ def test_an_expired_token_fails_the_pack_naming_the_object_and_resume_completes(
     partial = partial_of(out)
     kept = sorted(int(n[6:11]) for n in os.listdir(partial) if n.endswith(".done.json"))
     assert message.count(f"{len(kept)} finished shard") == (1 if kept else 0)
-    sources = [[r[2] for r in records(local)][a:b] for a, b in zip(*bounds(local))]
+    sources = [[r[4] for r in records(local)][a:b] for a, b in zip(*bounds(local))]
     proxy.clear()
     since = len(proxy.requests)
     result = shardkit.pack(url, out, workers=0, resume=True, **OPTIONS)
