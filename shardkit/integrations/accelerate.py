@@ -125,20 +125,38 @@ def _draw_seed(loader: ShardLoader) -> int:
     return generator.initial_seed() if generator is not None else torch.initial_seed()
 
 
+def _draws_randomly(dataset: Any) -> bool:
+    """Whether the loader's seed decides anything in the batches of ``dataset``: random crops,
+    flips or views, or a per-sample transform (which may draw); a ``Mix`` when any part does.
+    A dataset that does not say is taken to draw."""
+    parts = getattr(dataset, "datasets", None)
+    if parts is not None:
+        return any(_draws_randomly(p) for p in parts)
+    if getattr(dataset, "transform", None) is not None \
+            or getattr(dataset, "target_transform", None) is not None:
+        return True
+    return bool(getattr(dataset, "random_draws", True))
+
+
 def _check_seeds(accelerator: Any, loaders: Sequence[ShardLoader]) -> None:
-    """Every rank's loaders draw with the same seeds: accelerate saves the main process's state
-    alone, and every rank resumes with its seed (a collective: every process prepares)."""
+    """Every rank's loaders that draw (:func:`_draws_randomly`) draw with the same seeds:
+    accelerate saves the main process's state alone, and every rank resumes with its seed. A
+    loader whose seed decides nothing is not asked (each process has its own default seed, as
+    in a script without ``set_seed``). A collective: every process prepares, one value a
+    loader (-1: not asked), so the ranks' tensors always match in shape."""
     if accelerator.num_processes <= 1 or not loaders:
         return
-    mine = torch.tensor([_draw_seed(loader) % SEED_MODULUS for loader in loaders],
+    mine = torch.tensor([_draw_seed(loader) % SEED_MODULUS
+                         if _draws_randomly(loader.dataset) else -1 for loader in loaders],
                         dtype=torch.int64, device=accelerator.device)
     every = accelerator.gather(mine).reshape(accelerator.num_processes, -1)
     if not bool((every == every[0]).all()):
         raise OptionError(
-            "the processes' loaders draw with different seeds (torch.initial_seed() differs by "
-            "rank, e.g. set_seed(seed, device_specific=True)), and accelerate saves one state "
-            "for all: pass generator=torch.Generator().manual_seed(seed) to ds.loader, the "
-            "same seed on every process")
+            "the processes' loaders draw random crops, flips or transforms with different "
+            "seeds (each process has its own torch.initial_seed() unless set_seed(seed) ran "
+            "on every process, and device_specific=True makes them differ), and accelerate "
+            "saves one state for all: pass generator=torch.Generator().manual_seed(seed) to "
+            "ds.loader, the same seed on every process")
 
 
 class AcceleratedLoader(DataLoaderStateMixin):

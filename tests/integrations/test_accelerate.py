@@ -86,7 +86,8 @@ def test_two_processes_train_every_record_once_an_epoch_and_resume_exactly(store
         assert said[1].startswith("accelerate is reading this BucketSampler")
         assert "shardkit.accelerate.prepare(accelerator, ...)" in said[0] + said[1]
         assert said[2].startswith("this loader's RandomSampler would give each of the 2")
-        assert said[3].startswith("the processes' loaders draw with different seeds")
+        assert said[3].startswith("the processes' loaders draw random crops, flips or transforms "
+                                  "with different seeds")
     full = records(log)
     assert [len(r) for r in full] == [EPOCHS * STEPS] * RANKS  # the same steps, nobody waits
     orders = []

@@ -50,6 +50,7 @@ class Denoiser(nn.Module):
 
 def refusals(accelerator: Accelerator, ds: shardkit.ShardDataset, loader) -> list[str]:
     said = []
+    flipped = shardkit.ShardDataset(ds.root, fields=FIELDS, flip=0.5)  # draws: seeds must agree
     plain = torch.utils.data.DataLoader(ds, batch_sampler=shardkit.BucketSampler(
         ds, BATCH, num_replicas=accelerator.num_processes, rank=accelerator.process_index),
         collate_fn=shardkit.collate)
@@ -57,9 +58,9 @@ def refusals(accelerator: Accelerator, ds: shardkit.ShardDataset, loader) -> lis
                     lambda: next(iter(accelerator.prepare(plain))),
                     lambda: shardkit.accelerate.prepare(accelerator, ds.loader(batch_size=BATCH,
                                                                                shuffle=True)),
-                    lambda: shardkit.accelerate.prepare(accelerator, ds.loader(
+                    lambda: shardkit.accelerate.prepare(accelerator, flipped.loader(
                         batch_sampler=shardkit.BucketSampler(
-                            ds, BATCH, num_replicas=accelerator.num_processes,
+                            flipped, BATCH, num_replicas=accelerator.num_processes,
                             rank=accelerator.process_index),
                         generator=torch.Generator().manual_seed(accelerator.process_index)))):
         try:
@@ -83,6 +84,9 @@ def main() -> None:
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATE)
     rank = accelerator.process_index
     set_seed(0)
+    # Each process its own default seed, as in a script without set_seed: the loader draws
+    # nothing random (no crop, no flip), so its seed decides nothing and prepare accepts it.
+    torch.manual_seed(1000 + accelerator.process_index)
     ds = shardkit.ShardDataset(args.store, fields=FIELDS)
     sampler = shardkit.BucketSampler(ds, BATCH, seed=0, num_replicas=accelerator.num_processes,
                                      rank=rank)
