@@ -51,8 +51,8 @@ class Fields:
         if isinstance(fields, Fields):
             given = [k for k, v in options.items() if v != _DEFAULTS[k]]
             if given:
-                raise OptionError(f"fields=Fields(...) and {given[0]} both say how to build the "
-                                  f"target: pass {given[0]} inside Fields(...)")
+                raise OptionError(f"fields=Fields(...) and {given[0]} both shape each sample's "
+                                  f"targets; pass {given[0]} inside Fields(...)")
             return fields
         return None if fields is None else cls(fields, **options)
 

@@ -190,7 +190,7 @@ def test_dask_scheduler_address(src, local, cluster, tmp_path):
     # time) that ended before its first shard task started.
     spans: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for task in stream.data:
-        kind = "warm" if str(task["key"]).startswith("_warm_up") else \
+        kind = "warm" if str(task["key"]).startswith("warm_up") else \
             "shard" if str(task["key"]).startswith("shardkit-shard") else None
         for span in task["startstops"]:
             if kind and span["action"] == "compute":
