@@ -150,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", metavar="NAME",
                    help="the split of a Hugging Face imagefolder layout to pack (train/, test/ "
                    "folders...) [train]")
+    p.add_argument("--frames", metavar="SPEC", help="SRC holds videos: pack the frames SPEC "
+                   "picks ('fps=F', 'every=N', 'keyframes', 'all'), docs/video.md")
     p.add_argument("--shard-size", type=parse_bytes, metavar="BYTES",
                    help="write OUT as a folder of shards of about this size (e.g. 1GiB)")
     p.add_argument("--num-shards", type=_positive_int, metavar="N",
@@ -228,7 +230,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         file_list=args.file_list, coco=args.coco, coco_masks=args.coco_masks,
         metadata_file=args.metadata, captions=args.captions,
         source_format=args.source_format, image_key=args.image_key, label_key=args.label_key,
-        split=args.split)
+        split=args.split, frames=args.frames)
     result = pack(args.src, args.out, source=asked.source, image=asked.image,
                   shards=asked.shards, engine=asked.engine, format=args.format,
                   schema=args.schema, max_pixels=args.max_pixels, strict=args.strict,
@@ -394,7 +396,7 @@ def _one_line(exc: BaseException) -> str:
 # Library errors name parameters as `name` or `name=value`; the command's users see flags.
 _PARAMETER = re.compile(r"`(size|quality|encoding|format|workers|strict|overwrite|max_pixels|"
                         r"allow_empty|file_list|source_format|image_key|label_key|to|shard_size|num_shards|resume|engine|scheduler|retries|"
-                        r"num_nodes|node_rank|order|layout_seed|buckets|bucket_step|bucket_upscale|min_bucket_count|split)(?:=('[^'`]*'|True))?`")
+                        r"num_nodes|node_rank|order|layout_seed|buckets|bucket_step|bucket_upscale|min_bucket_count|split|frames)(?:=('[^'`]*'|True))?`")
 
 
 def _as_flags(message: str) -> str:

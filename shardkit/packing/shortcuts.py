@@ -16,7 +16,8 @@ from .options import (Buckets, Dask, EngineChoice, Image, Local, Nodes, Resize, 
                       renamed)
 from .settings import ENGINES
 from .sources import SOURCE_FORMATS
-from .sources.specs import BY_FORMAT, Captions, Coco, Detect, FileList, Metadata, SourceChoice
+from .sources.specs import (BY_FORMAT, Captions, Coco, Detect, FileList, Metadata, SourceChoice,
+                            Video)
 
 
 class Shortcuts(TypedDict, total=False):
@@ -57,6 +58,8 @@ class Shortcuts(TypedDict, total=False):
     image_key: str | None
     label_key: str | None
     split: str | None
+    #: ``Video(frames)``: the frames of each video to pack (``'fps=2'``, ``'every=N'``...)
+    frames: Any
 
 
 SHORTCUTS = tuple(Shortcuts.__annotations__)
@@ -74,7 +77,7 @@ SHORTCUT_OF = {
     "Metadata.path": "metadata_file", "FileList.path": "file_list",
     **{f"{c}.{k}": k for c in ("Detect", "WebDataset", "Parquet", "MDS", "LitData")
        for k in ("image_key", "label_key")},
-    "Detect.split": "split", "HFImageFolder.split": "split"}
+    "Detect.split": "split", "HFImageFolder.split": "split", "Video.frames": "frames"}
 
 
 class Records(NamedTuple):
@@ -181,7 +184,7 @@ def _engine(engine: Any, values: dict[str, Any]) -> EngineChoice:
 
 
 SOURCE_SHORTCUTS = ("coco", "coco_masks", "metadata_file", "captions", "file_list",
-                    "source_format", "image_key", "label_key", "split")
+                    "source_format", "image_key", "label_key", "split", "frames")
 
 
 def _source(source: Any, values: dict[str, Any]) -> SourceChoice | None:
@@ -201,6 +204,8 @@ def _source(source: Any, values: dict[str, Any]) -> SourceChoice | None:
         specs.append(Captions())
     if "file_list" in given:
         specs.append(FileList(given["file_list"]))
+    if "frames" in given:
+        specs.append(Video(given["frames"]))
     keys = {k: given[k] for k in ("image_key", "label_key", "split") if k in given}
     name = given.get("source_format")
     if name is not None:

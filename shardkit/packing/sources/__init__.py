@@ -18,6 +18,8 @@ Adding an input is one module and one line below. :data:`SOURCE_FORMATS` (the fo
 * :mod:`.litdata` LitData ``optimize`` folders · :mod:`.mds` MDS · :mod:`.parquet` parquet and
   Arrow · :mod:`.webdataset` tar shards · :mod:`.folder` ImageFolder layout (the fallback)
 * :mod:`.imagefolder` Hugging Face's imagefolder layout (metadata files, splits)
+* :mod:`.video` video files (``frames``): :mod:`.frames` which frames, :mod:`.video_decode`
+  PyAV's demuxing and decoding
 * :mod:`.fields`      typed fields of container members · :mod:`.files` source files kept open
   in each encoding worker · :mod:`.encode` one container member through the image pipeline
 """
@@ -34,12 +36,13 @@ from .litdata import LitDataSource
 from .mds import MDSSource
 from .metadata import MetadataSource
 from .parquet import ParquetSource
+from .video import VideoSource, holds_videos
 from .webdataset import WebDatasetSource, is_tar_url
 
 #: Every source, by name, in the order they are tried: sources asked for by a parameter first,
 #: then the formats SRC may be in, in detection order (the folder layout last: it takes any SRC).
 SOURCES: dict[str, Source] = {s.name: s for s in (
-    CocoSource(), MetadataSource(), FileListSource(),
+    VideoSource(), CocoSource(), MetadataSource(), FileListSource(),
     MDSSource(), LitDataSource(), ImagefolderSource(), ParquetSource(), WebDatasetSource(),
     FolderSource())}
 #: the formats SRC may be in (``source_format``'s choices): name -> one-line summary
@@ -66,6 +69,9 @@ def resolve(options: SourceOptions) -> Source:
                   None)
     if source is None:
         source = SOURCES[options.source_format or detect(options.src)]
+        if source.name == "folder" and holds_videos(options.src):
+            raise PackOptionError(f"{options.src} holds video files: pass `frames` ('fps=2', "
+                                  "'every=N', 'keyframes' or 'all') to pack their frames")
     source.check(options)
     return source
 

@@ -69,6 +69,9 @@ class SourceOptions:
     allow_empty: bool = False
     #: the split of a Hugging Face imagefolder layout to pack (None: its default, ``train``)
     split: str | None = None
+    #: the frames of each video to pack (``'fps=2'`` or a :class:`.frames.Frames`); given: SRC
+    #: holds videos (:mod:`.video`)
+    frames: Any = None
 
     @staticmethod
     def keys(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:

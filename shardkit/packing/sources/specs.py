@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Union
 
 from ...errors import PackOptionError
+from .frames import FORMS, Frames
 
 
 class SourceSpec:
@@ -172,6 +173,27 @@ class FileList(SourceSpec):
 
     def __post_init__(self) -> None:
         self._path("path")
+
+
+@dataclass(frozen=True)
+class Video(SourceSpec):
+    """Video files: a folder of them (flat, or class folders as ImageFolder), one file, or with
+    :class:`FileList` a list of them; each frame ``frames`` picks (a :class:`Frames` or its
+    string form: ``'fps=2'``, ``'every=N'``, ``'keyframes'``, ``'all'``) is a record with the
+    fields ``video``, ``frame_index``, ``pts_seconds`` and ``video_fps`` (docs/video.md)."""
+
+    frames: Any = None
+
+    def __post_init__(self) -> None:
+        if self.frames is None:
+            self._refuse("frames", f"is needed: {FORMS}")
+        try:
+            parsed = Frames.parse(self.frames)
+        except PackOptionError as exc:
+            if str(exc).startswith("`frames` "):
+                self._refuse("frames", str(exc)[len("`frames` "):])
+            raise
+        object.__setattr__(self, "frames", str(parsed))
 
 
 #: the record of each ``source_format`` name
