@@ -243,7 +243,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     kept = (f", {result.kept_shards} kept from the earlier run" if result.kept_shards else "")
     print(f"packed {result.count} images into {result.out} ({result.shards} shard"
           f"{'s' if result.shards != 1 else ''}{kept}) in {result.seconds:.1f} s: "
-          f"{result.startup_seconds:.1f} s start-up, then {result.images_per_second:.0f} "
+          f"{result.startup_seconds:.1f} s start-up (first record at "
+          f"{result.first_record_seconds:.1f} s), then {result.images_per_second:.0f} "
           "images/s", file=sys.stderr)
     _report_skipped(result.skipped)
     if not args.schema and (args.metadata or args.captions or args.file_list or args.split

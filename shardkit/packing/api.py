@@ -38,6 +38,9 @@ class PackResult:
 
     ``seconds`` is the whole call; ``startup_seconds`` its part before encoding began (finding
     the sources, planning, starting workers), so ``images_per_second`` is the packing rate.
+    ``first_record_seconds``: from the call to the first record written (or skip recorded); with
+    the Dask engine, whose workers write the records, to the first shard finished; ``seconds``
+    when this call wrote none (a ``resume`` that kept every shard).
     ``kept_shards`` and ``kept_sources``: what a ``resume`` kept from an earlier run (counted in
     ``count`` and ``sources``, not in the rate: this call did not pack them).
     """
@@ -51,6 +54,7 @@ class PackResult:
     startup_seconds: float = 0.0
     kept_shards: int = 0
     kept_sources: int = 0
+    first_record_seconds: float = 0.0
 
     @property
     def packing_seconds(self) -> float:
@@ -227,7 +231,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
     now = time.perf_counter()
     return PackResult(out, count, skipped, now - t0, plan.num_shards, sources,
                       (run.started[0] if run.started else now) - t0, len(run.kept),
-                      sum(run.kept))
+                      sum(run.kept), (run.first_record[0] if run.first_record else now) - t0)
 
 
 def merge(out: str | os.PathLike, overwrite: bool = False) -> PackResult:
@@ -260,5 +264,6 @@ def merge(out: str | os.PathLike, overwrite: bool = False) -> PackResult:
         raise PackError(f"cannot write {out}: {exc.strerror or exc}; the shards are kept in "
                         f"{partial} (merge again once that is fixed)") from None
     install_finished(partial, out, overwrite)
-    return PackResult(out, count, manifest["skipped"], time.perf_counter() - t0,
-                      len(manifest["shards"]), count + len(manifest["skipped"]))
+    seconds = time.perf_counter() - t0
+    return PackResult(out, count, manifest["skipped"], seconds, len(manifest["shards"]),
+                      count + len(manifest["skipped"]), first_record_seconds=seconds)

@@ -53,10 +53,12 @@ def add_source(writer: StoreWriter, plan: PackPlan, source: int, path: str, labe
 
 def run_local(plan: PackPlan, shards: list[int], dest: dict[int, str], *, workers: int,
               strict: bool, progress: bool, on_shard_done: ShardDone,
-              on_start: Callable[[], None] = lambda: None) -> None:
+              on_start: Callable[[], None] = lambda: None,
+              on_record: Callable[[], None] = lambda: None) -> None:
     """Encode the given shards with local encoding workers, writing each through a StoreWriter.
 
-    ``on_start`` is called once the encoders are up, as encoding begins.
+    ``on_start`` is called once the encoders are up, as encoding begins; ``on_record`` once the
+    first record is written.
     """
     rows = [plan.rows(k) for k in shards]
     records = stream.encoded_stream([item for _, items in rows for item in items],
@@ -68,6 +70,7 @@ def run_local(plan: PackPlan, shards: list[int], dest: dict[int, str], *, worker
             with plan.shard_writer(k, dest[k]) as writer:
                 for source, path, label in zip(*row):
                     add_source(writer, plan, source, path, label, *next(records), strict)
+                    on_record()
                     bar.update(1)
             on_shard_done(k, writer.entry)
     finally:

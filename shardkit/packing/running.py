@@ -32,7 +32,8 @@ from .writer import remove_store_files
 @dataclass
 class Run:
     """How a plan is run and installed (each as :func:`pack` documents it); ``partial`` is the
-    work folder or file (a URL OUT's local staging folder), ``started`` when encoding began."""
+    work folder or file (a URL OUT's local staging folder), ``started`` when encoding began,
+    ``first_record`` when the first record was written (the Dask engine: its first shard)."""
 
     out: str
     partial: str
@@ -49,6 +50,7 @@ class Run:
     storage_options: dict[str, Any] | None = None
     retries: int | None = None
     started: list[float] = field(default_factory=list)
+    first_record: list[float] = field(default_factory=list)
     kept: list[int] = field(default_factory=list)  # sources of each shard a resume kept
     session: Any = None  # the Dask engine's client (:class:`.dask_session.DaskSession`)
 
@@ -58,6 +60,10 @@ class Run:
 
     def on_start(self) -> None:
         self.started.append(time.perf_counter())
+
+    def on_record(self) -> None:
+        if not self.first_record:
+            self.first_record.append(time.perf_counter())
 
 
 
@@ -145,7 +151,7 @@ def pack_single(plan: PackPlan, run: Run) -> tuple[int, list[dict[str, str]], in
         remove_store_files([partial], plan.settings.format)  # a killed run's, with side files
         run_local(plan, [0], {0: partial}, workers=run.workers, strict=run.strict,
                   progress=run.progress, on_shard_done=entries.__setitem__,
-                  on_start=run.on_start)
+                  on_start=run.on_start, on_record=run.on_record)
         check_packed(entries[0]["count"], entries[0]["skipped"], run.allow_empty)
         install(partial, run.out, run.overwrite)
     except BaseException as exc:
@@ -180,6 +186,7 @@ def pack_sharded(plan: PackPlan, run: Run) -> tuple[int, list[dict[str, str]], i
             entry = upload_shard(uploader, dest[k], entry)
         replace_atomic(entry_path(partial, k), metadata.dumps(entry | {"plan_id": plan_id}))
         finished[0] += 1
+        run.on_record()  # the local engine's first record came before; Dask's, in this shard
 
     def kept() -> str:
         if not finished[0]:  # a claim of kept shards would send the user to a useless resume
@@ -222,7 +229,8 @@ def pack_sharded(plan: PackPlan, run: Run) -> tuple[int, list[dict[str, str]], i
                      **({} if run.retries is None else {"retries": run.retries}))
         else:
             run_local(plan, mine, dest, workers=run.workers, strict=run.strict,
-                      progress=run.progress, on_shard_done=on_done, on_start=run.on_start)
+                      progress=run.progress, on_shard_done=on_done, on_start=run.on_start,
+                      on_record=run.on_record)
         if run.num_nodes > 1:
             # Each node packs its share; `shardkit merge OUT` finishes once every node is done.
             return (sum(entry["count"] for entry in read_entries(partial, mine)), [],

@@ -20,13 +20,16 @@ from .workers import Encoded, launch, start_method
 
 
 def chunk_bounds(n: int, workers: int, largest: int) -> list[int]:
-    """Guided scheduling: chunks of up to ``largest`` sources first (few result messages: each
-    has a fixed cost in the writing process, whatever its size), shrinking to one at the end
-    (so no worker idles long while another finishes a big chunk)."""
+    """Guided scheduling: chunks of up to ``largest`` sources (few result messages: each has a
+    fixed cost in the writing process, whatever its size), shrinking to one at the end (so no
+    worker idles long while another finishes a big chunk). The first chunks grow from one
+    source (1, 2, 4...): the writer has its first record once one image is encoded, not a
+    whole chunk."""
     bounds = [0]
     while bounds[-1] < n:
         left = n - bounds[-1]
-        bounds.append(bounds[-1] + max(1, min(largest, left // (4 * workers))))
+        ramp = 1 << min(len(bounds) - 1, 30)
+        bounds.append(bounds[-1] + max(1, min(largest, left // (4 * workers), ramp)))
     return bounds
 
 

@@ -258,15 +258,21 @@ def test_transparency_key_makes_pixels_white_in_every_mode(case):
     assert np.array_equal(got[~keyed], opaque[~keyed])
 
 
-def test_chunks_cover_every_source_once_and_shrink_to_one():
+def test_chunks_cover_every_source_once_start_at_one_and_shrink_to_one():
+    """The first chunk is one source (the first record is written as soon as one image is
+    encoded), doubling up to the guided size, which then only shrinks."""
     for n, workers, largest in [(0, 2, 128), (1, 2, 128), (1000, 2, 128), (5003, 16, 64),
                                 (7, 4, 1)]:
         bounds = chunk_bounds(n, workers, largest)
-        sizes = np.diff(bounds)
+        sizes = list(np.diff(bounds))
         assert bounds[0] == 0 and bounds[-1] == n
-        assert (sizes >= 1).all() and (sizes <= largest).all()
+        assert all(1 <= s <= largest for s in sizes)
         if n > 0:
-            assert sizes[-1] == 1 and list(sizes) == sorted(sizes, reverse=True)
+            top = sizes.index(max(sizes))
+            assert sizes[0] == 1 and sizes[-1] == 1
+            assert all(b <= 2 * a for a, b in zip(sizes[:top], sizes[1:top + 1]))
+            assert sizes[top:] == sorted(sizes[top:], reverse=True)
+    assert np.diff(chunk_bounds(1000, 2, 128))[:8].tolist() == [1, 2, 4, 8, 16, 32, 64, 109]
     assert largest_chunk(PackSettings(size=256)) == 128
     assert largest_chunk(PackSettings(size=1024, encoding="raw")) == 2
     assert largest_chunk(PackSettings(size=0)) == 4

@@ -502,6 +502,8 @@ def test_pack_result_reports_startup_apart(src, tmp_path):
     assert result.sources == 12 and result.count == 12
     assert 0 < result.startup_seconds and 0 < result.packing_seconds
     assert result.startup_seconds + result.packing_seconds <= wall
+    # measured by the pack: once its workers are up, before the call returns
+    assert 0 < result.startup_seconds <= result.first_record_seconds <= result.seconds
     assert result.images_per_second * result.packing_seconds == pytest.approx(12, rel=1e-9)
 
 
@@ -511,10 +513,10 @@ def test_cli_summary_prints_startup_and_rate(src, tmp_path):
     proc = run_cli("pack", src, str(tmp_path / "out"), "--num-shards", "2", "--size", "16",
                    "--workers", "2", "-q")
     assert proc.returncode == 0, proc.stderr
-    m = re.search(r"packed 12 images into \S+ \(2 shards\) in ([0-9.]+) s: ([0-9.]+) s start-up, "
-                  r"then ([0-9]+) images/s", proc.stderr)
+    m = re.search(r"packed 12 images into \S+ \(2 shards\) in ([0-9.]+) s: ([0-9.]+) s start-up "
+                  r"\(first record at ([0-9.]+) s\), then ([0-9]+) images/s", proc.stderr)
     assert m, proc.stderr
-    assert float(m.group(2)) <= float(m.group(1))
+    assert float(m.group(2)) <= float(m.group(3)) <= float(m.group(1))
 
 
 def test_resume_and_merge_errors_name_the_parameter(src, tmp_path):

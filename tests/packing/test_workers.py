@@ -301,6 +301,19 @@ def test_a_script_without_main_guard_packs_twice_and_runs_once(src, tmp_path, th
     assert records(str(tmp_path / "a.lmdb")) == expected == records(str(tmp_path / "b.lmdb"))
 
 
+def test_importing_shardkit_and_its_pack_imports_no_heavy_library():
+    """``import shardkit`` and ``shardkit.pack`` load neither torch (about 2 s to import, 1 s
+    more at exit) nor Dask nor pyarrow: each is imported where a pack or a source needs it."""
+    code = ("import sys, shardkit, shardkit.packing; before = set(sys.modules); "
+            "shardkit.pack, shardkit.PackResult; "
+            "heavy = ('torch', 'h5py', 'dask', 'distributed', 'pyarrow'); "
+            "print(*[m in before for m in heavy], *[m in sys.modules for m in heavy[:1] + heavy[2:]])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=HANG, env=program_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False"] * 9
+
+
 def test_a_worker_imports_torch_only_on_its_first_resize_and_stays_bounded(tmp_path):
     """A fresh encoding worker is ready without torch (a second to import, 0.5 GB of address
     space); an image already at the size is encoded without it; the first resize imports it,
