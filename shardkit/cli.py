@@ -8,7 +8,7 @@ import re
 import sys
 from typing import Sequence
 
-from . import formats
+from . import cli_versions, formats
 from ._version import __version__
 from .codec import ENCODINGS
 from .errors import Interrupted, ShardkitError
@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the mixed layout [0]")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted sharded pack, keeping finished shards")
+    p.add_argument("--append", action="store_true",
+                   help="add the images the folder store OUT lacks (by key: path relative to "
+                   "SRC) as its next version")
     p.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
                    help="local process pool, or shards as tasks on a Dask cluster [local]")
     p.add_argument("--scheduler", metavar="ADDRESS",
@@ -211,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "memory; --recommend",
                        add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    cli_versions.add_parsers(sub)
     return parser
 
 
@@ -235,7 +239,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
                   shards=asked.shards, engine=asked.engine, format=args.format,
                   schema=args.schema, max_pixels=args.max_pixels, strict=args.strict,
                   overwrite=args.overwrite, allow_empty=args.allow_empty,
-                  resume=args.resume, progress=not args.quiet)
+                  resume=args.resume, progress=not args.quiet,
+                  **({"append": True} if args.append else {}))
     if args.num_nodes > 1:
         print(f"node {args.node_rank}/{args.num_nodes}: packed {result.count} images; run "
               f"'shardkit merge {args.out}' when every node is done", file=sys.stderr)
@@ -299,7 +304,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"store:      {summary['path']}\n"
           f"format:     {summary['format']} ({summary['kind']}, {summary['shards']} shard(s), "
           f"format version {summary['format_version']})\n"
-          f"records:    {summary['count']}\n"
+          f"records:    {summary['count']} (keys: {summary['keys']})\n"
+          f"version:    {summary['version']}\n"
           f"{labels}"
           f"encoding:   {summary['encoding']} ("
           f"{'bucketed' if summary.get('buckets') else 'size ' + str(summary['size'])}, "
@@ -386,7 +392,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"pack": _cmd_pack, "info": _cmd_info, "verify": _cmd_verify, "merge": _cmd_merge,
-            "bench": _cmd_bench, "export": _cmd_export}
+            "bench": _cmd_bench, "export": _cmd_export, **cli_versions.COMMANDS}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -397,7 +403,7 @@ def _one_line(exc: BaseException) -> str:
 # Library errors name parameters as `name` or `name=value`; the command's users see flags.
 _PARAMETER = re.compile(r"`(size|quality|encoding|format|workers|strict|overwrite|max_pixels|"
                         r"allow_empty|file_list|source_format|image_key|label_key|to|shard_size|num_shards|resume|engine|scheduler|retries|"
-                        r"num_nodes|node_rank|order|layout_seed|buckets|bucket_step|bucket_upscale|min_bucket_count|split|frames)(?:=('[^'`]*'|True))?`")
+                        r"num_nodes|node_rank|order|layout_seed|buckets|bucket_step|bucket_upscale|min_bucket_count|split|frames|append)(?:=('[^'`]*'|True))?`")
 
 
 def _as_flags(message: str) -> str:

@@ -302,6 +302,10 @@ def parse_manifest_layout(raw: bytes | str, where: str) -> dict[str, Any]:
         for key in ("count", "start", "bytes"):
             _need(entry, key, int, where)
         _need(entry, "sha256", str, where)
+        for key in ("index", "classes"):  # a later version's entry for an earlier shard
+            if key in entry and (not isinstance(entry[key], int) or isinstance(entry[key], bool)
+                                 or entry[key] < 0):
+                raise StoreError(f"{where}: shard {k} has a malformed {key!r}")
         if entry["start"] != start:
             raise StoreError(f"{where}: shard {k} starts at {entry['start']}, expected {start}")
         start += entry["count"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import bucketmeta, metadata
+from . import bucketmeta, metadata, versionmeta
 from .fields import check_meta
 
 
@@ -27,6 +27,7 @@ def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
     """A folder store's ``manifest.json``; StoreError naming ``where`` if it is not one
     shardkit can read."""
     obj = metadata.parse_manifest_layout(raw, where)
+    versionmeta.check_record(obj, where)
     check_meta(obj, where)
     bucketmeta.check(obj, where)
     return obj

@@ -23,7 +23,7 @@ import uuid
 import weakref
 from typing import Any
 
-from . import metadata, storemeta
+from . import metadata, storemeta, versions
 from .errors import PackError, StoreError
 from .fileutil import fsync_dir, has_size, open_regular, remove, unlink, write_synced
 
@@ -199,6 +199,11 @@ def install_folder(partial: str, out: str) -> None:
     for entry in entries:
         name, sha = entry["file"], entry["sha256"]
         src = os.path.join(partial, name)
+        if not os.path.lexists(src) and versions.KEY in new:
+            # A new version names the files of the one it changes, installed already.
+            if name in live and live[name][1] == sha:
+                continue
+            raise PackError(f"{partial}: {name} is neither in the new version nor in {out}")
         size = os.path.getsize(src)
         for candidate in (name, _unique_name(name, sha)):
             dst = os.path.join(out, candidate)
@@ -230,6 +235,8 @@ def install_folder(partial: str, out: str) -> None:
         unlink(tmp)
         unlink(retired)
         raise
+    if versions.KEY in new:  # the version it changes is kept, whatever happens next
+        versions.keep_current(out)
     for src, dst in moves:
         if dst is None:
             os.unlink(src)
@@ -237,6 +244,8 @@ def install_folder(partial: str, out: str) -> None:
             os.replace(src, dst)
     os.replace(tmp, manifest_path)  # the switch
     fsync_dir(out)
+    if versions.KEY in new:
+        versions.keep_current(out)
     remove(partial)
     collect_garbage(out)
 
@@ -248,14 +257,33 @@ def _unique_name(name: str, sha: str) -> str:
 
 
 def _live_files(out: str, current: dict[str, Any] | None) -> dict[str, tuple[int | None, str]]:
-    """Files of the current manifest and of retired ones that readers still hold."""
+    """Files of the current manifest, of every kept version (:mod:`shardkit.versions`) and of
+    retired manifests that readers still hold."""
     live = _files_of(current) if current is not None else {}
+    for kept in versions.kept_manifests(out):
+        live.update({k: v for k, v in _files_of(kept).items() if k not in live})
     for retired in _retired(out):
         if _in_use(retired):
             manifest = _load_manifest(retired)
             if manifest is not None:
                 live.update({k: v for k, v in _files_of(manifest).items() if k not in live})
     return live
+
+
+def retire(path: str, out: str) -> None:
+    """Take the manifest at ``path`` out of use: it moves to a hidden retired name in ``out``
+    (the same inode, so the lock its readers hold stays testable), and its files are deleted
+    by :func:`collect_garbage` once no reader holds it."""
+    retired = os.path.join(out, f"{RETIRED_PREFIX}{uuid.uuid4().hex}.json")
+    try:
+        os.link(path, retired)
+    except FileNotFoundError:
+        return
+    except OSError:  # no hard links: the copy lists the files (readers unprotected)
+        import shutil
+
+        shutil.copyfile(path, retired)
+    unlink(path)
 
 
 def _retired(out: str) -> list[str]:

@@ -18,6 +18,7 @@ from ..errors import Interrupted, PackError, PackOptionError
 from ..fileutil import check_parent, make_parent, remove
 from ..formats import format_for_path
 from ..urls import is_url
+from . import append as appending
 from .buckets import BucketFields
 from .imaging import PILLOW_PIXEL_LIMIT
 from .install import install_finished, partial_path
@@ -179,6 +180,10 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
     """
     t0 = time.perf_counter()
     src, out = os.fspath(src), os.fspath(out).rstrip("/") or "/"
+    base = appending.load_base(out) if shortcuts.pop("append", False) else None
+    if base is not None:  # the store's own image settings and shard size, where not given
+        shortcuts = appending.defaults(base, image, shards, shortcuts)
+        format = format or base.manifest["settings"]["format"]
     asked = records(source, image, shards, engine, **shortcuts)
     image, shards, eng = asked.image, asked.shards, engine_parts(asked.engine)
     check_options(out, shards is not None, resume, eng.name, eng.scheduler, eng.num_nodes,
@@ -187,14 +192,17 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
     settings = PackSettings(0 if buckets is not None else image.size, image.quality,
                             image.encoding, format or format_for_path(out), max_pixels, buckets)
     settings.validate()
+    if base is not None:
+        appending.check_settings(base, settings.as_meta())
     options = SourceOptions(**{"src": src, **combined(asked.source), "schema": schema,
                                "allow_empty": allow_empty})
     found = resolve(options)
-    check_out(src, out, overwrite, storage_options, resume)
+    if base is None:
+        check_out(src, out, overwrite, storage_options, resume)
     run = Run(out, staging_path(out, storage_options) if is_url(out) else partial_path(out),
               default_workers() if eng.workers is None else eng.workers, strict, overwrite,
               progress, allow_empty, eng.name, eng.scheduler, eng.num_nodes, eng.node_rank,
-              resume, storage_options, eng.retries)
+              resume, storage_options, eng.retries, base=base)
     folder = plan_dir(run)
     try:
         lister = None
@@ -209,6 +217,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
             options = dataclasses.replace(options, src=os.path.abspath(src))
         try:
             scan = found.scan_into(options, folder, lister)
+            if base is not None:  # only the sources the store lacks
+                scan = appending.select_new(scan, base, folder)
             if buckets is not None:  # the bucket fields, and the source's boxes and masks cropped
                 scan.fields = BucketFields(scan.fields)
             plan = make_plan(scan, settings, folder,

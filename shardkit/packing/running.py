@@ -53,6 +53,8 @@ class Run:
     first_record: list[float] = field(default_factory=list)
     kept: list[int] = field(default_factory=list)  # sources of each shard a resume kept
     session: Any = None  # the Dask engine's client (:class:`.dask_session.DaskSession`)
+    #: the folder store an append adds to (:class:`.append.Base`), or None
+    base: Any = None
 
     @property
     def remote(self) -> bool:
@@ -258,6 +260,10 @@ def pack_sharded(plan: PackPlan, run: Run) -> tuple[int, list[dict[str, str]], i
             uploader.close()
         if staging is not None:
             staging.release()
-    if not remote:
+    if run.base is not None:
+        from .append import install_version
+
+        install_version(partial, run.base)
+    elif not remote:
         install_finished(partial, out, overwrite=run.overwrite)
     return count, manifest["skipped"], len(plan.paths)

@@ -60,6 +60,8 @@ class Shortcuts(TypedDict, total=False):
     split: str | None
     #: ``Video(frames)``: the frames of each video to pack (``'fps=2'``, ``'every=N'``...)
     frames: Any
+    #: add the sources the folder store OUT lacks as its next version (:mod:`.append`)
+    append: bool
 
 
 SHORTCUTS = tuple(Shortcuts.__annotations__)

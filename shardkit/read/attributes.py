@@ -50,6 +50,28 @@ class StoreAttributes:
     def __len__(self) -> int:
         return self.store.count
 
+    @property
+    def version(self) -> int:
+        """The store version this dataset reads (``ShardDataset(path, version=N)`` pins one;
+        by default the latest when it was made; 1 for a store never changed)."""
+        return self.store.version
+
+    def key(self, index: int) -> str:
+        """Record ``index``'s key: its source path relative to SRC (what ``append`` compares;
+        ``docs/lifecycle.md``)."""
+        return self.source_path(index)
+
+    def index_of(self, key: str) -> int:
+        """The index of the record whose key is ``key`` (KeyError if none). The first call
+        reads every record's key (a pass over the shards' path arrays) into a sorted table of
+        64-bit hashes, kept in this process."""
+        table = self.__dict__.get("_key_table")
+        if table is None:
+            from .keys import KeyTable
+
+            table = self.__dict__["_key_table"] = KeyTable(self.key, len(self))
+        return table.find(key, self.key)
+
     def source_path(self, index: int) -> str:
         """Path of record ``index``'s source image, relative to the packed folder."""
         k, local = self.store.locate(check_index(index, len(self)))

@@ -140,7 +140,8 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
                  sanitize: bool = False, tv_tensors: bool | None = None,
                  multi_hot: bool | Sequence[str] = False,
                  ragged: targetmod.RaggedMode | dict[str, targetmod.RaggedMode] = "list",
-                 views: Sequence[augment.View] | None = None, recipe: Any = None) -> None:
+                 views: Sequence[augment.View] | None = None, recipe: Any = None,
+                 version: int | None = None) -> None:
         if recipe is not None:  # the options it stands for (refused next to its own options)
             made = recipes.resolve(recipe, dict(crop=crop, crop_mode=crop_mode, scale=scale,
                                                 ratio=ratio, flip=flip, views=views))
@@ -171,7 +172,8 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
         made_recipe = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale, whole=True)
         # Through the pack's record layout: ds[i] is logical record i wherever its shard holds it.
         self.store = open_layout(Store(path, max_open_shards, cache_dir=cache_dir,
-                                       cache_limit=cache_limit, storage_options=storage_options))
+                                       cache_limit=cache_limit, storage_options=storage_options,
+                                       version=version))
         if made_recipe is not None and not made_recipe.size \
                 and self.store.settings.get("buckets") is None:
             self.store.close()  # only a bucketed store's records flip whole (batched as stored)
@@ -301,6 +303,7 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
         """This dataset's settings reading ``store`` (a :class:`shardkit.read.storeview.StoreView`
         of its store): what subsets are made of."""
         new = copy.copy(self)
+        new.__dict__.pop("_key_table", None)  # index_of's table is this dataset's records'
         new.store = store
         new._decoder = Decoder(store, self.fast_decode, self.verify)
         new._fanout = Fanout(self.threads)

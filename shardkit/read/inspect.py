@@ -13,6 +13,7 @@ from ..errors import StoreError
 from ..fileutil import sha256_file
 from ..progress import progress as progress_bar
 from ..urls import is_url
+from ..versions import KEYS
 from .decode import Decoder, shard_name
 from .store import Store, disk_bytes
 from .storeview import labels_by_place
@@ -43,6 +44,9 @@ def info(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
         "shardkit_version": meta.get("shardkit_version"),
         "format": settings["format"],
         "count": store.count,
+        # the store version (1: never changed; `shardkit log` lists them) and its record keys
+        "version": store.version,
+        "keys": KEYS,
         "num_classes": len(store.classes),
         "classes": store.classes,
         # A COCO store's category ids and names (its records' labels are in the fields)

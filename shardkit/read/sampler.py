@@ -34,7 +34,8 @@ from ..errors import OptionError
 from .consumers import check_sampler_consumer
 from .order import EpochOrder, Groups, per_rank
 # StoreOrderSampler and shard_starts: names this module has always offered
-from .shardorder import StoreOrderSampler, fingerprint, shard_groups, shard_starts  # noqa: F401
+from .shardorder import (StoreOrderSampler, fingerprint, shard_groups, shard_starts,  # noqa: F401
+                         store_versions)
 
 STATE_VERSION = 2
 
@@ -260,7 +261,10 @@ class OrderedSampler(DistributedSampler):
         for key, value in mine.items():
             if state.get(key, grouped if key == "canonical_world" else None) != value:
                 why = ("another dataset: its shards' contents or sizes, layout or subset differ"
-                       if key == "fingerprint" else "the order would differ")
+                       if key == "fingerprint" else
+                       "another version of the store: open the saved one with "
+                       "ShardDataset(path, version=N) to resume it" if key == "store_version"
+                       else "the order would differ")
                 raise OptionError(f"cannot resume: saved {key}={state.get(key)!r}, this "
                                   f"sampler has {value!r} ({why})")
         position = int(state["position"])
@@ -349,7 +353,9 @@ class ShardSampler(OrderedSampler):
         return self.groups
 
     def _identity(self) -> dict[str, Any]:
-        return {"dataset_len": self.total, "num_shards": len(self.starts) - 1,
+        versions = store_versions(self.dataset)
+        return {**({"store_version": versions} if versions else {}),  # checked first
+                "dataset_len": self.total, "num_shards": len(self.starts) - 1,
                 "fingerprint": self._fingerprint}
 
     def __iter__(self) -> Iterator[int]:

@@ -30,6 +30,17 @@ class ShardEntry:
     count: int
     bytes: int | None = None
     sha256: str | None = None
+    #: the shard's own number, where a store's later version lists it at another place
+    written: int | None = None
+    #: how many of the store's classes it was written with, where a later version added
+    #: classes after them (its labels index a prefix of the store's)
+    classes: int | None = None
+
+    @classmethod
+    def of(cls, path: str, entry: dict[str, Any]) -> "ShardEntry":
+        """From a manifest's shard entry."""
+        return cls(path, entry["format"], entry["start"], entry["count"], entry["bytes"],
+                   entry["sha256"], entry.get("index"), entry.get("classes"))
 
 
 class OpenShard:
@@ -48,11 +59,17 @@ class OpenShard:
             where = entry.path
             meta = storemeta.parse_shard_meta(self.reader.meta_json(), where)
             shard = meta["shard"]
-            if (shard["index"], shard["count"]) != (index, entry.count):
+            number = index if entry.written is None else entry.written
+            if (shard["index"], shard["count"]) != (number, entry.count):
                 raise StoreError(f"{where}: shard says it is #{shard['index']} holding "
-                                 f"{shard['count']} records; the store expects #{index} "
+                                 f"{shard['count']} records; the store expects #{number} "
                                  f"with {entry.count}")
-            for key in ("classes", "settings", "fields"):
+            classes = expect.get("classes")
+            if entry.classes is not None and classes is not None:
+                classes = classes[:entry.classes]
+            if meta.get("classes") != classes:
+                raise StoreError(f"{where}: shard classes differ from the store's (mixed stores)")
+            for key in ("settings", "fields"):
                 if meta.get(key) != expect.get(key):
                     raise StoreError(f"{where}: shard {key} differ from the store's (mixed stores)")
             self.meta = meta

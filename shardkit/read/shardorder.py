@@ -95,6 +95,14 @@ def fingerprint(dataset: Sized, groups: Groups) -> str:
     return h.hexdigest()
 
 
+def store_versions(dataset: Sized) -> list[int] | None:
+    """The version of each store the dataset reads, where one of them has changed since it was
+    packed (:mod:`shardkit.versions`); None where none has (a state saved before stores had
+    versions stays valid)."""
+    found = [getattr(getattr(part, "store", None), "version", 1) for part in _parts(dataset)]
+    return found if any(v != 1 for v in found) else None
+
+
 def store_content(store: Any) -> str:
     """What names a store's records: each shard's SHA-256 and size from the manifest (a
     single-file store: the checksums of its labels and of its records' CRC32s)."""

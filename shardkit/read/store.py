@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import metadata, storemeta, swap
+from .. import metadata, storemeta, swap, versions
 from ..errors import OptionError, StoreError
 from ..fileutil import file_size, sha256_file
 from ..forklock import ForkLock
@@ -71,7 +71,8 @@ class Store:
 
     def __init__(self, path: str | os.PathLike, max_open_shards: int | None = None, *,
                  cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None,
+                 version: int | None = None) -> None:
         if max_open_shards is not None and (isinstance(max_open_shards, bool) or not isinstance(
                 max_open_shards, int) or max_open_shards < 1):
             raise OptionError("max_open_shards must be a positive integer or None, "
@@ -80,10 +81,11 @@ class Store:
         self.max_open_shards = max_open_shards
         #: The local cache of a remote store (None for a local one).
         self.cache: Any = None
+        versions.check_version(version, self.path, is_url(self.path))
         if is_url(self.path):
             self._init_remote(cache_dir, cache_limit, storage_options)
         elif os.path.isdir(self.path):
-            self._init_sharded()
+            self._init_sharded(version)
         elif os.path.exists(self.path):
             self._init_single()
         else:
@@ -94,6 +96,8 @@ class Store:
         self.settings: dict[str, Any] = self.meta["settings"]
         self.encoding: str = self.settings["encoding"]
         self.skipped: list[dict[str, str]] = self.meta.get("skipped", [])
+        #: which version of the store this is (:mod:`shardkit.versions`; 1: never changed)
+        self.version: int = versions.number_of(self.meta)
         self.starts = np.array([e.start for e in self.shards] + [self.count], dtype=np.int64)
         #: A remote store prefetches shard k+1 while reads go k-1, k; a ``ShardSampler`` turns
         #: this off and prefetches the next shard of its rank's own order instead.
@@ -127,8 +131,8 @@ class Store:
         self.shards = [ShardEntry(self.path, None, 0, meta["count"])]
         self._labels_file: str | None = None
 
-    def _init_sharded(self) -> None:
-        self._manifest_path = manifest_path = os.path.join(self.path, metadata.MANIFEST_NAME)
+    def _init_sharded(self, version: int | None = None) -> None:
+        self._manifest_path = manifest_path = versions.manifest_path(self.path, version)
         limit = metadata.MAX_MANIFEST_BYTES
         try:
             size = file_size(manifest_path)
@@ -153,11 +157,15 @@ class Store:
                                  "bytes)")
             self._identity = hashlib.sha256(raw).hexdigest()
             self.meta = storemeta.parse_manifest(raw, manifest_path)
-            self.shards = [ShardEntry(os.path.join(self.path, e["file"]), e["format"],
-                                      e["start"], e["count"], e["bytes"], e["sha256"])
+            self.shards = [ShardEntry.of(os.path.join(self.path, e["file"]), e)
                            for e in self.meta["shards"]]
             self._labels_file = os.path.join(self.path, self.meta["labels"]["file"])
             self._real = os.path.realpath(self.path)
+            kept = versions.path_of(self.path, versions.number_of(self.meta))
+            if version is None and versions.KEY in self.meta and os.path.exists(kept):
+                # The version this manifest is never changes: its readers keep reading it
+                # while newer ones are installed (the same file while it is the latest).
+                self._manifest_path = kept
             # While the manifest is locked: its files cannot be collected meanwhile.
             check_record_arrays(self.meta, lambda name, sha256: os.path.join(self.path, name),
                                 manifest_path)
@@ -177,9 +185,7 @@ class Store:
         self.path = cache.remote.url
         self.meta = cache.remote.meta
         self._identity = cache.remote.manifest_sha256
-        self.shards = [ShardEntry(cache.path(k), e["format"], e["start"], e["count"], e["bytes"],
-                                  e["sha256"])
-                       for k, e in enumerate(self.meta["shards"])]
+        self.shards = [ShardEntry.of(cache.path(k), e) for k, e in enumerate(self.meta["shards"])]
         self._labels_file = cache.labels()  # so len, targets and classes need no shard
         check_record_arrays(self.meta, cache.file, cache.remote.where(metadata.MANIFEST_NAME))
 
@@ -193,6 +199,8 @@ class Store:
             folder = os.path.dirname(os.readlink(f"/proc/self/fd/{self._pin.fd}"))
         except OSError:  # no /proc (not Linux): where it was
             return path
+        if os.path.dirname(self._manifest_path) != self.path:  # pinned: versions/<N>.json
+            folder = os.path.dirname(folder)
         return path if folder == self._real else os.path.join(folder, os.path.basename(path))
 
     # -- labels -------------------------------------------------------------------------------

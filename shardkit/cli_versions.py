@@ -1,0 +1,56 @@
+"""``shardkit log`` and ``shardkit gc``: a folder store's versions (:mod:`shardkit.versions`),
+listed and pruned."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("log", help="list a folder store's versions (time, records, change)")
+    p.add_argument("store", metavar="STORE", help="a local folder store")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = sub.add_parser("gc", help="drop a folder store's old versions and the files only they "
+                       "use", description="Keep the newest K versions (the current one always) "
+                       "and delete the files no kept version names, once no reader holds them.")
+    p.add_argument("store", metavar="STORE", help="a local folder store")
+    p.add_argument("--keep", type=int, required=True, metavar="K",
+                   help="how many of the newest versions to keep (>= 1)")
+
+
+def _change(change: dict[str, Any]) -> str:
+    kind = change.get("kind", "pack")
+    rest = ", ".join(f"{k} {v}" for k, v in sorted(change.items()) if k != "kind")
+    return f"{kind} ({rest})" if rest else kind
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    from .storelog import history
+
+    kept = history(args.store)
+    if args.json:
+        print(json.dumps([v.__dict__ for v in kept], indent=2))
+        return 0
+    for v in kept:
+        print(f"{v.number:>4}  {v.time or '-':20}  {v.count:>10} records  {v.shards:>6} shards  "
+              f"{_change(v.change)}")
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from .errors import OptionError
+    from .storelog import gc
+
+    try:
+        dropped = gc(args.store, args.keep)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    print(f"dropped {len(dropped)} version{'s' if len(dropped) != 1 else ''}"
+          + (f" ({', '.join(map(str, dropped))})" if dropped else ""), file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"log": cmd_log, "gc": cmd_gc}

@@ -1,0 +1,265 @@
+"""``pack(src, out, append=True)``: pack only the sources whose keys a folder store lacks, as new
+shards, and install the union as the store's next version (:mod:`shardkit.versions`).
+
+A record's key is its source path relative to SRC (what ``ds.source_path(i)`` gives). The
+sources the store holds, and those it skipped before (an unusable file stays one), are left out;
+the rest are packed exactly as a fresh pack packs them, with the store's own settings (size,
+quality, encoding, format: given ones must match) and its classes: the store's keep their
+indices and classes it has not seen are appended after them, in name order (a fresh pack of the
+union numbers classes in name order instead: ``docs/lifecycle.md``).
+
+The new version's manifest lists the store's shards as they are (each keeps its file and its own
+number, ``index``, and how many classes it was written with, ``classes``), then the new shards;
+``labels.npy`` and ``layout.npy`` are written anew (logical order: the store's records, then the
+new ones in the order a pack gives them). Nothing of the store is rewritten or moved, so readers
+of the version before keep reading it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .. import metadata, storemeta, swap, versions
+from ..errors import PackError, PackOptionError
+from ..fileutil import replace_atomic, sha256_file
+from ..formats import open_reader
+from ..versionmeta import number_of, stamp
+from ..urls import is_url
+from .discovery import Discovery
+from .layout import LAYOUT_NAME
+from .plan_store import SourceTable
+from .shortcuts import IMAGE_SHORTCUTS
+from .sources.base import ContainerIndex, Scan
+from .writer import relative_path
+
+
+@dataclass(frozen=True)
+class Base:
+    """The store an append adds to: its current manifest and the keys it holds or skipped."""
+
+    out: str
+    manifest: dict[str, Any]
+    keys: frozenset[str]
+
+    @property
+    def classes(self) -> list[str]:
+        return self.manifest["classes"]
+
+
+def load_base(out: str) -> Base:
+    """The folder store at ``out`` with every record's key (PackOptionError where ``out`` is not
+    one an append can add to)."""
+    if is_url(out):
+        raise PackOptionError(f"{out}: `append` adds to a local folder store")
+    manifest_path = os.path.join(out, metadata.MANIFEST_NAME)
+    if not os.path.isdir(out) or not os.path.isfile(manifest_path):
+        raise PackOptionError(f"{out}: `append` needs an existing folder store (one packed with "
+                              "`shards`); pack it first")
+    with open(manifest_path, "rb") as f:
+        manifest = storemeta.parse_manifest(f.read(metadata.MAX_MANIFEST_BYTES + 1),
+                                            manifest_path)
+    if manifest["settings"].get("buckets") is not None:
+        raise PackOptionError(f"{out}: `append` to a store packed with buckets is not supported "
+                              "(its bucket list is made from every record): repack the union")
+    root = manifest.get("source_root")
+    keys = {relative_path(root, s["path"]) if root and os.path.isabs(s["path"]) else s["path"]
+            for s in manifest.get("skipped", []) if isinstance(s.get("path"), str)}
+    for entry in manifest["shards"]:
+        path = os.path.join(out, entry["file"])
+        reader = open_reader(path, entry["format"])
+        try:
+            meta = storemeta.parse_shard_meta(reader.meta_json(), path)
+            arrays = meta["arrays"]
+            offsets = np.array(reader.array("path_offsets", arrays["path_offsets"]["dtype"],
+                                            tuple(arrays["path_offsets"]["shape"])))
+            blob = bytes(reader.array("path_blob", arrays["path_blob"]["dtype"],
+                                      tuple(arrays["path_blob"]["shape"])))
+        finally:
+            reader.close()
+        keys.update(blob[a:b].decode("utf-8", "surrogateescape")
+                    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()))
+    return Base(out, manifest, frozenset(keys))
+
+
+def check_settings(base: Base, settings: dict[str, Any]) -> None:
+    """The new records are packed as the store's were (PackOptionError naming what differs)."""
+    have = base.manifest["settings"]
+    differ = sorted(k for k in set(have) | set(settings) if have.get(k) != settings.get(k))
+    if differ:
+        shown = ", ".join(f"{k}={settings.get(k)!r} (the store: {have.get(k)!r})" for k in differ)
+        raise PackOptionError(f"`append`: the store was packed with other settings: {shown}; "
+                              "give the store's, or leave them out")
+
+
+def union_classes(have: list[str], found: list[str]) -> list[str]:
+    """The store's classes, then the ones it lacks, in name order."""
+    known = set(have)
+    return list(have) + sorted(c for c in found if c not in known)
+
+
+class _Selected:
+    """A source's typed fields for the sources an append keeps: source ``i`` of the selection
+    is source ``kept[i]`` of the scan (the fields are the source's, by position)."""
+
+    def __init__(self, inner: Any, kept: np.ndarray) -> None:
+        self.inner, self.kept = inner, kept
+        self.schema = inner.schema
+
+    def plan_key(self) -> str:
+        return self.inner.plan_key()
+
+    def meta(self) -> dict[str, Any]:
+        return self.inner.meta()
+
+    def fields(self, path: str, height: int, width: int) -> dict[str, Any]:
+        return self.inner.fields(path, height, width)
+
+    def fields_at(self, index: int, path: str, height: int, width: int) -> dict[str, Any]:
+        return self.inner.fields_at(int(self.kept[index]), path, height, width)
+
+    def record_at(self, index: int, path: str, result: Any) -> dict[str, Any]:
+        return self.inner.record_at(int(self.kept[index]), path, result)
+
+
+def defaults(base: Base, image: Any, shards: Any, shortcuts: dict[str, Any]) -> dict[str, Any]:
+    """``shortcuts`` with the store's image settings and shard size where none are given: the
+    new records are packed as the store's were, in shards of about its shards' size."""
+    out = dict(shortcuts)
+    have = base.manifest["settings"]
+    if image is None and not set(IMAGE_SHORTCUTS) & set(out):
+        out |= {"size": have["size"], "quality": have["quality"], "encoding": have["encoding"]}
+    if shards is None and not {"shard_size", "num_shards"} & set(out):
+        entries = base.manifest["shards"]
+        out["shard_size"] = max(1, sum(e["bytes"] for e in entries) // max(1, len(entries)))
+        if "layout" in base.manifest:
+            out.setdefault("layout_seed", base.manifest["layout"]["seed"])
+        else:
+            out.setdefault("order", "source")
+    return out
+
+
+def select_new(scan: Scan, base: Base, folder: str) -> Scan:
+    """The sources of ``scan`` the store lacks, labelled with the union of classes.
+
+    ``folder``: the plan folder a source that lists to disk wrote them to (``scan.count`` set),
+    else they are ``scan.samples``. PackError when nothing is new."""
+    if scan.count is not None:
+        table = SourceTable(folder, scan.count, False)
+        try:
+            samples = [(table.path(i), table.label(i)) for i in range(scan.count)]
+        finally:
+            table.close()
+    else:
+        samples = list(scan.samples)
+    classes = union_classes(base.classes, scan.classes)
+    to_union = np.array([classes.index(c) for c in scan.classes], dtype=np.int64)
+    kept = np.array([i for i, (path, _) in enumerate(samples)
+                     if relative_path(scan.root, path) not in base.keys], dtype=np.int64)
+    if not len(kept):
+        raise PackError(f"nothing to append: every source in {scan.root} is in {base.out} "
+                        "already (or was skipped by it)")
+    new = [(samples[i][0], int(to_union[samples[i][1]])) for i in kept.tolist()]
+    skipped = [s for s in scan.skipped
+               if relative_path(scan.root, s.get("path", "")) not in base.keys]
+    index = scan.index
+    if index is not None:
+        starts = np.searchsorted(kept, np.asarray(index.shard_starts, dtype=np.int64))
+        index = ContainerIndex(index.format, index.files, index.shard[kept],
+                               index.refs[kept], [int(s) for s in starts])
+    fields = None if scan.fields is None else _Selected(scan.fields, kept)
+    found = Discovery(scan.root, classes, {c: i for i, c in enumerate(classes)}, new, skipped)
+    return replace(Scan.of(found, fields), index=index)
+
+
+def combine(partial: str, base: Base, change: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Turn the finished store of new records in ``partial`` into the store's next version:
+    its shards renamed after the store's, the union's labels and layout written, and its
+    manifest replaced by the version's (returned)."""
+    path = os.path.join(partial, metadata.MANIFEST_NAME)
+    with open(path, "rb") as f:
+        new = storemeta.parse_manifest(f.read(), path)
+    old = base.manifest
+    if new.get("fields") != old.get("fields"):
+        raise PackError(f"`append`: the new records' fields ({_names(new)}) differ from the "
+                        f"store's ({_names(old)}); pack them with the same source and schema")
+    n_old, n_shards = old["count"], len(old["shards"])
+    entries = []
+    for k, e in enumerate(old["shards"]):
+        written = e.get("index", k)
+        entries.append(e | {"index": written, "classes": e.get("classes", len(old["classes"]))})
+    for k, e in enumerate(new["shards"]):
+        name = _shard_name(n_shards + k, e["file"])
+        os.replace(os.path.join(partial, e["file"]), os.path.join(partial, name))
+        entries.append(e | {"file": name, "start": n_old + e["start"], "index": k})
+    labels = np.concatenate([_npy(base.out, old["labels"]), _npy(partial, new["labels"])])
+    manifest = {k: v for k, v in new.items() if k not in ("layout", versions.KEY)}
+    manifest |= {"shards": entries, "count": n_old + new["count"],
+                 "classes": new["classes"], "class_to_idx": new["class_to_idx"],
+                 "skipped": old.get("skipped", []) + new.get("skipped", []),
+                 "source_root": new.get("source_root", old.get("source_root"))}
+    manifest["labels"] = _write(partial, "labels.npy", labels.astype("<i8"))
+    if "layout" in old or "layout" in new:
+        layout = np.concatenate([_layout(base.out, old), _layout(partial, new) + n_old], axis=1)
+        manifest["layout"] = _write(partial, LAYOUT_NAME, layout.astype("<i8")) | {
+            "order": "mixed", "seed": (old.get("layout") or new["layout"])["seed"]}
+        manifest["format_version"] = metadata.LAYOUT_VERSION
+    change = change or {"kind": "append", "added": new["count"],
+                        "skipped": len(new.get("skipped", [])),
+                        "classes_added": len(new["classes"]) - len(old["classes"])}
+    sealed = stamp(manifest, number_of(old) + 1, change)
+    replace_atomic(path, metadata.dumps(sealed))
+    return sealed
+
+
+def install_version(partial: str, base: Base) -> None:
+    """Make the version in ``partial`` the store's current one, if the store is still the
+    version the append started from (else PackError: two writers)."""
+    current = os.path.join(base.out, metadata.MANIFEST_NAME)
+    with open(current, "rb") as f:
+        now = storemeta.parse_manifest(f.read(metadata.MAX_MANIFEST_BYTES + 1), current)
+    if now != base.manifest:
+        raise PackError(f"{base.out} changed while the new records were packed (version "
+                        f"{number_of(now)} installed meanwhile); append again (the new records "
+                        f"are kept in {partial} only until then)")
+    try:
+        combine(partial, base)
+        swap.install_folder(partial, base.out)
+    except OSError as exc:
+        raise PackError(f"cannot install the new version of {base.out}: "
+                        f"{exc.strerror or exc}; the store is unchanged") from None
+
+
+def _names(manifest: dict[str, Any]) -> str:
+    fields = manifest.get("fields")
+    return "none" if not fields else metadata.dumps(fields).decode()[:200]
+
+
+def _shard_name(k: int, file: str) -> str:
+    return f"shard-{k:05d}{os.path.splitext(file)[1]}"
+
+
+def _npy(folder: str, info: dict[str, Any]) -> np.ndarray:
+    return np.load(os.path.join(folder, info["file"]), allow_pickle=False)
+
+
+def _layout(folder: str, manifest: dict[str, Any]) -> np.ndarray:
+    """The ``(2, N)`` logical/physical map (identity for a store in the sources' order)."""
+    if "layout" in manifest:
+        return _npy(folder, manifest["layout"])
+    ident = np.arange(manifest["count"], dtype=np.int64)
+    return np.stack([ident, ident])
+
+
+def _write(folder: str, name: str, array: np.ndarray) -> dict[str, Any]:
+    path = os.path.join(folder, name)
+    with open(path + ".tmp", "wb") as f:
+        np.save(f, array, allow_pickle=False)
+    os.replace(path + ".tmp", path)
+    return {"file": name, "sha256": sha256_file(path)}
+
+
+__all__ = ["Base", "check_settings", "combine", "load_base", "select_new", "union_classes"]

@@ -1,0 +1,65 @@
+"""What ``shardkit log`` and ``shardkit gc`` do with a folder store's kept versions
+(:mod:`shardkit.versions`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from . import metadata, swap, versions
+from .errors import StoreError
+from .fileutil import fsync_dir
+from .versionmeta import KEY, number_of
+from .versions import kept_manifests, load, numbers, path_of
+
+
+@dataclass(frozen=True)
+class Version:
+    """One kept version of a folder store, as ``shardkit log`` lists it."""
+
+    number: int
+    time: str | None
+    count: int
+    shards: int
+    change: dict[str, Any]
+
+
+def history(store: str) -> list[Version]:
+    """The kept versions of a local folder store, oldest first (the current one if none are)."""
+    kept = kept_manifests(store)
+    if not kept:
+        current = load(os.path.join(store, metadata.MANIFEST_NAME))
+        if current is None:
+            raise StoreError(f"{store}: not a folder store (no readable "
+                             f"{metadata.MANIFEST_NAME})")
+        kept = [current]
+    out = []
+    for m in kept:
+        record = m.get(KEY) or {}
+        out.append(Version(number_of(m), record.get("time"), m["count"], len(m["shards"]),
+                           record.get("change", {"kind": "pack"})))
+    return out
+
+
+def gc(store: str, keep: int) -> list[int]:
+    """Drop all but the newest ``keep`` versions (the current one is always kept), then delete
+    the files no kept version, current manifest or reader of a replaced one uses. Returns the
+    numbers dropped."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep must be an integer >= 1 (the newest versions kept), not {keep!r}")
+    current = load(os.path.join(store, metadata.MANIFEST_NAME))
+    if current is None:
+        raise StoreError(f"{store}: not a folder store (no readable {metadata.MANIFEST_NAME})")
+    latest = number_of(current)
+    kept = [n for n in numbers(store) if n <= latest][-keep:] + [latest]
+    dropped = [n for n in numbers(store) if n not in kept]
+    for n in dropped:  # retired, not deleted: its files stay while a reader holds it
+        swap.retire(path_of(store, n), store)
+    if dropped:
+        fsync_dir(versions.folder(store))
+    swap.collect_garbage(store)
+    return dropped
+
+
+__all__ = ["Version", "gc", "history"]

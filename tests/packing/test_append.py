@@ -1,0 +1,160 @@
+"""A folder store that grows: ``pack(..., append=True)`` adds the sources it lacks as its next
+version; readers pin versions; ``shardkit log`` / ``gc``; keys."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import shardkit
+from shardkit import ShardDataset, ShardSampler
+from shardkit.cli import main
+from shardkit.errors import OptionError, PackError, PackOptionError, StoreError
+
+
+def _images(root, seed: int, classes: dict[str, int]) -> None:
+    rng = np.random.default_rng(seed)
+    for name, n in classes.items():
+        os.makedirs(root / name, exist_ok=True)
+        for i in range(n):
+            h, w = 30 + int(rng.integers(0, 40)), 30 + int(rng.integers(0, 40))
+            Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(
+                root / name / f"s{seed}_{i}.jpg", quality=95)
+
+
+def _by_key(ds: ShardDataset) -> dict[str, tuple[bytes, str]]:
+    """Every record's pixels' digest and class name, by key."""
+    out = {}
+    for i in range(len(ds)):
+        image, label = ds[i]
+        out[ds.key(i)] = (hashlib.sha256(image.numpy().tobytes()).hexdigest(),
+                          ds.classes[label])
+    return out
+
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory):
+    """A store packed from 2 classes, then appended twice (a new class each time, one file
+    that is not an image), and a fresh pack of the same union."""
+    root = tmp_path_factory.mktemp("append")
+    src, out = root / "src", root / "out"
+    _images(src, 0, {"cat": 5, "dog": 4})
+    shardkit.pack(src, out, shard_size=6000, workers=1, progress=False)
+    before = _by_key(ShardDataset(out))
+    _images(src, 1, {"ant": 3, "dog": 3})
+    (src / "dog" / "broken.jpg").write_bytes(b"not an image")
+    first = shardkit.pack(src, out, append=True, workers=1, progress=False)
+    _images(src, 2, {"bee": 2})
+    second = shardkit.pack(src, out, append=True, workers=1, progress=False)
+    fresh = root / "fresh"
+    shardkit.pack(src, fresh, shard_size=6000, workers=1, progress=False)
+    return {"src": src, "out": out, "fresh": fresh, "before": before,
+            "results": (first, second)}
+
+
+def test_append_equals_a_fresh_pack_of_the_union(grown):
+    out = grown["out"]
+    first, second = grown["results"]
+    assert (first.count, second.count) == (6, 2)  # only what the store lacked
+    assert [os.path.relpath(s["path"], grown["src"]) for s in first.skipped] == [
+        "dog/broken.jpg"]
+    ds, fresh = ShardDataset(out), ShardDataset(grown["fresh"])
+    # The store's classes keep their indices; new ones follow, in the order they came.
+    assert ds.classes == ["cat", "dog", "ant", "bee"]
+    assert fresh.classes == ["ant", "bee", "cat", "dog"]
+    assert _by_key(ds) == _by_key(fresh)  # same records, pixels and classes, per key
+    assert ds.version == 3
+    assert [os.path.relpath(s["path"], grown["src"]) for s in ds.store.skipped] == [
+        "dog/broken.jpg"]
+    # Version 1 is still the store as first packed.
+    assert _by_key(ShardDataset(out, version=1)) == grown["before"]
+    # The targets agree with the records' labels in every version.
+    for v in (1, 2, 3):
+        old = ShardDataset(out, version=v)
+        assert [old[i][1] for i in range(len(old))] == old.targets.tolist()
+
+
+def test_append_refuses_what_it_cannot_add(grown, tmp_path):
+    out = tmp_path / "store"
+    shutil.copytree(grown["out"], out)
+    with pytest.raises(PackError, match="nothing to append"):
+        shardkit.pack(grown["src"], out, append=True, workers=1, progress=False)
+    with pytest.raises(PackOptionError, match=r"size=128 \(the store: 256\)"):
+        shardkit.pack(grown["src"], out, append=True, size=128, workers=1, progress=False)
+    with pytest.raises(PackOptionError, match="needs an existing folder store"):
+        shardkit.pack(grown["src"], tmp_path / "none", append=True, progress=False)
+    single = tmp_path / "one.lmdb"
+    shardkit.pack(grown["src"], single, workers=1, progress=False)
+    with pytest.raises(PackOptionError, match="needs an existing folder store"):
+        shardkit.pack(grown["src"], single, append=True, progress=False)
+    # A failed append (strict: the broken file) leaves the store as it was.
+    _images(tmp_path / "more", 5, {"cat": 2})
+    (tmp_path / "more" / "cat" / "zz.jpg").write_bytes(b"broken")
+    with pytest.raises(PackError):
+        shardkit.pack(tmp_path / "more", out, append=True, strict=True, workers=1,
+                      progress=False)
+    assert ShardDataset(out).version == 3 and len(ShardDataset(out)) == 17
+
+
+def test_a_reader_keeps_its_version_while_new_ones_are_installed(grown, tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out"
+    shutil.copytree(grown["src"], src)
+    shutil.copytree(grown["out"], out)
+    made = ShardDataset(out)  # made at version 3, first read after 4 and 5 exist
+    used = ShardDataset(out, version=2)
+    v2 = _by_key(used)
+    _images(src, 7, {"cat": 2})
+    shardkit.pack(src, out, append=True, workers=1, progress=False)
+    _images(src, 8, {"eel": 2})
+    shardkit.pack(src, out, append=True, workers=1, progress=False)
+    assert made.version == 3 and len(made) == 17
+    assert _by_key(made) == _by_key(ShardDataset(grown["out"]))
+    assert ShardDataset(out).version == 5 and len(ShardDataset(out)) == 21
+    # gc keeps what a reader holds: version 2 is dropped, its files stay while `used` reads.
+    assert main(["gc", str(out), "--keep", "1"]) == 0
+    assert not os.path.exists(out / "versions" / "2.json")
+    assert _by_key(used) == v2
+    with pytest.raises(StoreError, match="has no version 2 \\(kept: 5"):
+        ShardDataset(out, version=2)
+    used.close()
+    made.close()
+    shardkit.storelog.gc(str(out), 1)
+    manifest = json.loads((out / "manifest.json").read_bytes())
+    named = {e["file"] for e in manifest["shards"]} | {manifest["labels"]["file"],
+                                                        manifest["layout"]["file"]}
+    left = {n for n in os.listdir(out) if not n.startswith((".", "versions"))}
+    assert left == named | {"manifest.json"}  # old labels/layout files are gone
+    assert len(ShardDataset(out)) == 21
+
+
+def test_keys_and_log(grown, capsys):
+    ds = ShardDataset(grown["out"])
+    for i in range(len(ds)):
+        assert ds.index_of(ds.key(i)) == i
+    assert ds.key(ds.index_of("bee/s2_1.jpg")) == "bee/s2_1.jpg"
+    with pytest.raises(KeyError):
+        ds.index_of("dog/broken.jpg")
+    assert main(["log", str(grown["out"])]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["1", "2", "3"]
+    assert "append (added 6, classes_added 1, skipped 1)" in lines[1]
+    assert main(["info", str(grown["out"])]) == 0
+    assert "version:    3" in capsys.readouterr().out
+
+
+def test_a_sampler_state_names_its_version(grown):
+    out = grown["out"]
+    sampler = ShardSampler(ShardDataset(out, version=2), num_replicas=1, rank=0)
+    state = json.loads(json.dumps(sampler.state_dict(consumed=4)))
+    with pytest.raises(OptionError, match="saved store_version=\\[2\\].*version=N"):
+        ShardSampler(ShardDataset(out), num_replicas=1, rank=0).load_state_dict(state)
+    again = ShardSampler(ShardDataset(out, version=2), num_replicas=1, rank=0)
+    again.load_state_dict(state)
+    assert list(again) == list(sampler)[4:]
+    assert (ShardDataset(out, version=2).targets == ShardDataset(out).targets[:15]).all()
