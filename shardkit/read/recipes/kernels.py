@@ -1,111 +1,180 @@
-"""torchvision v2's colour kernels on a uint8 batch ``[B, 3, H, W]`` (any memory layout), each
-sample with its own factor: the same torch operations, in the same order, as
-``torchvision.transforms.v2.functional``'s ``adjust_brightness``, ``adjust_contrast``,
-``adjust_saturation``, ``adjust_hue``, ``rgb_to_grayscale``, ``solarize``, ``gaussian_blur`` and
-``to_dtype(scale=True)`` + ``normalize`` on one image, so every pixel is theirs.
+"""torchvision v2's colour kernels on a uint8 batch ``[B, 3, H, W]`` (any memory layout), in
+place on the samples ``idx``, each with its own factor: ``adjust_brightness``,
+``adjust_contrast``, ``adjust_saturation``, ``adjust_hue``, ``rgb_to_grayscale``, ``solarize``,
+``gaussian_blur`` and ``to_dtype(scale=True)`` + ``normalize``, every pixel theirs.
 
-Elementwise steps run on the whole batch at once (an operation on one element gives the same
-number whatever else the tensor holds). Three steps run one sample at a time, each still a torch
-operation on the whole image: the blend of contrast and saturation (``x * f + other * (1 - f)``,
-which torch computes as one fused multiply-add where the CPU has one: a per-sample ``f`` as a
-tensor would be two roundings, and other pixels), contrast's mean (a reduction: its summation
-order is the kernel's) and the blur's convolution (its accumulation order is the kernel's).
+Each step works through the batch in pieces of about ``CHUNK`` pixels (a few samples, or rows
+of one) whose float planes stay in the CPU's cache, instead of passes over the whole batch in
+float. An operation on one element gives the same number whatever else the tensor holds, so the
+pieces change no pixel. What must stay whole stays whole: the blend of contrast and saturation
+runs one sample at a time with its factor as a number (``x * f + other * (1 - f)``, which torch
+computes as one fused multiply-add where the CPU has one: a per-sample ``f`` as a tensor would be
+two roundings), contrast's mean is a reduction over the sample (its summation order is the
+kernel's), and the blur convolves whole images (below).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
+CHUNK = 1 << 16
+"""Pixels one piece holds: a 224 x 224 sample, or seven 96 x 96 ones."""
+
+
+def _runs(idx: Sequence[int], hw: int) -> Iterator[tuple[int, int, int]]:
+    """``(k, start, stop)``: samples ``start:stop`` of the batch are ``idx[k:k + stop - start]``,
+    consecutive, at most ``CHUNK`` pixels together (at least one sample)."""
+    most = max(1, CHUNK // hw)
+    k = 0
+    while k < len(idx):
+        n = 1
+        while n < most and k + n < len(idx) and idx[k + n] == idx[k] + n:
+            n += 1
+        yield k, idx[k], idx[k] + n
+        k += n
+
+
+def _factors(factors: Sequence[float], k: int, n: int) -> torch.Tensor:
+    return torch.tensor([float(f) for f in factors[k:k + n]],
+                        dtype=torch.float32).view(-1, 1, 1, 1)
+
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
-    """ITU-R 601 luma as float32 ``[B, 1, H, W]``, unrounded (v2's ``_rgb_to_grayscale_image``)."""
+    """ITU-R 601 luma as float32 ``[..., 1, H, W]``, unrounded (v2's
+    ``_rgb_to_grayscale_image``)."""
     r, g, b = x.unbind(dim=-3)
     return r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114).unsqueeze(dim=-3)
 
 
-def _blend_each(x: torch.Tensor, other: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
-    """v2's ``_blend(image, other, f)`` for each sample, as uint8."""
-    out = torch.empty(x.shape, dtype=torch.float32)
-    for i, f in enumerate(factors):
-        f = float(f)
-        torch.add(x[i].mul(f), other[i], alpha=1.0 - f, out=out[i])
-    return out.clamp_(0, 255).to(torch.uint8)
+def _blend(x: torch.Tensor, other: torch.Tensor, f: float) -> None:
+    """v2's ``_blend(x, other, f)`` for one sample, written back into ``x``."""
+    f = float(f)
+    x.copy_(x.mul(f).add_(other, alpha=1.0 - f).clamp_(0, 255))
 
 
-def brightness(x: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
-    f = torch.tensor(factors, dtype=torch.float32).view(-1, 1, 1, 1)
-    return x.mul(f).clamp_(0, 255).to(torch.uint8)
+def brightness(x: torch.Tensor, idx: Sequence[int], factors: Sequence[float]) -> None:
+    for k, a, b in _runs(idx, x.shape[-2] * x.shape[-1]):
+        xs = x[a:b]
+        xs.copy_(xs.mul(_factors(factors, k, b - a)).clamp_(0, 255))
 
 
-def contrast(x: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
-    gray = _gray(x).floor_()
-    means = torch.stack([torch.mean(g, dim=(-3, -2, -1), keepdim=True) for g in gray])
-    return _blend_each(x, means, factors)
+def contrast(x: torch.Tensor, idx: Sequence[int], factors: Sequence[float]) -> None:
+    for i, f in zip(idx, factors):
+        gray = _gray(x[i]).floor_()
+        _blend(x[i], torch.mean(gray, dim=(-3, -2, -1), keepdim=True), f)
 
 
-def saturation(x: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
-    return _blend_each(x, _gray(x).floor_(), factors)
+def saturation(x: torch.Tensor, idx: Sequence[int], factors: Sequence[float]) -> None:
+    for i, f in zip(idx, factors):
+        _blend(x[i], _gray(x[i]).floor_(), f)
 
 
-def grayscale(x: torch.Tensor) -> torch.Tensor:
+def grayscale(x: torch.Tensor, idx: Sequence[int]) -> None:
     """``rgb_to_grayscale(x, num_output_channels=3)``."""
-    return _gray(x).to(torch.uint8).expand(x.shape)
+    for _, a, b in _runs(idx, x.shape[-2] * x.shape[-1]):
+        xs = x[a:b]
+        xs.copy_(_gray(xs).to(torch.uint8).expand(xs.shape))
 
 
-def solarize(x: torch.Tensor, threshold: float) -> torch.Tensor:
-    return torch.where(x >= threshold, x.bitwise_not(), x)
+def solarize(x: torch.Tensor, idx: Sequence[int], threshold: float) -> None:
+    for _, a, b in _runs(idx, x.shape[-2] * x.shape[-1]):
+        xs = x[a:b]
+        xs.copy_(torch.where(xs >= threshold, xs.bitwise_not(), xs))
 
 
-def _rgb_to_hsv(image: torch.Tensor) -> torch.Tensor:
-    r, g, _ = image.unbind(dim=-3)
-    minc, maxc = torch.aminmax(image, dim=-3)
-    eqc = maxc == minc
-    channels_range = maxc - minc
-    ones = torch.ones_like(maxc)
-    s = channels_range / torch.where(eqc, ones, maxc)
-    divisor = torch.where(eqc, ones, channels_range).unsqueeze_(dim=-3)
-    rc, gc, bc = ((maxc.unsqueeze(dim=-3) - image) / divisor).unbind(dim=-3)
-    maxc_neq_r = maxc != r
-    maxc_eq_g = maxc == g
-    hg = rc.add(2.0).sub_(bc).mul_(maxc_eq_g & maxc_neq_r)
-    hr = bc.sub_(gc).mul_(~maxc_neq_r)
-    hb = gc.add_(4.0).sub_(rc).mul_(maxc_neq_r.logical_and_(maxc_eq_g.logical_not_()))
-    h = hr.add_(hg).add_(hb)
-    h = h.mul_(1.0 / 6.0).add_(1.0).fmod_(1.0)
-    return torch.stack((h, s, maxc), dim=-3)
+# adjust_hue. v2's HSV round trip, each arithmetic operation as v2 does it in float32, with
+# three exact rewrites that spare its slow passes (the reduction over channels, the int64
+# gather, fmod / remainder):
+# - max / min of three channels by torch.maximum / torch.minimum (the same values);
+# - v2's masks (bool tensors multiplied in) and its final gather (a selection) by 0 / 1 float
+#   masks: a value times 1 is itself, times 0 is 0, and a sum with only zeros beside one value is
+#   that value; the masks come from differences that are either 0 or at least 1 / 255 (uint8
+#   input), scaled by _BIG and clamped to 1;
+# - v2's divisions by ``where(max == min, 1, d)`` as divisions by ``max(d, _TINY)``: where they
+#   differ the numerator is 0, and 0 divided by either is 0;
+# - ``fmod(y, 1)`` (y in [5/6, 11/6]) and ``remainder(z, 1)`` (z in [-1/2, 3/2)) as
+#   ``y - floor(y)``: exact by Sterbenz's lemma, or y itself, or z + 1 where remainder is too.
+# tests/read/test_photometric_tv.py compares every colour of uint8 RGB with v2's.
+_TINY = 1e-30
+_BIG = 1e4
+_PLANES = 18
 
 
-_SELECT = torch.tensor([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]])
+def _hue_piece(x: torch.Tensor, factor: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
+    """``adjust_hue`` of uint8 ``x`` ``[b, 3, h, w]`` as float ``rgb * (256 - 1e-3)`` in
+    ``work`` (``_PLANES`` planes of ``b * h * w`` floats); ``factor``: ``[b, 1, 1]``."""
+    b_, _, h_, w_ = x.shape
+    m = b_ * h_ * w_
+    X = work[:3 * m].view(b_, 3, h_, w_)
+    D = work[3 * m:6 * m].view(b_, 3, h_, w_)
+    v, cr, s, nr, nb, h, i, s5, s6, m1, m2, m3 = (work[(6 + k) * m:(7 + k) * m].view(b_, h_, w_)
+                                                  for k in range(12))
+    X.copy_(x)
+    X.mul_(1.0 / 255)
+    r, g, b = X.unbind(dim=1)
+    torch.maximum(torch.maximum(r, g, out=v), b, out=v)
+    torch.minimum(torch.minimum(r, g, out=cr), b, out=cr)
+    torch.sub(v, cr, out=cr)
+    torch.div(cr, torch.clamp(v, min=_TINY, out=s), out=s)
+    torch.sub(v.unsqueeze(1), X, out=D)
+    torch.div(D, cr.clamp_(min=_TINY).unsqueeze(1), out=X)
+    rc, gc, bc = X.unbind(dim=1)
+    d0, d1, _ = D.unbind(dim=1)
+    torch.mul(d0, _BIG, out=nr).clamp_(max=1.0)  # max != r
+    torch.mul(d1, _BIG, out=nb).clamp_(max=1.0).mul_(nr)  # max != r and max != g
+    torch.neg(nr, out=i).add_(1.0)
+    nr.sub_(nb)  # max != r and max == g
+    torch.sub(bc, gc, out=h).mul_(i)
+    h.add_(torch.add(rc, 2.0, out=d0).sub_(bc).mul_(nr))
+    h.add_(gc.add_(4.0).sub_(rc).mul_(nb))
+    h.mul_(1.0 / 6.0).add_(1.0)
+    h.sub_(torch.floor(h, out=i))
+    h.add_(factor)
+    h.sub_(torch.floor(h, out=i))
+    # HSV to RGB
+    h.mul_(6)
+    torch.floor(h, out=i)
+    f = h.sub_(i)
+    sxf, oms = nr, nb
+    torch.mul(s, f, out=sxf)
+    torch.neg(s, out=oms).add_(1.0)
+    q = torch.neg(sxf, out=f).add_(1.0).mul_(v).clamp_(0.0, 1.0)
+    t = sxf.add_(oms).mul_(v).clamp_(0.0, 1.0)
+    p = oms.mul_(v).clamp_(0.0, 1.0)
+    # the sector i in 0..6 (6 is 0) as steps s_k = [i >= k]
+    s1, s2, s3, s4, s5, s6 = (torch.sub(i, k - 1, out=o).clamp_(0.0, 1.0) for k, o in
+                              zip(range(1, 7), (cr, s, *D.unbind(dim=1), s5, s6)))
+    odd = torch.sub(s1, s2, out=m1).add_(s3).sub_(s4).add_(s5).sub_(s6)
+    mid = q.mul_(odd).addcmul_(t, odd.neg_().add_(1.0))  # q in odd sectors, t in even ones
+    # channel c is v in the sectors [v_from, v_to) (mod 6), p in [p_from, p_to), else mid
+    for c, (va, vb, v_wrap, pa, pb, p_wrap) in enumerate(((s5, s1, 1, s2, s4, 0),
+                                                          (s1, s3, 0, s4, s6, 0),
+                                                          (s3, s5, 0, s6, s2, 1))):
+        torch.sub(va, vb, out=m1).add_(v_wrap)
+        torch.sub(pa, pb, out=m2).add_(p_wrap)
+        torch.add(m1, m2, out=m3).neg_().add_(1.0)
+        torch.mul(v, m1, out=X[:, c]).addcmul_(p, m2).addcmul_(mid, m3)
+    return X.mul_(255 + 1.0 - 1e-3)
 
 
-def _hsv_to_rgb(img: torch.Tensor) -> torch.Tensor:
-    h, s, v = img.unbind(dim=-3)
-    h6 = h.mul(6)
-    i = torch.floor(h6)
-    f = h6.sub_(i)
-    i = i.to(dtype=torch.int32)
-    sxf = s * f
-    one_minus_s = 1.0 - s
-    q = (1.0 - sxf).mul_(v).clamp_(0.0, 1.0)
-    t = sxf.add_(one_minus_s).mul_(v).clamp_(0.0, 1.0)
-    p = one_minus_s.mul_(v).clamp_(0.0, 1.0)
-    i.remainder_(6)
-    vpqt = torch.stack((v, p, q, t), dim=-3)
-    select = _SELECT[:, i].moveaxis(0, -3)
-    return vpqt.gather(-3, select)
-
-
-def hue(x: torch.Tensor, factors: Sequence[float]) -> torch.Tensor:
+def hue(x: torch.Tensor, idx: Sequence[int], factors: Sequence[float]) -> None:
     """``adjust_hue`` (HSV round trip in float32) with each sample's factor."""
-    image = _rgb_to_hsv(x.to(torch.float32).mul_(1.0 / 255))
-    h, s, v = image.unbind(dim=-3)
-    h.add_(torch.tensor(factors, dtype=torch.float32).view(-1, 1, 1)).remainder_(1.0)
-    rgb = _hsv_to_rgb(torch.stack((h, s, v), dim=-3))
-    return rgb.mul(255 + 1.0 - 1e-3).to(torch.uint8)
+    height, width = x.shape[-2:]
+    if height * width > CHUNK:  # rows of one sample
+        rows = max(1, CHUNK // width)
+        pieces = [(k, i, i + 1, r, min(height, r + rows))
+                  for k, i in enumerate(idx) for r in range(0, height, rows)]
+    else:
+        pieces = [(k, a, b, 0, height) for k, a, b in _runs(idx, height * width)]
+    most = max((b - a) * (r1 - r0) for _, a, b, r0, r1 in pieces) * width
+    work = torch.empty(_PLANES * most, dtype=torch.float32)
+    for k, a, b, r0, r1 in pieces:
+        xs = x[a:b, :, r0:r1]
+        xs.copy_(_hue_piece(xs, _factors(factors, k, b - a).view(-1, 1, 1), work))
 
 
 def gaussian_kernel(size: int, sigma: float) -> torch.Tensor:
@@ -116,19 +185,41 @@ def gaussian_kernel(size: int, sigma: float) -> torch.Tensor:
     return k1.unsqueeze(-1) * k1
 
 
-def blur(x: torch.Tensor, size: int, sigmas: Sequence[float]) -> torch.Tensor:
-    """``gaussian_blur(x[i], [size, size], [sigma, sigma])`` for each sample (reflect padding)."""
-    out = torch.empty(x.shape, dtype=torch.uint8)
-    pad = [size // 2] * 4
-    for i, sigma in enumerate(sigmas):
-        kernel = gaussian_kernel(size, float(sigma)).expand(3, 1, size, size)
-        image = F.pad(x[i].unsqueeze(0).to(torch.float32), pad, mode="reflect")
-        out[i] = F.conv2d(image, kernel, groups=3)[0].round_().to(torch.uint8)
-    return out
+BLUR_GROUP = 16
+"""Samples one convolution blurs: 48 channels, whole 16-wide vector blocks."""
+
+
+def blur(x: torch.Tensor, idx: Sequence[int], size: int, sigmas: Sequence[float]) -> None:
+    """``gaussian_blur(x[i], [size, size], [sigma, sigma])`` for each sample (reflect padding).
+
+    v2 convolves one image's three channels as three groups; here ``BLUR_GROUP`` samples'
+    channels go into one grouped convolution, each channel with its sample's kernel. A grouped
+    (depthwise) convolution computes each output channel from its own input channel alone, in the
+    same order of kernel taps, so the pixels are v2's; three channels fill 3 of the CPU's 8 or 16
+    vector lanes, 48 fill them all (about four times the speed)."""
+    half = size // 2
+    height, width = x.shape[-2:]
+    weights = torch.stack([gaussian_kernel(size, float(s)) for s in sigmas])
+    k = 0
+    while k < len(idx):
+        n = 1
+        while n < BLUR_GROUP and k + n < len(idx) and idx[k + n] == idx[k] + n:
+            n += 1
+        xs = x[idx[k]:idx[k] + n]
+        image = xs.to(torch.float32, memory_format=torch.contiguous_format)
+        image = F.pad(image.view(1, 3 * n, height, width), [half] * 4, mode="reflect")
+        weight = weights[k:k + n].repeat_interleave(3, dim=0).unsqueeze(1)
+        xs.copy_(F.conv2d(image, weight, groups=3 * n).round_().view(n, 3, height, width))
+        k += n
 
 
 def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """``to_dtype(x, float32, scale=True)`` then ``normalize(mean, std)``: float32 NCHW."""
+    """``to_dtype(x, float32, scale=True)`` then ``normalize(mean, std)``: float32 NCHW,
+    contiguous."""
     m = torch.as_tensor(mean, dtype=torch.float32).view(-1, 1, 1)
     s = torch.as_tensor(std, dtype=torch.float32).view(-1, 1, 1)
-    return x.to(torch.float32).mul_(1.0 / 255).sub_(m).div_(s)
+    x4 = x.reshape(-1, *x.shape[-3:])
+    out = torch.empty(x4.shape, dtype=torch.float32)
+    for _, a, b in _runs(range(len(x4)), x.shape[-2] * x.shape[-1]):
+        out[a:b].copy_(x4[a:b]).mul_(1.0 / 255).sub_(m).div_(s)
+    return out.view(x.shape)

@@ -47,19 +47,6 @@ def _probability(value: Any, name: str, allow_none: bool = False) -> float | Non
     return float(value)
 
 
-def _take(x: torch.Tensor, idx: list[int]) -> torch.Tensor:
-    """Samples ``idx`` of ``x``: ``x`` itself when that is all of them (the kernels never write
-    their input), else gathered (in ``x``'s memory layout)."""
-    return x if idx == list(range(len(x))) else x[torch.tensor(idx)]
-
-
-def _put(x: torch.Tensor, idx: list[int], y: torch.Tensor) -> None:
-    """``x[idx] = y`` one sample at a time: an indexed write into the channels-last batch costs
-    2-8x as much (more where ``y`` is NCHW-contiguous, as the blends and the blur make it)."""
-    for k, i in enumerate(idx):
-        x[i].copy_(y[k])
-
-
 def _applied(p: float | None, draws: Draws) -> bool:
     """``RandomApply``'s ``torch.rand(1) >= p`` (False: skipped); None: no draw, applied."""
     return p is None or not draws.rand() >= float(np.float32(p))
@@ -124,8 +111,7 @@ class ColorJitter:
                 chosen = [(i, prm[1][op]) for i, prm in enumerate(params)
                           if prm is not None and prm[0][place] == op and prm[1][op] is not None]
                 if chosen:
-                    idx = [i for i, _ in chosen]
-                    _put(x, idx, ops[op](_take(x, idx), [f for _, f in chosen]))
+                    ops[op](x, [i for i, _ in chosen], [f for _, f in chosen])
 
 
 @dataclass(frozen=True)
@@ -143,7 +129,7 @@ class RandomGrayscale:
     def apply(self, x: torch.Tensor, params: Sequence[Any]) -> None:
         idx = [i for i, prm in enumerate(params) if prm]
         if idx:
-            _put(x, idx, kernels.grayscale(_take(x, idx)))
+            kernels.grayscale(x, idx)
 
 
 @dataclass(frozen=True)
@@ -166,7 +152,7 @@ class RandomSolarize:
     def apply(self, x: torch.Tensor, params: Sequence[Any]) -> None:
         idx = [i for i, prm in enumerate(params) if prm]
         if idx:
-            _put(x, idx, kernels.solarize(_take(x, idx), self.threshold))
+            kernels.solarize(x, idx, self.threshold)
 
 
 @dataclass(frozen=True)
@@ -204,7 +190,7 @@ class GaussianBlur:
     def apply(self, x: torch.Tensor, params: Sequence[Any]) -> None:
         idx = [i for i, prm in enumerate(params) if prm is not None]
         if idx:
-            _put(x, idx, kernels.blur(_take(x, idx), self.kernel, [params[i] for i in idx]))
+            kernels.blur(x, idx, self.kernel, [params[i] for i in idx])
 
 
 STEPS = (ColorJitter, RandomGrayscale, RandomSolarize, GaussianBlur)
