@@ -8,7 +8,7 @@ import re
 import sys
 from typing import Sequence
 
-from . import cli_versions, formats
+from . import cli_dedup, cli_versions, formats
 from ._version import __version__
 from .codec import ENCODINGS
 from .errors import Interrupted, ShardkitError
@@ -215,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
                        add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     cli_versions.add_parsers(sub)
+    cli_dedup.add_parsers(sub)
     return parser
 
 
@@ -239,7 +240,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
                   shards=asked.shards, engine=asked.engine, format=args.format,
                   schema=args.schema, max_pixels=args.max_pixels, strict=args.strict,
                   overwrite=args.overwrite, allow_empty=args.allow_empty,
-                  resume=args.resume, progress=not args.quiet,
+                  resume=args.resume, progress=not args.quiet, **cli_dedup.pack_options(args),
                   **({"append": True} if args.append else {}))
     if args.num_nodes > 1:
         print(f"node {args.node_rank}/{args.num_nodes}: packed {result.count} images; run "
@@ -251,7 +252,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
           f"{result.startup_seconds:.1f} s start-up (first record at "
           f"{result.first_record_seconds:.1f} s), then {result.images_per_second:.0f} "
           "images/s", file=sys.stderr)
-    _report_skipped(result.skipped)
+    cli_dedup.report_left_out(result)
     if not args.schema and (args.metadata or args.captions or args.file_list or args.split
                             or args.source_format == "imagefolder" or has_layout(args.src)):
         _report_fields(result.out)
@@ -267,18 +268,6 @@ def _report_fields(out: str) -> None:
     if fields:
         print("fields (inferred; save `shardkit info --json OUT`'s \"fields\" as a --schema file "
               "to fix them):\n" + Schema.from_json(fields).describe(), file=sys.stderr)
-
-
-def _report_skipped(skipped: list[dict[str, str]]) -> None:
-    if not skipped:
-        return
-    print(f"skipped {len(skipped)} unusable file{'s' if len(skipped) != 1 else ''} "
-          "(listed in the store's metadata):", file=sys.stderr)
-    for item in skipped[:20]:
-        print(f"  {item['path']!r}: {item['reason']}", file=sys.stderr)
-    if len(skipped) > 20:
-        print(f"  ... and {len(skipped) - 20} more ('shardkit info --json' lists them)",
-              file=sys.stderr)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -392,7 +381,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"pack": _cmd_pack, "info": _cmd_info, "verify": _cmd_verify, "merge": _cmd_merge,
-            "bench": _cmd_bench, "export": _cmd_export, **cli_versions.COMMANDS}
+            "bench": _cmd_bench, "export": _cmd_export, **cli_versions.COMMANDS,
+            **cli_dedup.COMMANDS}
 
 
 def _one_line(exc: BaseException) -> str:

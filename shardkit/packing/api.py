@@ -20,6 +20,7 @@ from ..formats import format_for_path
 from ..urls import is_url
 from . import append as appending
 from .buckets import BucketFields
+from .dedup_run import deduper_for, report_dedup
 from .imaging import PILLOW_PIXEL_LIMIT
 from .install import install_finished, partial_path
 from .options import Buckets, EngineChoice, Image, Shards, engine_parts
@@ -42,6 +43,8 @@ class PackResult:
     ``first_record_seconds``: from the call to the first record written (or skip recorded); with
     the Dask engine, whose workers write the records, to the first shard finished; ``seconds``
     when this call wrote none (a ``resume`` that kept every shard).
+    ``dedup``: with ``pack(dedup=...)``, the duplicates' summary (``mode``, ``threshold``,
+    ``kept``, ``dropped``, ``report``: the JSON file listing every pair), else None.
     ``kept_shards`` and ``kept_sources``: what a ``resume`` kept from an earlier run (counted in
     ``count`` and ``sources``, not in the rate: this call did not pack them).
     """
@@ -56,6 +59,7 @@ class PackResult:
     kept_shards: int = 0
     kept_sources: int = 0
     first_record_seconds: float = 0.0
+    dedup: dict[str, Any] | None = None
 
     @property
     def packing_seconds(self) -> float:
@@ -128,7 +132,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
          format: str | None = None, schema: Any = None, max_pixels: int = PILLOW_PIXEL_LIMIT,
          strict: bool = False, overwrite: bool = False, allow_empty: bool = False,
          resume: bool = False, progress: bool = True,
-         storage_options: dict[str, Any] | None = None,
+         storage_options: dict[str, Any] | None = None, dedup: str | None = None,
+         dedup_threshold: int | None = None,
          **shortcuts: Unpack[Shortcuts]) -> PackResult:
     """Pack SRC (an ImageFolder layout, a file list, COCO, WebDataset, parquet, MDS...) into
     an LMDB or HDF5 store OUT.
@@ -168,6 +173,10 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
         resume: continue an interrupted sharded pack, keeping the shards it finished.
         progress: show a progress bar on stderr.
         storage_options: options of the fsspec filesystem of a URL OUT (credentials, endpoint).
+        dedup: ``"exact"`` (same packed pixels) or ``"near"`` (perceptual hashes within
+            ``dedup_threshold`` bits, default 10): a record duplicating one written before it
+            is skipped (``duplicate of <path>``), and every pair is listed in
+            ``OUT.dedup.json`` (docs/dedup.md). Local engine, one node, no ``resume``.
         **shortcuts: each flag of ``shardkit pack`` as a keyword that builds the record it
             belongs to (``size=``, ``quality=``, ``buckets=``, ``shard_size=``, ``workers=``,
             ``coco=``...: :class:`shardkit.packing.shortcuts.Shortcuts` lists them); one
@@ -180,7 +189,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
     """
     t0 = time.perf_counter()
     src, out = os.fspath(src), os.fspath(out).rstrip("/") or "/"
-    base = appending.load_base(out) if shortcuts.pop("append", False) else None
+    appended = shortcuts.pop("append", False)
+    base = appending.load_base(out) if appended else None
     if base is not None:  # the store's own image settings and shard size, where not given
         shortcuts = appending.defaults(base, image, shards, shortcuts)
         format = format or base.manifest["settings"]["format"]
@@ -189,8 +199,12 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
     check_options(out, shards is not None, resume, eng.name, eng.scheduler, eng.num_nodes,
                   eng.node_rank)
     buckets = image.spec if isinstance(image, Buckets) else None
+    deduper = deduper_for(dedup, dedup_threshold, out=out, engine=eng.name,
+                          num_nodes=eng.num_nodes, resume=resume, append=bool(appended),
+                          overwrite=overwrite)
     settings = PackSettings(0 if buckets is not None else image.size, image.quality,
-                            image.encoding, format or format_for_path(out), max_pixels, buckets)
+                            image.encoding, format or format_for_path(out), max_pixels, buckets,
+                            dedup)
     settings.validate()
     if base is not None:
         appending.check_settings(base, settings.as_meta())
@@ -202,7 +216,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
     run = Run(out, staging_path(out, storage_options) if is_url(out) else partial_path(out),
               default_workers() if eng.workers is None else eng.workers, strict, overwrite,
               progress, allow_empty, eng.name, eng.scheduler, eng.num_nodes, eng.node_rank,
-              resume, storage_options, eng.retries, base=base)
+              resume, storage_options, eng.retries, base=base, dedup=deduper)
     folder = plan_dir(run)
     try:
         lister = None
@@ -232,6 +246,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
         if not run.remote:
             make_parent(out, PackError)  # `mkdir -p` OUT's folder
         count, skipped, sources = (pack_sharded if plan.sharded else pack_single)(plan, run)
+        found_dups = None if deduper is None else report_dedup(deduper, out)
     except KeyboardInterrupt:  # before packing began (connecting, listing, planning)
         raise Interrupted("interrupted; no output written") from None
     finally:
@@ -241,7 +256,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
     now = time.perf_counter()
     return PackResult(out, count, skipped, now - t0, plan.num_shards, sources,
                       (run.started[0] if run.started else now) - t0, len(run.kept),
-                      sum(run.kept), (run.first_record[0] if run.first_record else now) - t0)
+                      sum(run.kept), (run.first_record[0] if run.first_record else now) - t0,
+                      found_dups)
 
 
 def merge(out: str | os.PathLike, overwrite: bool = False) -> PackResult:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ..codec import encode
+from .dedup_run import digest
 from .imaging import ImageRejected, load_bucketed, load_rgb
 from .settings import PackSettings
 
@@ -22,6 +23,8 @@ class Encoded(NamedTuple):
     reason: str | None
     #: A bucketed pack's :class:`.buckets.Placement` of the source (None: not bucketed).
     place: Any = None
+    #: The pixels' hash when the pack looks for duplicates (:mod:`.dedup_run`), else None.
+    digest: Any = None
 
     @classmethod
     def rejected(cls, reason: str) -> Encoded:
@@ -37,8 +40,9 @@ def encode_data(data: bytes, settings: PackSettings) -> Encoded:
         else:
             pixels = load_rgb(data, settings.size, settings.max_pixels)
         height, width = pixels.shape[:2]
+        found = None if settings.dedup is None else digest(pixels, settings.dedup)
         return Encoded(encode(pixels, settings.encoding, settings.quality), height, width, None,
-                       place)
+                       place, found)
     except ImageRejected as exc:
         return Encoded.rejected(str(exc))
     except MemoryError:  # in an encoding worker: more than limit_memory allows

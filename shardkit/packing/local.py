@@ -7,6 +7,7 @@ import os
 from typing import Any, Callable, Iterator
 
 
+from ..dedup import DUPLICATE
 from ..errors import PackError
 from ..fields import FieldError
 from . import stream
@@ -51,14 +52,31 @@ def add_source(writer: StoreWriter, plan: PackPlan, source: int, path: str, labe
         writer.skip(path, f"annotation: {exc}")
 
 
+def add_unique(writer: StoreWriter, plan: PackPlan, dedup: Any, row: tuple[int, str, int],
+               result: Encoded, crc: int | None, strict: bool) -> None:
+    """:func:`add_source`, unless the record duplicates one already written: then it is skipped
+    with the reason ``duplicate of <kept path>``."""
+    source, path, label = row
+    name = plan.relpath(path)
+    kept = dedup.duplicate_of(name, result.digest)
+    if kept is not None:
+        writer.skip(path, DUPLICATE + kept)
+        return
+    before = writer.count
+    add_source(writer, plan, source, path, label, result, crc, strict)
+    if writer.count > before:  # not refused for its fields
+        dedup.keep(name, result.digest)
+
+
 def run_local(plan: PackPlan, shards: list[int], dest: dict[int, str], *, workers: int,
               strict: bool, progress: bool, on_shard_done: ShardDone,
               on_start: Callable[[], None] = lambda: None,
-              on_record: Callable[[], None] = lambda: None) -> None:
+              on_record: Callable[[], None] = lambda: None, dedup: Any = None) -> None:
     """Encode the given shards with local encoding workers, writing each through a StoreWriter.
 
     ``on_start`` is called once the encoders are up, as encoding begins; ``on_record`` once the
-    first record is written.
+    first record is written. ``dedup`` (a :class:`shardkit.dedup.Deduper`) skips each record
+    that duplicates one written before it, whatever ``strict`` says (it is not unusable).
     """
     rows = [plan.rows(k) for k in shards]
     records = stream.encoded_stream([item for _, items in rows for item in items],
@@ -69,7 +87,12 @@ def run_local(plan: PackPlan, shards: list[int], dest: dict[int, str], *, worker
         for k, (row, _) in zip(shards, rows):
             with plan.shard_writer(k, dest[k]) as writer:
                 for source, path, label in zip(*row):
-                    add_source(writer, plan, source, path, label, *next(records), strict)
+                    result, crc = next(records)
+                    if dedup is not None and result.data is not None:
+                        add_unique(writer, plan, dedup, (source, path, label), result, crc,
+                                   strict)
+                    else:
+                        add_source(writer, plan, source, path, label, result, crc, strict)
                     on_record()
                     bar.update(1)
             on_shard_done(k, writer.entry)

@@ -55,6 +55,8 @@ class Run:
     session: Any = None  # the Dask engine's client (:class:`.dask_session.DaskSession`)
     #: the folder store an append adds to (:class:`.append.Base`), or None
     base: Any = None
+    #: the duplicate decisions of ``pack(dedup=...)`` (:class:`shardkit.dedup.Deduper`), or None
+    dedup: Any = None
 
     @property
     def remote(self) -> bool:
@@ -153,7 +155,7 @@ def pack_single(plan: PackPlan, run: Run) -> tuple[int, list[dict[str, str]], in
         remove_store_files([partial], plan.settings.format)  # a killed run's, with side files
         run_local(plan, [0], {0: partial}, workers=run.workers, strict=run.strict,
                   progress=run.progress, on_shard_done=entries.__setitem__,
-                  on_start=run.on_start, on_record=run.on_record)
+                  on_start=run.on_start, on_record=run.on_record, dedup=run.dedup)
         check_packed(entries[0]["count"], entries[0]["skipped"], run.allow_empty)
         install(partial, run.out, run.overwrite)
     except BaseException as exc:
@@ -232,7 +234,7 @@ def pack_sharded(plan: PackPlan, run: Run) -> tuple[int, list[dict[str, str]], i
         else:
             run_local(plan, mine, dest, workers=run.workers, strict=run.strict,
                       progress=run.progress, on_shard_done=on_done, on_start=run.on_start,
-                      on_record=run.on_record)
+                      on_record=run.on_record, dedup=run.dedup)
         if run.num_nodes > 1:
             # Each node packs its share; `shardkit merge OUT` finishes once every node is done.
             return (sum(entry["count"] for entry in read_entries(partial, mine)), [],

@@ -32,6 +32,8 @@ class PackSettings:
     max_pixels: int = PILLOW_PIXEL_LIMIT
     #: Aspect-ratio buckets (:mod:`.buckets`; ``size`` is then 0), or None.
     buckets: BucketSpec | None = None
+    #: The hash each worker computes for ``pack(dedup=...)`` ("exact", "near"), or None.
+    dedup: str | None = None
 
     def as_meta(self) -> dict[str, Any]:
         meta = {"size": self.size, "quality": self.quality, "encoding": self.encoding,
