@@ -16,7 +16,7 @@ _EXPORTS = {
     "worker_init_fn": "read.dataset", "normalize": "read.augment", "View": "read.augment",
     "Fields": "read.fieldspec",
     "ShardSampler": "read.sampler", "MixSampler": "read.mix", "Mix": "read.mix",
-    "BucketSampler": "read.buckets",
+    "BucketSampler": "read.buckets", "Clips": "read.clips", "ClipSampler": "read.clipsampler",
     "ShardLoader": "read.loading.loader", "sample_seed": "read.draws",
     "Threads": "read.loading.engines", "Processes": "read.loading.engines",
     "pack": "packing.api", "merge": "packing.api", "PackResult": "packing.api",
