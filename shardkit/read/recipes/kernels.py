@@ -25,17 +25,41 @@ CHUNK = 1 << 16
 """Pixels one piece holds: a 224 x 224 sample, or seven 96 x 96 ones."""
 
 
-def _runs(idx: Sequence[int], hw: int) -> Iterator[tuple[int, int, int]]:
-    """``(k, start, stop)``: samples ``start:stop`` of the batch are ``idx[k:k + stop - start]``,
-    consecutive, at most ``CHUNK`` pixels together (at least one sample)."""
-    most = max(1, CHUNK // hw)
-    k = 0
+def _pieces(idx: Sequence[int], most: int) -> Iterator[tuple[int, list[int]]]:
+    """``(k, ids)``: ``ids = idx[k:k + len(ids)]``, at most ``most`` samples (at least one)."""
+    most = max(1, most)
+    for k in range(0, len(idx), most):
+        yield k, list(idx[k:k + most])
+
+
+def _runs(idx: Sequence[int], most: int) -> Iterator[tuple[int, list[int]]]:
+    """As ``_pieces``, each piece consecutive samples: for the steps too cheap to pay for a
+    gather."""
+    most, k = max(1, most), 0
     while k < len(idx):
         n = 1
         while n < most and k + n < len(idx) and idx[k + n] == idx[k] + n:
             n += 1
-        yield k, idx[k], idx[k] + n
+        yield k, list(idx[k:k + n])
         k += n
+
+
+def _take(x: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """Samples ``ids`` of ``x``: a view where they are consecutive, else gathered (a small
+    uint8 copy that lets one piece hold samples the step chose here and there)."""
+    a = ids[0]
+    if ids == list(range(a, a + len(ids))):
+        return x[a:a + len(ids)]
+    return x[torch.tensor(ids)]
+
+
+def _put(x: torch.Tensor, ids: list[int], y: torch.Tensor) -> None:
+    """``x[ids] = y`` (cast to uint8 as ``Tensor.to`` casts)."""
+    a = ids[0]
+    if ids == list(range(a, a + len(ids))):
+        x[a:a + len(ids)].copy_(y)
+    else:
+        x.index_copy_(0, torch.tensor(ids), y.to(torch.uint8))
 
 
 def _factors(factors: Sequence[float], k: int, n: int) -> torch.Tensor:
@@ -57,9 +81,8 @@ def _blend(x: torch.Tensor, other: torch.Tensor, f: float) -> None:
 
 
 def brightness(x: torch.Tensor, idx: Sequence[int], factors: Sequence[float]) -> None:
-    for k, a, b in _runs(idx, x.shape[-2] * x.shape[-1]):
-        xs = x[a:b]
-        xs.copy_(xs.mul(_factors(factors, k, b - a)).clamp_(0, 255))
+    for k, ids in _runs(idx, CHUNK // (x.shape[-2] * x.shape[-1])):
+        _put(x, ids, _take(x, ids).mul(_factors(factors, k, len(ids))).clamp_(0, 255))
 
 
 def contrast(x: torch.Tensor, idx: Sequence[int], factors: Sequence[float]) -> None:
@@ -75,15 +98,15 @@ def saturation(x: torch.Tensor, idx: Sequence[int], factors: Sequence[float]) ->
 
 def grayscale(x: torch.Tensor, idx: Sequence[int]) -> None:
     """``rgb_to_grayscale(x, num_output_channels=3)``."""
-    for _, a, b in _runs(idx, x.shape[-2] * x.shape[-1]):
-        xs = x[a:b]
-        xs.copy_(_gray(xs).to(torch.uint8).expand(xs.shape))
+    for _, ids in _runs(idx, CHUNK // (x.shape[-2] * x.shape[-1])):
+        xs = _take(x, ids)
+        _put(x, ids, _gray(xs).to(torch.uint8).expand(xs.shape))
 
 
 def solarize(x: torch.Tensor, idx: Sequence[int], threshold: float) -> None:
-    for _, a, b in _runs(idx, x.shape[-2] * x.shape[-1]):
-        xs = x[a:b]
-        xs.copy_(torch.where(xs >= threshold, xs.bitwise_not(), xs))
+    for _, ids in _runs(idx, CHUNK // (x.shape[-2] * x.shape[-1])):
+        xs = _take(x, ids)
+        _put(x, ids, torch.where(xs >= threshold, xs.bitwise_not(), xs))
 
 
 # adjust_hue. v2's HSV round trip, each arithmetic operation as v2 does it in float32, with
@@ -166,15 +189,19 @@ def hue(x: torch.Tensor, idx: Sequence[int], factors: Sequence[float]) -> None:
     height, width = x.shape[-2:]
     if height * width > CHUNK:  # rows of one sample
         rows = max(1, CHUNK // width)
-        pieces = [(k, i, i + 1, r, min(height, r + rows))
+        pieces = [(k, [i], r, min(height, r + rows))
                   for k, i in enumerate(idx) for r in range(0, height, rows)]
     else:
-        pieces = [(k, a, b, 0, height) for k, a, b in _runs(idx, height * width)]
-    most = max((b - a) * (r1 - r0) for _, a, b, r0, r1 in pieces) * width
+        pieces = [(k, ids, 0, height) for k, ids in _pieces(idx, CHUNK // (height * width))]
+    most = max(len(ids) * (r1 - r0) for _, ids, r0, r1 in pieces) * width
     work = torch.empty(_PLANES * most, dtype=torch.float32)
-    for k, a, b, r0, r1 in pieces:
-        xs = x[a:b, :, r0:r1]
-        xs.copy_(_hue_piece(xs, _factors(factors, k, b - a).view(-1, 1, 1), work))
+    for k, ids, r0, r1 in pieces:
+        if r1 - r0 < height:
+            xs = x[ids[0]:ids[0] + 1, :, r0:r1]
+            xs.copy_(_hue_piece(xs, _factors(factors, k, 1).view(-1, 1, 1), work))
+        else:
+            _put(x, ids, _hue_piece(_take(x, ids), _factors(factors, k, len(ids)).view(-1, 1, 1),
+                                    work))
 
 
 def gaussian_kernel(size: int, sigma: float) -> torch.Tensor:
@@ -200,17 +227,12 @@ def blur(x: torch.Tensor, idx: Sequence[int], size: int, sigmas: Sequence[float]
     half = size // 2
     height, width = x.shape[-2:]
     weights = torch.stack([gaussian_kernel(size, float(s)) for s in sigmas])
-    k = 0
-    while k < len(idx):
-        n = 1
-        while n < BLUR_GROUP and k + n < len(idx) and idx[k + n] == idx[k] + n:
-            n += 1
-        xs = x[idx[k]:idx[k] + n]
-        image = xs.to(torch.float32, memory_format=torch.contiguous_format)
+    for k, ids in _pieces(idx, BLUR_GROUP):
+        n = len(ids)
+        image = _take(x, ids).to(torch.float32, memory_format=torch.contiguous_format)
         image = F.pad(image.view(1, 3 * n, height, width), [half] * 4, mode="reflect")
         weight = weights[k:k + n].repeat_interleave(3, dim=0).unsqueeze(1)
-        xs.copy_(F.conv2d(image, weight, groups=3 * n).round_().view(n, 3, height, width))
-        k += n
+        _put(x, ids, F.conv2d(image, weight, groups=3 * n).round_().view(n, 3, height, width))
 
 
 def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
@@ -220,6 +242,7 @@ def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> t
     s = torch.as_tensor(std, dtype=torch.float32).view(-1, 1, 1)
     x4 = x.reshape(-1, *x.shape[-3:])
     out = torch.empty(x4.shape, dtype=torch.float32)
-    for _, a, b in _runs(range(len(x4)), x.shape[-2] * x.shape[-1]):
+    for a in range(0, len(x4), max(1, CHUNK // (x.shape[-2] * x.shape[-1]))):
+        b = a + max(1, CHUNK // (x.shape[-2] * x.shape[-1]))
         out[a:b].copy_(x4[a:b]).mul_(1.0 / 255).sub_(m).div_(s)
     return out.view(x.shape)
