@@ -20,7 +20,8 @@ _EXPORTS = {
     "ShardLoader": "read.loading.loader", "sample_seed": "read.draws",
     "Threads": "read.loading.engines", "Processes": "read.loading.engines",
     "pack": "packing.api", "merge": "packing.api", "PackResult": "packing.api",
-    "StoreWriter": "packing.writer",
+    "StoreWriter": "packing.writer", "update": "packing.update",
+    "UpdateResult": "packing.update",
     "Resize": "packing.options", "Buckets": "packing.options", "Shards": "packing.options",
     "Local": "packing.options", "Dask": "packing.options", "Nodes": "packing.options",
     "info": "read.inspect", "verify": "read.inspect",
@@ -30,10 +31,10 @@ _EXPORTS = {
     "OptionError": "errors",
 }
 
-__all__ = ["__version__", *_EXPORTS, "fields", "sources"]
+__all__ = ["__version__", *_EXPORTS, "fields", "sources", "storelog"]
 
 
-_SUBPACKAGES = ("fields", "sources")  # shardkit.fields.Boxes etc. without an import of their own
+_SUBPACKAGES = ("fields", "sources", "storelog")  # shardkit.fields.Boxes etc. without an import of their own
 
 
 def __getattr__(name: str) -> Any:

@@ -13,6 +13,15 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("log", help="list a folder store's versions (time, records, change)")
     p.add_argument("store", metavar="STORE", help="a local folder store")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p = sub.add_parser("update", help="a folder store's next version with records deleted, "
+                       "relabelled or replaced (no shard rewritten)")
+    p.add_argument("store", metavar="STORE", help="a local folder store")
+    p.add_argument("--delete", metavar="FILE", help="keys to remove, one per line")
+    p.add_argument("--set-labels", metavar="FILE",
+                   help="CSV (TSV: .tsv) of key,label rows: new class names for those records")
+    p.add_argument("--replace", metavar="SRC",
+                   help="a source folder: its files with the store's keys replace those records")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p = sub.add_parser("gc", help="drop a folder store's old versions and the files only they "
                        "use", description="Keep the newest K versions (the current one always) "
                        "and delete the files no kept version names, once no reader holds them.")
@@ -53,4 +62,14 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"log": cmd_log, "gc": cmd_gc}
+def cmd_update(args: argparse.Namespace) -> int:
+    from .packing.update import update
+
+    done = update(args.store, delete=args.delete, set_labels=args.set_labels,
+                  replace=args.replace, **({"progress": False} if args.quiet else {}))
+    print(f"{done.out}: version {done.version}, {done.count} records ({done.deleted} deleted, "
+          f"{done.relabelled} relabelled, {done.replaced} replaced)", file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"log": cmd_log, "gc": cmd_gc, "update": cmd_update}

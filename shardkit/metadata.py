@@ -23,6 +23,9 @@ LAYOUT_VERSION = 3  # a folder store whose physical order is not the logical one
 #                    `layout`, shardkit.packing.layout; fields allowed); its shards stay 1 or 2
 SUPPORTED_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
+#: A folder store's per-record files beside its shards, by manifest key: labels (logical order),
+#: the record layout, and a later version's live records (:mod:`shardkit.versions`)
+SIDE_FILES = ("labels", "layout", "records")
 MAX_META_BYTES = 1 << 30
 #: The largest ``manifest.json`` read, checked against the file's or object's size before any of
 #: it is read. A shard's entry takes about 190 bytes and a skipped source about 120, so 1M shards
@@ -315,6 +318,14 @@ def parse_manifest_layout(raw: bytes | str, where: str) -> dict[str, Any]:
     _plain_name(_need(labels, "file", str, where), where)
     _need(labels, "sha256", str, where)
     check_layout(obj, where)
+    if "records" in obj:  # a version that deleted or replaced records: the live ones
+        records = _need(obj, "records", dict, where)
+        _plain_name(_need(records, "file", str, where), where)
+        _need(records, "sha256", str, where)
+        if _need(records, "count", int, where) < 0:
+            raise StoreError(f"{where}: live record count is negative")
+    if not isinstance(obj.get("labels_set", False), bool):
+        raise StoreError(f"{where}: labels_set must be true or false")
     return obj
 
 

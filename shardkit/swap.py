@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover - not on Linux
     fcntl = None  # type: ignore[assignment]
 
 RETIRED_PREFIX = ".retired-"
-_OURS = re.compile(r"^(shard-\d+(-[0-9a-f]{16})?\.[A-Za-z0-9]+|(labels|layout)(-[0-9a-f]{16})?\.npy"
+_OURS = re.compile(r"^(shard-\d+(-[0-9a-f]{16})?\.[A-Za-z0-9]+|(labels|layout|records)(-[0-9a-f]{16})?\.npy"
                    r"|\.retired-[0-9a-f]+\.json|\.manifest\.[0-9a-f]+\.tmp"
                    r"|shard-\d+[^/]*\.(spool|tmp))$")
 
@@ -170,7 +170,7 @@ def _load_manifest(path: str) -> dict[str, Any] | None:
 def _files_of(manifest: dict[str, Any]) -> dict[str, tuple[int | None, str]]:
     """File name -> (bytes or None, sha256) for every file a manifest refers to."""
     files = {e["file"]: (e["bytes"], e["sha256"]) for e in manifest["shards"]}
-    for key in ("labels", "layout"):  # the record layout: class-mixed stores only
+    for key in metadata.SIDE_FILES:  # layout, records: only stores that have them
         if key in manifest:
             files[manifest[key]["file"]] = (None, manifest[key]["sha256"])
     return files
@@ -194,7 +194,7 @@ def install_folder(partial: str, out: str) -> None:
     if old is None:
         raise PackError(f"{out} is not a folder store")
     live = _live_files(out, old)
-    entries = list(new["shards"]) + [new[key] for key in ("labels", "layout") if key in new]
+    entries = list(new["shards"]) + [new[key] for key in metadata.SIDE_FILES if key in new]
     moves: list[tuple[str, str | None]] = []  # (file in partial, its name in out or None)
     for entry in entries:
         name, sha = entry["file"], entry["sha256"]

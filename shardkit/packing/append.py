@@ -43,7 +43,12 @@ class Base:
 
     out: str
     manifest: dict[str, Any]
+    #: the keys of the live records and of the sources the store skipped
     keys: frozenset[str]
+    #: every record's key, in the order of the shards' logical records (deleted ones too)
+    ordered: list[str]
+    #: the live records: logical indices of the shards' records, in the store's order
+    live: np.ndarray
 
     @property
     def classes(self) -> list[str]:
@@ -68,8 +73,18 @@ def load_base(out: str) -> Base:
     root = manifest.get("source_root")
     keys = {relative_path(root, s["path"]) if root and os.path.isabs(s["path"]) else s["path"]
             for s in manifest.get("skipped", []) if isinstance(s.get("path"), str)}
+    ordered = logical_keys(out, manifest)
+    live = (_npy(out, manifest["records"]).astype(np.int64) if "records" in manifest
+            else np.arange(len(ordered), dtype=np.int64))
+    keys.update(ordered[i] for i in live.tolist())
+    return Base(out, manifest, frozenset(keys), ordered, live)
+
+
+def shard_keys(folder: str, manifest: dict[str, Any]) -> list[str]:
+    """Every record's key (its source path) in the shards' physical order."""
+    physical: list[str] = []
     for entry in manifest["shards"]:
-        path = os.path.join(out, entry["file"])
+        path = os.path.join(folder, entry["file"])
         reader = open_reader(path, entry["format"])
         try:
             meta = storemeta.parse_shard_meta(reader.meta_json(), path)
@@ -80,9 +95,18 @@ def load_base(out: str) -> Base:
                                       tuple(arrays["path_blob"]["shape"])))
         finally:
             reader.close()
-        keys.update(blob[a:b].decode("utf-8", "surrogateescape")
-                    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()))
-    return Base(out, manifest, frozenset(keys))
+        physical.extend(blob[a:b].decode("utf-8", "surrogateescape")
+                        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()))
+    return physical
+
+
+def logical_keys(folder: str, manifest: dict[str, Any],
+                 physical: list[str] | None = None) -> list[str]:
+    """Every record's key in the logical order of the shards' records."""
+    physical = shard_keys(folder, manifest) if physical is None else physical
+    if "layout" not in manifest:
+        return physical
+    return [physical[p] for p in _npy(folder, manifest["layout"])[0].tolist()]
 
 
 def check_settings(base: Base, settings: dict[str, Any]) -> None:
@@ -142,8 +166,9 @@ def defaults(base: Base, image: Any, shards: Any, shortcuts: dict[str, Any]) -> 
     return out
 
 
-def select_new(scan: Scan, base: Base, folder: str) -> Scan:
-    """The sources of ``scan`` the store lacks, labelled with the union of classes.
+def select_new(scan: Scan, base: Base, folder: str, replacing: bool = False) -> Scan:
+    """The sources of ``scan`` the store lacks (``replacing``: those it holds, to supersede
+    them), labelled with the union of classes.
 
     ``folder``: the plan folder a source that lists to disk wrote them to (``scan.count`` set),
     else they are ``scan.samples``. PackError when nothing is new."""
@@ -158,13 +183,17 @@ def select_new(scan: Scan, base: Base, folder: str) -> Scan:
     classes = union_classes(base.classes, scan.classes)
     to_union = np.array([classes.index(c) for c in scan.classes], dtype=np.int64)
     kept = np.array([i for i, (path, _) in enumerate(samples)
-                     if relative_path(scan.root, path) not in base.keys], dtype=np.int64)
+                     if (relative_path(scan.root, path) in base.keys) == replacing],
+                    dtype=np.int64)
+    if not len(kept) and replacing:
+        raise PackError(f"nothing to replace: no source in {scan.root} has the key of a record "
+                        f"of {base.out}")
     if not len(kept):
         raise PackError(f"nothing to append: every source in {scan.root} is in {base.out} "
                         "already (or was skipped by it)")
     new = [(samples[i][0], int(to_union[samples[i][1]])) for i in kept.tolist()]
     skipped = [s for s in scan.skipped
-               if relative_path(scan.root, s.get("path", "")) not in base.keys]
+               if (relative_path(scan.root, s.get("path", "")) in base.keys) == replacing]
     index = scan.index
     if index is not None:
         starts = np.searchsorted(kept, np.asarray(index.shard_starts, dtype=np.int64))
@@ -175,7 +204,7 @@ def select_new(scan: Scan, base: Base, folder: str) -> Scan:
     return replace(Scan.of(found, fields), index=index)
 
 
-def combine(partial: str, base: Base, change: dict[str, Any] | None = None) -> dict[str, Any]:
+def combine(partial: str, base: Base, replacing: bool = False) -> dict[str, Any]:
     """Turn the finished store of new records in ``partial`` into the store's next version:
     its shards renamed after the store's, the union's labels and layout written, and its
     manifest replaced by the version's (returned)."""
@@ -187,6 +216,7 @@ def combine(partial: str, base: Base, change: dict[str, Any] | None = None) -> d
         raise PackError(f"`append`: the new records' fields ({_names(new)}) differ from the "
                         f"store's ({_names(old)}); pack them with the same source and schema")
     n_old, n_shards = old["count"], len(old["shards"])
+    new_keys = logical_keys(partial, new) if replacing else []
     entries = []
     for k, e in enumerate(old["shards"]):
         written = e.get("index", k)
@@ -202,35 +232,66 @@ def combine(partial: str, base: Base, change: dict[str, Any] | None = None) -> d
                  "skipped": old.get("skipped", []) + new.get("skipped", []),
                  "source_root": new.get("source_root", old.get("source_root"))}
     manifest["labels"] = _write(partial, "labels.npy", labels.astype("<i8"))
+    if replacing:  # each new record takes the place of the one with its key
+        live = base.live.copy()
+        place = {base.ordered[i]: j for j, i in enumerate(base.live.tolist())}
+        for j, key in enumerate(new_keys):
+            live[place[key]] = n_old + j
+        manifest["records"] = _write(partial, RECORDS_NAME, live.astype("<i8")) | {
+            "count": len(live)}
+    elif "records" in old:  # the store's live records, then every new one
+        live = np.concatenate([base.live, np.arange(n_old, n_old + new["count"])])
+        manifest["records"] = _write(partial, RECORDS_NAME, live.astype("<i8")) | {
+            "count": len(live)}
+    if old.get("labels_set"):
+        manifest["labels_set"] = True
     if "layout" in old or "layout" in new:
         layout = np.concatenate([_layout(base.out, old), _layout(partial, new) + n_old], axis=1)
         manifest["layout"] = _write(partial, LAYOUT_NAME, layout.astype("<i8")) | {
             "order": "mixed", "seed": (old.get("layout") or new["layout"])["seed"]}
         manifest["format_version"] = metadata.LAYOUT_VERSION
-    change = change or {"kind": "append", "added": new["count"],
-                        "skipped": len(new.get("skipped", [])),
-                        "classes_added": len(new["classes"]) - len(old["classes"])}
+    change = {"kind": "replace" if replacing else "append",
+              ("replaced" if replacing else "added"): new["count"],
+              "skipped": len(new.get("skipped", [])),
+              "classes_added": len(new["classes"]) - len(old["classes"])}
     sealed = stamp(manifest, number_of(old) + 1, change)
     replace_atomic(path, metadata.dumps(sealed))
     return sealed
 
 
-def install_version(partial: str, base: Base) -> None:
-    """Make the version in ``partial`` the store's current one, if the store is still the
-    version the append started from (else PackError: two writers)."""
+def install_version(partial: str, base: Base, replacing: bool = False) -> None:
+    """Make the new records in ``partial`` the store's next version (:func:`combine`), if the
+    store is still the version the append started from (else PackError: two writers)."""
+    check_unchanged(partial, base)
+    try:
+        combine(partial, base, replacing)
+    except OSError as exc:
+        raise PackError(f"cannot write the new version of {base.out}: {exc.strerror or exc}; "
+                        "the store is unchanged") from None
+    install_checked(partial, base)
+
+
+def check_unchanged(partial: str, base: Base) -> None:
     current = os.path.join(base.out, metadata.MANIFEST_NAME)
     with open(current, "rb") as f:
         now = storemeta.parse_manifest(f.read(metadata.MAX_MANIFEST_BYTES + 1), current)
     if now != base.manifest:
-        raise PackError(f"{base.out} changed while the new records were packed (version "
-                        f"{number_of(now)} installed meanwhile); append again (the new records "
-                        f"are kept in {partial} only until then)")
+        raise PackError(f"{base.out} changed while its next version was made (version "
+                        f"{number_of(now)} installed meanwhile); run it again (the work is in "
+                        f"{partial} only until then)")
+
+
+def install_checked(partial: str, base: Base) -> None:
+    """Install the finished version in ``partial`` over the store ``base`` still is."""
+    check_unchanged(partial, base)
     try:
-        combine(partial, base)
         swap.install_folder(partial, base.out)
     except OSError as exc:
         raise PackError(f"cannot install the new version of {base.out}: "
                         f"{exc.strerror or exc}; the store is unchanged") from None
+
+
+RECORDS_NAME = "records.npy"
 
 
 def _names(manifest: dict[str, Any]) -> str:
@@ -252,6 +313,11 @@ def _layout(folder: str, manifest: dict[str, Any]) -> np.ndarray:
         return _npy(folder, manifest["layout"])
     ident = np.arange(manifest["count"], dtype=np.int64)
     return np.stack([ident, ident])
+
+
+def write_array(folder: str, name: str, array: np.ndarray) -> dict[str, Any]:
+    """``array`` saved as ``folder/name`` (``.npy``): its manifest entry (file, sha256)."""
+    return _write(folder, name, array)
 
 
 def _write(folder: str, name: str, array: np.ndarray) -> dict[str, Any]:

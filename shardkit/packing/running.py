@@ -55,6 +55,7 @@ class Run:
     session: Any = None  # the Dask engine's client (:class:`.dask_session.DaskSession`)
     #: the folder store an append adds to (:class:`.append.Base`), or None
     base: Any = None
+    replacing: bool = False  # the append supersedes the store's records with the same keys
     #: the duplicate decisions of ``pack(dedup=...)`` (:class:`shardkit.dedup.Deduper`), or None
     dedup: Any = None
 
@@ -265,7 +266,7 @@ def pack_sharded(plan: PackPlan, run: Run) -> tuple[int, list[dict[str, str]], i
     if run.base is not None:
         from .append import install_version
 
-        install_version(partial, run.base)
+        install_version(partial, run.base, run.replacing)
     elif not remote:
         install_finished(partial, out, overwrite=run.overwrite)
     return count, manifest["skipped"], len(plan.paths)

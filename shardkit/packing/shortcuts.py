@@ -60,8 +60,9 @@ class Shortcuts(TypedDict, total=False):
     split: str | None
     #: ``Video(frames)``: the frames of each video to pack (``'fps=2'``, ``'every=N'``...)
     frames: Any
-    #: add the sources the folder store OUT lacks as its next version (:mod:`.append`)
-    append: bool
+    #: add the sources the folder store OUT lacks as its next version (:mod:`.append`);
+    #: ``"replace"``: only those whose keys it holds, superseding them (``shardkit.update``)
+    append: bool | str
 
 
 SHORTCUTS = tuple(Shortcuts.__annotations__)

@@ -198,7 +198,8 @@ def verify(path: str | os.PathLike, progress: bool = False, *,
                         fault(str(exc))
                     report.records += 1
                     bar.update(1)
-        if not report.faults and store.meta["kind"] == "sharded":  # any number of shards
+        if not report.faults and store.meta["kind"] == "sharded" and \
+                not store.meta.get("labels_set"):  # set later: labels.npy holds the new ones
             try:
                 if not np.array_equal(np.concatenate(labels_seen), labels_by_place(store)):
                     fault("labels.npy disagrees with the labels stored in the shards")

@@ -38,6 +38,8 @@ def check_record_arrays(meta: dict[str, Any], local: Any, where: str) -> None:
     files = [(meta["labels"], (count,), "labels")]
     if "layout" in meta:
         files.append((meta["layout"], (2, count), "record layout"))
+    if "records" in meta:
+        files.append((meta["records"], (meta["records"]["count"],), "live records"))
     for info, shape, what in files:
         path = local(info["file"], info["sha256"])
         try:
@@ -61,6 +63,6 @@ def disk_bytes(path: str) -> int:
     manifest = os.path.join(path, metadata.MANIFEST_NAME)
     with open(manifest, "rb") as f:
         meta = storemeta.parse_manifest(f.read(), manifest)
-    names = [e["file"] for e in meta["shards"]] + [meta["labels"]["file"]] + (
-        [meta["layout"]["file"]] if "layout" in meta else [])
+    names = [e["file"] for e in meta["shards"]] + [
+        meta[key]["file"] for key in metadata.SIDE_FILES if key in meta]
     return file_size(manifest) + sum(file_size(os.path.join(path, n)) for n in names)

@@ -20,18 +20,33 @@ from .order import Groups
 
 
 def open_layout(store: Any) -> Any:
-    """``store`` itself, or a view that maps its logical order onto its mixed physical layout."""
-    if "layout" not in store.meta:
+    """``store`` itself, or a view that maps its logical order onto its mixed physical layout
+    and a later version's live records and labels (:mod:`shardkit.versions`)."""
+    meta = store.meta
+    if "layout" not in meta and "records" not in meta and not meta.get("labels_set"):
         return store
-    return StoreView(store)
+    return StoreView(store, None if "records" not in meta else live_records(store))
+
+
+def live_records(store: Any) -> np.ndarray:
+    """A version's live records (logical indices of its shards' records, in its order),
+    checked to lie in the store and to name each record at most once."""
+    info = store.meta["records"]
+    live = np.array(store.side_array(info["file"], info["sha256"]), dtype=np.int64)
+    if live.ndim != 1 or (len(live) and (live.min() < 0 or live.max() >= store.count)) or \
+            len(np.unique(live)) != len(live):
+        raise StoreError(f"{store.path}: live records are out of range or repeated (damaged "
+                         "store)")
+    return live
 
 
 class _Relabelled:
-    """An open shard whose labels are remapped (a class subset with ``remap=True``)."""
+    """An open shard with other labels: a class subset with ``remap=True``, or a version
+    whose labels were set after its shards were written."""
 
-    def __init__(self, shard: Any, label_map: np.ndarray) -> None:
+    def __init__(self, shard: Any, labels: np.ndarray) -> None:
         self._shard = shard
-        self.labels = label_map[np.asarray(shard.labels)]
+        self.labels = labels
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._shard, name)
@@ -56,6 +71,7 @@ class StoreView:
         self._layout: np.ndarray | None = None  # (2, N) memory map, per process
         self._layout_pid: int | None = None
         self._relabelled: dict[int, _Relabelled] = {}
+        self._placed: tuple[int, np.ndarray] | None = None
 
     # -- what differs from the base store -------------------------------------------------------
 
@@ -125,16 +141,30 @@ class StoreView:
 
     def shard(self, k: int) -> Any:
         shard = self.base.shard(k)
-        if self.label_map is None:
+        labels_set = self.base.meta.get("labels_set", False)
+        if self.label_map is None and not labels_set:
             return shard
         held = self._relabelled.get(k)
         if held is None or held._shard is not shard:  # remapped once per opening of the shard
-            held = _Relabelled(shard, self.label_map)
+            labels = np.asarray(shard.labels)
+            if labels_set:  # labels.npy, not the ones written in the shard
+                start = int(self.base.starts[k])
+                labels = self._placed_labels()[start:start + len(labels)]
+            held = _Relabelled(shard, labels if self.label_map is None
+                               else self.label_map[labels])
             # Without the shards the base store has retired: this must not keep them open.
             still = set(self.base.open_shards)
             self._relabelled = {j: r for j, r in self._relabelled.items() if j in still}
             self._relabelled[k] = held
         return held
+
+    def _placed_labels(self) -> np.ndarray:
+        """``labels.npy`` in the shards' physical order (a version that set labels)."""
+        if self._placed is None or self._placed[0] != os.getpid():
+            layout = self.layout
+            labels = self.base.labels
+            self._placed = (os.getpid(), labels if layout is None else labels[layout[1]])
+        return self._placed[1]
 
     def groups(self) -> Groups:
         """The view's records grouped by the shard that holds them, in physical order."""
@@ -171,6 +201,7 @@ class StoreView:
         state = self.__dict__.copy()
         state["_layout"] = state["_layout_pid"] = None  # mapped again in the receiving process
         state["_relabelled"] = {}
+        state["_placed"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -158,3 +158,51 @@ def test_a_sampler_state_names_its_version(grown):
     again.load_state_dict(state)
     assert list(again) == list(sampler)[4:]
     assert (ShardDataset(out, version=2).targets == ShardDataset(out).targets[:15]).all()
+
+
+def test_update_deletes_relabels_and_replaces_without_rewriting_shards(grown, tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out"
+    shutil.copytree(grown["src"], src)
+    shutil.copytree(grown["out"], out)
+    shards_before = {n: os.stat(out / n).st_ino for n in os.listdir(out) if n.startswith("shard")}
+    v3 = _by_key(ShardDataset(out))
+    # New pixels for two keys (one in the first pack, one appended), in a folder of their own.
+    fix = tmp_path / "fix"
+    _images(fix, 9, {"cat": 1, "ant": 1})
+    os.rename(fix / "cat" / "s9_0.jpg", fix / "cat" / "s0_1.jpg")
+    os.rename(fix / "ant" / "s9_0.jpg", fix / "ant" / "s1_2.jpg")
+    (tmp_path / "gone.txt").write_text("dog/s0_0.jpg\nbee/s2_0.jpg\n")
+    (tmp_path / "labels.csv").write_text("key,label\ncat/s0_2.jpg,dog\ndog/s1_0.jpg,fish\n")
+    assert main(["update", str(out), "--replace", str(fix), "--delete",
+                 str(tmp_path / "gone.txt"), "--set-labels", str(tmp_path / "labels.csv"),
+                 "-q"]) == 0
+    ds = ShardDataset(out)
+    assert ds.version == 5  # replace, then delete + relabel
+    now = _by_key(ds)
+    assert set(now) == set(v3) - {"dog/s0_0.jpg", "bee/s2_0.jpg"}
+    fresh = ShardDataset(shardkit.pack(fix, tmp_path / "fresh", workers=1, progress=False).out)
+    assert now["cat/s0_1.jpg"] == _by_key(fresh)["cat/s0_1.jpg"] != v3["cat/s0_1.jpg"]
+    assert now["ant/s1_2.jpg"][0] == _by_key(fresh)["ant/s1_2.jpg"][0]
+    assert now["cat/s0_2.jpg"] == (v3["cat/s0_2.jpg"][0], "dog")
+    assert now["dog/s1_0.jpg"] == (v3["dog/s1_0.jpg"][0], "fish")
+    untouched = set(now) - {"cat/s0_1.jpg", "ant/s1_2.jpg", "cat/s0_2.jpg", "dog/s1_0.jpg"}
+    assert {k: now[k] for k in untouched} == {k: v3[k] for k in untouched}
+    assert [ds[i][1] for i in range(len(ds))] == ds.targets.tolist()
+    assert ds.classes[-1] == "fish" and ds.classes[:4] == ["cat", "dog", "ant", "bee"]
+    # No shard was rewritten: the same files, and one more for the two new images.
+    after = {n: os.stat(out / n).st_ino for n in os.listdir(out) if n.startswith("shard")}
+    assert {n: after[n] for n in shards_before} == shards_before and len(after) == \
+        len(shards_before) + 1
+    assert _by_key(ShardDataset(out, version=3)) == v3
+    assert shardkit.verify(out).ok
+    # A worker process reads the version as the parent does; a subset composes with it.
+    loader = ShardDataset(out, crop=24).loader(batch_size=4, num_workers=1,
+                                               multiprocessing_context="fork")
+    assert sorted(int(y) for _, ys in loader for y in ys) == sorted(ds.targets.tolist())
+    sub = ds.subset([0, len(ds) - 1])
+    assert [sub.key(0), sub.key(1)] == [ds.key(0), ds.key(len(ds) - 1)]
+    # A deleted key can be appended again; unknown keys are refused.
+    with pytest.raises(PackError, match="not in .*first: 'dog/s0_0.jpg'"):
+        shardkit.update(out, delete=["dog/s0_0.jpg"])
+    assert shardkit.pack(src, out, append=True, workers=1, progress=False).count == 2
+    assert _by_key(ShardDataset(out))["dog/s0_0.jpg"] == v3["dog/s0_0.jpg"]

@@ -1,0 +1,173 @@
+"""``shardkit.update(out, delete=..., set_labels=..., replace=...)``: a folder store's next
+version with records removed, relabelled or superseded, no shard rewritten.
+
+A version names its live records (``records.npy``: logical indices of its shards' records, in
+the store's order), so deleting keys is a shorter list, and replacing them packs the new images
+as new shards (``pack(src, out, append="replace")``) and points each key's place at its new
+record. Labels set later are written to ``labels.npy`` and the manifest says so
+(``labels_set``): readers take every label from there, not from the shards. Readers of earlier
+versions keep reading them; ``shardkit gc`` drops old versions.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from .. import metadata, storemeta
+from ..errors import PackError, PackOptionError
+from ..fileutil import remove
+from ..versionmeta import number_of, stamp
+from .append import RECORDS_NAME, Base, install_checked, load_base, write_array
+from .install import partial_path
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What :func:`update` changed: the version it installed, and how many records it deleted,
+    relabelled and replaced; ``count`` the live records now."""
+
+    out: str
+    version: int
+    deleted: int
+    relabelled: int
+    replaced: int
+    count: int
+
+
+def update(out: str | os.PathLike, *, delete: str | os.PathLike | Iterable[str] | None = None,
+           set_labels: str | os.PathLike | Mapping[str, str] | None = None,
+           replace: str | os.PathLike | None = None, **pack_options: Any) -> UpdateResult:
+    """Install the folder store's next version with the records of keys ``delete`` removed,
+    the labels of ``set_labels`` set, and the records whose keys ``replace`` holds superseded by
+    its images, packed as new shards.
+
+    Args:
+        out: a local folder store.
+        delete: keys (source paths relative to SRC) to remove: a file with one per line, or an
+            iterable of keys. A key the store does not hold is an error.
+        set_labels: key -> class name: a CSV/TSV file of ``key,label`` rows (a first row
+            ``key,label`` is a header), or a mapping. A class the store lacks is appended.
+        replace: a source folder whose files with the store's keys replace those records (new
+            pixels and fields, labels from its folders), packed with the store's settings.
+        **pack_options: passed to the pack of ``replace`` (``workers=``, ``progress=``...).
+
+    Each change is its own version, in the order replace, delete, set_labels.
+    """
+    out = os.fspath(out).rstrip("/") or "/"
+    if delete is None and set_labels is None and replace is None:
+        raise PackOptionError("update: give `delete`, `set_labels` or `replace`")
+    replaced = 0
+    if replace is not None:
+        from .api import pack
+
+        replaced = pack(replace, out, append="replace", **pack_options).count
+    base = load_base(out)
+    live, labels = base.live, None
+    classes = list(base.classes)
+    deleted = relabelled = 0
+    if delete is not None:
+        gone = _keys(delete, "delete")
+        place = _places(base)
+        missing = sorted(gone - place.keys())
+        if missing:
+            raise PackError(f"update: {len(missing)} key{'s' if len(missing) != 1 else ''} to "
+                            f"delete not in {out} (first: {missing[0]!r})")
+        drop = np.array(sorted(place[k] for k in gone), dtype=np.int64)
+        live = np.delete(live, drop)
+        deleted = len(drop)
+    if set_labels is not None:
+        rows = _label_rows(set_labels)
+        record = {base.ordered[i]: i for i in live.tolist()}
+        missing = sorted(set(rows) - record.keys())
+        if missing:
+            raise PackError(f"update: {len(missing)} key{'s' if len(missing) != 1 else ''} to "
+                            f"relabel not in {out} (first: {missing[0]!r})")
+        labels = np.load(os.path.join(out, base.manifest["labels"]["file"]),
+                         allow_pickle=False).astype("<i8")
+        for name in sorted(set(rows.values()) - set(classes)):
+            classes.append(name)
+        index = {c: i for i, c in enumerate(classes)}
+        for key, name in rows.items():
+            labels[record[key]] = index[name]
+        relabelled = len(rows)
+    if deleted or relabelled:
+        _install(base, live, labels, classes, {"kind": "update", "deleted": deleted,
+                                               "relabelled": relabelled})
+    now = load_base(out) if (deleted or relabelled) else base
+    return UpdateResult(out, number_of(now.manifest), deleted, relabelled, replaced,
+                        len(now.live))
+
+
+def _places(base: Base) -> dict[str, int]:
+    """Live key -> its place in the live records."""
+    return {base.ordered[i]: j for j, i in enumerate(base.live.tolist())}
+
+
+def _keys(given: Any, name: str) -> set[str]:
+    if isinstance(given, (str, os.PathLike)):
+        try:
+            with open(given, encoding="utf-8", errors="surrogateescape") as f:
+                return {line.rstrip("\n") for line in f if line.strip()}
+        except OSError as exc:
+            raise PackOptionError(f"`{name}`: cannot read {os.fspath(given)}: "
+                                  f"{exc.strerror}") from None
+    return {str(k) for k in given}
+
+
+def _label_rows(given: Any) -> dict[str, str]:
+    if isinstance(given, Mapping):
+        return {str(k): str(v) for k, v in given.items()}
+    path = os.fspath(given)
+    try:
+        with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+    except OSError as exc:
+        raise PackOptionError(f"`set_labels`: cannot read {path}: {exc.strerror}") from None
+    delimiter = "\t" if path.endswith(".tsv") else ","
+    rows = {}
+    for n, row in enumerate(csv.reader(text.splitlines(), delimiter=delimiter), 1):
+        if not row or (n == 1 and [c.strip().lower() for c in row] == ["key", "label"]):
+            continue
+        if len(row) != 2 or not row[0] or not row[1]:
+            raise PackOptionError(f"`set_labels`: {path} line {n}: expected `key,label`, got "
+                                  f"{row!r}")
+        rows[row[0]] = row[1]
+    return rows
+
+
+def _install(base: Base, live: np.ndarray, labels: np.ndarray | None, classes: list[str],
+             change: dict[str, Any]) -> None:
+    """The store's next version with ``live`` records and ``labels`` (None: unchanged)."""
+    partial = partial_path(base.out)
+    if os.path.lexists(partial):
+        raise PackError(f"{partial} exists: another pack or update of {base.out} is running, or "
+                        "one was interrupted (finish it with `resume=True`, or delete it)")
+    os.makedirs(partial)
+    try:
+        old = base.manifest
+        manifest = {k: v for k, v in old.items() if k not in (metadata.SEAL_KEY,)}
+        manifest["shards"] = [e | {"index": e.get("index", k),
+                                   "classes": e.get("classes", len(old["classes"]))}
+                              for k, e in enumerate(old["shards"])]
+        manifest["records"] = write_array(partial, RECORDS_NAME, live.astype("<i8")) | {
+            "count": len(live)}
+        if labels is not None:
+            manifest["labels"] = write_array(partial, "labels.npy", labels)
+            manifest["labels_set"] = True
+            manifest["classes"] = classes
+            manifest["class_to_idx"] = {c: i for i, c in enumerate(classes)}
+        sealed = stamp(manifest, number_of(old) + 1, change)
+        storemeta.parse_manifest(metadata.dumps(sealed), partial)  # what every reader takes
+        with open(os.path.join(partial, metadata.MANIFEST_NAME), "wb") as f:
+            f.write(metadata.dumps(sealed))
+        install_checked(partial, base)
+    finally:
+        remove(partial)
+
+
+__all__ = ["UpdateResult", "update"]
