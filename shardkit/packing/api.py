@@ -189,7 +189,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
     """
     t0 = time.perf_counter()
     src, out = os.fspath(src), os.fspath(out).rstrip("/") or "/"
-    appended = shortcuts.pop("append", False)
+    appended = shortcuts.pop("append", False)  # True: new keys; "replace": the store's keys
     base = appending.load_base(out) if appended else None
     if base is not None:  # the store's own image settings and shard size, where not given
         shortcuts = appending.defaults(base, image, shards, shortcuts)
@@ -216,7 +216,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
     run = Run(out, staging_path(out, storage_options) if is_url(out) else partial_path(out),
               default_workers() if eng.workers is None else eng.workers, strict, overwrite,
               progress, allow_empty, eng.name, eng.scheduler, eng.num_nodes, eng.node_rank,
-              resume, storage_options, eng.retries, base=base, dedup=deduper)
+              resume, storage_options, eng.retries, base=base, dedup=deduper,
+              replacing=appended == "replace")
     folder = plan_dir(run)
     try:
         lister = None
@@ -232,7 +233,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
         try:
             scan = found.scan_into(options, folder, lister)
             if base is not None:  # only the sources the store lacks
-                scan = appending.select_new(scan, base, folder)
+                scan = appending.select_new(scan, base, folder, appended == "replace")
             if buckets is not None:  # the bucket fields, and the source's boxes and masks cropped
                 scan.fields = BucketFields(scan.fields)
             plan = make_plan(scan, settings, folder,
