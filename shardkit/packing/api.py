@@ -132,8 +132,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
          format: str | None = None, schema: Any = None, max_pixels: int = PILLOW_PIXEL_LIMIT,
          strict: bool = False, overwrite: bool = False, allow_empty: bool = False,
          resume: bool = False, progress: bool = True,
-         storage_options: dict[str, Any] | None = None, dedup: str | None = None,
-         dedup_threshold: int | None = None,
+         storage_options: dict[str, Any] | None = None,
          **shortcuts: Unpack[Shortcuts]) -> PackResult:
     """Pack SRC (an ImageFolder layout, a file list, COCO, WebDataset, parquet, MDS...) into
     an LMDB or HDF5 store OUT.
@@ -173,10 +172,6 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
         resume: continue an interrupted sharded pack, keeping the shards it finished.
         progress: show a progress bar on stderr.
         storage_options: options of the fsspec filesystem of a URL OUT (credentials, endpoint).
-        dedup: ``"exact"`` (same packed pixels) or ``"near"`` (perceptual hashes within
-            ``dedup_threshold`` bits, default 10): a record duplicating one written before it
-            is skipped (``duplicate of <path>``), and every pair is listed in
-            ``OUT.dedup.json`` (docs/dedup.md). Local engine, one node, no ``resume``.
         **shortcuts: each flag of ``shardkit pack`` as a keyword that builds the record it
             belongs to (``size=``, ``quality=``, ``buckets=``, ``shard_size=``, ``workers=``,
             ``coco=``...: :class:`shardkit.packing.shortcuts.Shortcuts` lists them); one
@@ -190,6 +185,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
     t0 = time.perf_counter()
     src, out = os.fspath(src), os.fspath(out).rstrip("/") or "/"
     appended = shortcuts.pop("append", False)  # True: new keys; "replace": the store's keys
+    dedup, dedup_threshold = shortcuts.pop("dedup", None), shortcuts.pop("dedup_threshold", None)
     base = appending.load_base(out) if appended else None
     if base is not None:  # the store's own image settings and shard size, where not given
         shortcuts = appending.defaults(base, image, shards, shortcuts)

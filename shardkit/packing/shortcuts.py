@@ -60,6 +60,12 @@ class Shortcuts(TypedDict, total=False):
     split: str | None
     #: ``Video(frames)``: the frames of each video to pack (``'fps=2'``, ``'every=N'``...)
     frames: Any
+    #: ``"exact"`` (same packed pixels) or ``"near"`` (perceptual hashes within
+    #: ``dedup_threshold`` bits, default 10): a record duplicating one written before it is
+    #: skipped (``duplicate of <path>``), every pair listed in ``OUT.dedup.json``
+    #: (docs/dedup.md); local engine, one node, no ``resume``
+    dedup: str | None
+    dedup_threshold: int | None
     #: add the sources the folder store OUT lacks as its next version (:mod:`.append`);
     #: ``"replace"``: only those whose keys it holds, superseding them (``shardkit.update``)
     append: bool | str

@@ -39,7 +39,8 @@ def test_the_signature_is_short_and_every_old_keyword_is_still_taken():
     params = inspect.signature(shardkit.pack).parameters
     assert len(params) <= 16
     named = {n for n, p in params.items() if p.kind is not p.VAR_KEYWORD}
-    assert OLD_KEYWORDS - named == set(Shortcuts.__annotations__)
+    # Every old keyword is a parameter or a shortcut (shortcuts may be newer than the list).
+    assert OLD_KEYWORDS - named <= set(Shortcuts.__annotations__)
 
 
 @pytest.mark.parametrize("old, new", [
