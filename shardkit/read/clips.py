@@ -149,14 +149,20 @@ class Clips(Dataset):
             got = self.dataset.__getitems__(draws.Keyed(flat, np.repeat(seeds, t)))
         else:
             got = self.dataset.__getitems__(flat)
+        pixels = None
         if isinstance(got, Batch):
-            clips = list(got.images.unflatten(0, (n, t)).unbind(0))
             labels = got.labels[::t].tolist()
+            stored = got.images.permute(0, 2, 3, 1)  # the N x H x W x 3 buffer decoded into
+            if stored.is_contiguous():
+                pixels = stored.view(n, t, *stored.shape[1:])
+                clips = list(pixels.permute(0, 1, 4, 2, 3).unbind(0))
+            else:  # a recipe's float output, its own layout
+                clips = list(got.images.unflatten(0, (n, t)).unbind(0))
         else:
             clips = [torch.stack([got[b * t + j][0] for j in range(t)]) for b in range(n)]
             labels = [got[b * t][1] for b in range(n)]
         if self.fields is None:
-            return list(zip(clips, labels))
+            return ClipBatch(zip(clips, labels), pixels)
         targets = [{} for _ in range(n)]
         for name in self.fields:
             if name == LABEL:
@@ -165,7 +171,7 @@ class Clips(Dataset):
                 continue
             for target, value in zip(targets, self._stacked(name, idx)):
                 target[name] = value
-        return list(zip(clips, targets))
+        return ClipBatch(zip(clips, targets), pixels)
 
     def _stacked(self, name: str, idx: np.ndarray) -> list[Any]:
         """Field ``name`` of clips ``idx``, each stacked over its offsets (a tensor; a list
@@ -205,10 +211,28 @@ class Clips(Dataset):
         return f"Clips({self.dataset!r}, {shape}, clips={len(self)})"
 
 
+class ClipBatch(list):
+    """A batch of ``(clip, target)`` samples and (``pixels``) the ``[B, T, H, W, 3]`` buffer
+    their frames were decoded into, the clips being views of it (None: they are not)."""
+
+    def __init__(self, samples: Any, pixels: torch.Tensor | None) -> None:
+        super().__init__(samples)
+        self.pixels = pixels
+
+    def __reduce__(self) -> tuple:
+        return list, (list(self),)
+
+
 def collate_clips(batch: Sequence[Any]) -> Any:
-    """Clips stacked ``[B, T, 3, H, W]`` and their targets collated as ``default_collate`` does
-    (in a DataLoader worker, in memfd memory: :mod:`shardkit.read.shipping`)."""
-    return shipping.default_collate(list(batch))
+    """``[clips [B, T, 3, H, W], targets]``: the clips as a view of the buffer they were decoded
+    into, not stacked again (inside a DataLoader worker, that buffer copied whole into memfd
+    memory: :mod:`shardkit.read.shipping`); the targets as ``default_collate`` makes them.
+    Any other batch: ``default_collate``."""
+    pixels = getattr(batch, "pixels", None)
+    if pixels is None:
+        return shipping.default_collate(list(batch))
+    targets = shipping.default_collate([target for _, target in batch])
+    return [shipping.ship(pixels).permute(0, 1, 4, 2, 3), targets]
 
 
-__all__ = ["Clips", "collate_clips"]
+__all__ = ["ClipBatch", "Clips", "collate_clips"]

@@ -132,6 +132,17 @@ def test_resume_mid_epoch_and_fork_workers_give_the_uninterrupted_batches(store)
     # every clip of the epoch once, its frames 3 apart
     starts = [tuple(r) for b in whole for r in b[1].tolist()]
     assert all(b - a == 3 for a, b in starts)
+    # a batch is its clips as read one by one under their seeds (the loader's seed 21, epoch 1,
+    # the clip's place in the epoch)
+    ds_crop = shardkit.ShardDataset(store, **CROP)
+    sampler = shardkit.ClipSampler(ds_crop, frames=2, stride=3, fields=["frame_index"], seed=5)
+    sampler.set_epoch(1)
+    order = list(sampler)
+    for place in (0, 1, 2, 3):
+        one, target = sampler.dataset[draws.KeyedIndex(order[place],
+                                                       shardkit.sample_seed(21, 1, place))]
+        assert torch.equal(whole[place // 2][0][place % 2], one)
+        assert torch.equal(whole[place // 2][1][place % 2], target["frame_index"])
     head, state = loader_batches(store, seed=21, stop=4)
     torch.manual_seed(999)  # a resumed run's own RNG does not matter: the state pins the draws
     tail, _ = loader_batches(store, seed=77, resume=state)
