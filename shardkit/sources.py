@@ -3,7 +3,8 @@
 :class:`Detect` (the default: SRC's format from its content), :class:`ImageFolder`
 (torchvision's layout), :class:`HFImageFolder` (Hugging Face's imagefolder layout),
 :class:`WebDataset`, :class:`Parquet`, :class:`MDS`, :class:`LitData`, :class:`Video` (the
-frames of video files, :class:`Frames` choosing which), and the inputs over an
+frames of video files, :class:`Frames` choosing which), :class:`LeRobot` (a LeRobot dataset's
+camera frames with their rows' columns), and the inputs over an
 image folder: :class:`Coco`, :class:`Metadata`, :class:`Captions`, :class:`FileList`. A tuple
 of records combines inputs that combine (``(FileList("list.csv"), Captions())``). Each checks
 its fields when built (``OptionError`` naming ``Class.field``); docs/sources.md describes what
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 from .packing.sources.frames import Frames
 from .packing.sources.specs import (MDS, Captions, Coco, Detect, FileList, HFImageFolder,
-                                    ImageFolder, LitData, Metadata, Parquet, SourceSpec, Video,
-                                    WebDataset)
+                                    ImageFolder, LeRobot, LitData, Metadata, Parquet,
+                                    SourceSpec, Video, WebDataset)
 
 __all__ = ["Captions", "Coco", "Detect", "FileList", "Frames", "HFImageFolder", "ImageFolder",
-           "LitData", "MDS", "Metadata", "Parquet", "SourceSpec", "Video", "WebDataset"]
+           "LeRobot", "LitData", "MDS", "Metadata", "Parquet", "SourceSpec", "Video", "WebDataset"]

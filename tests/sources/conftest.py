@@ -118,6 +118,22 @@ def litdata_env():
     return sys.executable, dict(os.environ, PYTHONPATH=target)
 
 
+@pytest.fixture(scope="session")
+def lerobot_env():
+    """(python, env) running LeRobot's LeRobotDataset: scripts/lerobot_side_env.sh over .venv-tv."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    python = os.environ.get("SHARDKIT_TV_PYTHON") or os.path.join(root, ".venv-tv", "bin",
+                                                                   "python")
+    target = os.environ.get("SHARDKIT_LEROBOT_PATH") or os.path.join(root, ".venv-lerobot")
+    if not (os.path.exists(python) and os.path.isdir(os.path.join(target, "lerobot"))):
+        message = f"no .venv-lerobot environment at {target} (run scripts/lerobot_side_env.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(message + "; CI builds it")
+        pytest.skip(message)
+    return python, dict(os.environ, PYTHONPATH=target,
+                        LD_LIBRARY_PATH=os.path.join(target, "ffmpeg-libs"))
+
+
 def run_side(mds_env, code: str, *args: str) -> str:
     python, env = mds_env
     proc = subprocess.run([python, "-c", code, *args], env=env, capture_output=True, text=True,

@@ -20,6 +20,8 @@ Adding an input is one module and one line below. :data:`SOURCE_FORMATS` (the fo
 * :mod:`.imagefolder` Hugging Face's imagefolder layout (metadata files, splits)
 * :mod:`.video` video files (``frames``): :mod:`.frames` which frames, :mod:`.video_decode`
   PyAV's demuxing and decoding
+* :mod:`.lerobot` LeRobot datasets (frames aligned to their rows), :mod:`.lerobot_meta` their
+  layout
 * :mod:`.fields`      typed fields of container members · :mod:`.files` source files kept open
   in each encoding worker · :mod:`.encode` one container member through the image pipeline
 """
@@ -32,6 +34,7 @@ from .coco import CocoSource
 from .file_list import FileListSource
 from .folder import FolderSource
 from .imagefolder import ImagefolderSource
+from .lerobot import LeRobotSource
 from .litdata import LitDataSource
 from .mds import MDSSource
 from .metadata import MetadataSource
@@ -43,8 +46,8 @@ from .webdataset import WebDatasetSource, is_tar_url
 #: then the formats SRC may be in, in detection order (the folder layout last: it takes any SRC).
 SOURCES: dict[str, Source] = {s.name: s for s in (
     VideoSource(), CocoSource(), MetadataSource(), FileListSource(),
-    MDSSource(), LitDataSource(), ImagefolderSource(), ParquetSource(), WebDatasetSource(),
-    FolderSource())}
+    MDSSource(), LitDataSource(), LeRobotSource(), ImagefolderSource(), ParquetSource(),
+    WebDatasetSource(), FolderSource())}
 #: the formats SRC may be in (``source_format``'s choices): name -> one-line summary
 SOURCE_FORMATS: dict[str, str] = {n: s.summary for n, s in SOURCES.items() if s.option is None}
 
@@ -72,6 +75,11 @@ def resolve(options: SourceOptions) -> Source:
         if source.name == "folder" and holds_videos(options.src):
             raise PackOptionError(f"{options.src} holds video files: pass `frames` ('fps=2', "
                                   "'every=N', 'keyframes' or 'all') to pack their frames")
+    if source.name != "lerobot":
+        for name in ("cameras", "tolerance_s"):
+            if getattr(options, name) is not None:
+                raise PackOptionError(f"`{name}` applies to a LeRobot dataset, and SRC is read "
+                                      f"as {source.name!r}")
     source.check(options)
     return source
 

@@ -72,6 +72,10 @@ class SourceOptions:
     #: the frames of each video to pack (``'fps=2'`` or a :class:`.frames.Frames`); given: SRC
     #: holds videos (:mod:`.video`)
     frames: Any = None
+    #: a LeRobot dataset's cameras to pack (None: every video camera) and the farthest a frame
+    #: may be from its row's timestamp (None: LeRobot's 1e-4 s) (:mod:`.lerobot`)
+    cameras: Any = None
+    tolerance_s: float | None = None
 
     @staticmethod
     def keys(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:

@@ -196,9 +196,35 @@ class Video(SourceSpec):
         object.__setattr__(self, "frames", str(parsed))
 
 
+@dataclass(frozen=True)
+class LeRobot(SourceSpec):
+    """A LeRobot dataset (v2.x or v3.0: ``meta/info.json``, parquet frame rows, one MP4 per
+    camera): one record per frame row and camera, the frame nearest the row's timestamp within
+    ``tolerance_s`` seconds (None: LeRobot's 1e-4), the row's columns and the task as typed
+    fields (docs/video.md). ``cameras``: the video features to pack (None: all)."""
+
+    format: ClassVar[str | None] = "lerobot"
+    cameras: Any = None
+    tolerance_s: float | None = None
+
+    def __post_init__(self) -> None:
+        cams = self.cameras
+        if cams is not None:
+            names = (cams,) if isinstance(cams, str) else cams
+            if not isinstance(names, (list, tuple)) or not names or not all(
+                    isinstance(n, str) for n in names):
+                self._refuse("cameras", f"must be a camera's name or a list of them, not "
+                             f"{cams!r}")
+            object.__setattr__(self, "cameras", tuple(names))
+        tol = self.tolerance_s
+        if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float))
+                                or not tol > 0 or tol == float("inf")):
+            self._refuse("tolerance_s", f"must be a number of seconds > 0, not {tol!r}")
+
+
 #: the record of each ``source_format`` name
 BY_FORMAT: dict[str, type[SourceSpec]] = {c.format: c for c in (  # type: ignore[misc]
-    ImageFolder, HFImageFolder, WebDataset, Parquet, MDS, LitData)}
+    ImageFolder, HFImageFolder, WebDataset, Parquet, MDS, LitData, LeRobot)}
 
 SourceChoice = Union[SourceSpec, tuple[SourceSpec, ...]]
 
