@@ -177,3 +177,16 @@ def test_refusals(tmp_path):
         json.dump(meta, f)
     with pytest.raises(PackError, match=r"LeRobot codebase_version 'v1.6' is not read"):
         shardkit.pack(root, str(tmp_path / "c.lmdb"), progress=False)
+
+
+def test_unreadable_video_skips_its_rows_with_the_reason(tmp_path):
+    root = robot_data.write_v21(str(tmp_path / "ds"), [3, 2])
+    cut = os.path.join(root, "videos/chunk-000/observation.images.wrist/episode_000001.mp4")
+    with open(cut, "r+b") as f:
+        f.truncate(os.path.getsize(cut) // 3)  # MP4 index (moov) at the end: gone
+    result = shardkit.pack(root, str(tmp_path / "out.lmdb"), size=0, encoding="raw",
+                           progress=False)
+    assert result.count == 5 + 3  # every top frame, the wrist frames of episode 0
+    assert [(s["path"], s["reason"].split(":")[0]) for s in result.skipped] == [
+        (cut, "episode 1")]
+    assert "cannot open as a video" in result.skipped[0]["reason"]
