@@ -81,7 +81,9 @@ with open(out + ".json", "w") as f:
 def test_every_frame_and_field_equal_lerobot_s_dataset(v3, lerobot_env, tmp_path):
     root, out, result = v3
     theirs = str(tmp_path / "lerobot")
-    run_side(lerobot_env, LEROBOT_ITEMS, root, theirs)
+    python, env = lerobot_env  # offline, its caches under tmp_path
+    run_side((python, dict(env, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")),
+             LEROBOT_ITEMS, root, theirs)
     with open(theirs + ".json") as f:
         side = json.load(f)
     arrays = np.load(theirs + ".npz", allow_pickle=False)
