@@ -201,7 +201,7 @@ class LeRobot(SourceSpec):
     """A LeRobot dataset (v2.x or v3.0: ``meta/info.json``, parquet frame rows, one MP4 per
     camera): one record per frame row and camera, the frame nearest the row's timestamp within
     ``tolerance_s`` seconds (None: LeRobot's 1e-4), the row's columns and the task as typed
-    fields (docs/video.md). ``cameras``: the video features to pack (None: all)."""
+    fields (docs/sources.md). ``cameras``: the video features to pack (None: all)."""
 
     format: ClassVar[str | None] = "lerobot"
     cameras: Any = None
