@@ -22,6 +22,21 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--replace", metavar="SRC",
                    help="a source folder: its files with the store's keys replace those records")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p = sub.add_parser("map", help="add a field computed from a folder store's records as its "
+                       "next version", description="Compute field NAME with FN (module:function, "
+                       "called with each batch; one value per record) and install it as the "
+                       "store's next version (shardkit.add_field).")
+    p.add_argument("store", metavar="STORE", help="a local folder store")
+    p.add_argument("name", metavar="NAME", help="the new field's name")
+    p.add_argument("fn", metavar="FN", help="module:function, e.g. mymodels:embed")
+    p.add_argument("--batch-size", type=int, default=64, metavar="N", help="records a batch [64]")
+    p.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="loader worker processes [0]")
+    p.add_argument("--crop", type=int, default=None, metavar="PX",
+                   help="centre crop the images to PX x PX before FN sees them")
+    p.add_argument("--overwrite", action="store_true",
+                   help="compute every record again (else only those without a value)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p = sub.add_parser("gc", help="drop a folder store's old versions and the files only they "
                        "use", description="Keep the newest K versions (the current one always) "
                        "and delete the files no kept version names, once no reader holds them.")
@@ -72,4 +87,24 @@ def cmd_update(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"log": cmd_log, "gc": cmd_gc, "update": cmd_update}
+def cmd_map(args: argparse.Namespace) -> int:
+    import importlib
+
+    from .errors import OptionError
+    from .mapping import add_field
+
+    module, _, name = args.fn.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise OptionError(f"fn: cannot load {args.fn!r} (module:function): {exc}") from None
+    done = add_field(args.store, args.name, fn, batch_size=args.batch_size,
+                     workers=args.workers, overwrite=args.overwrite, progress=not args.quiet,
+                     **({"crop": args.crop} if args.crop else {}))
+    print(f"{done.out}: version {done.version}, field {done.field!r} ({done.computed} records "
+          f"computed{f', {done.resumed} kept from an interrupted run' if done.resumed else ''})",
+          file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"log": cmd_log, "gc": cmd_gc, "update": cmd_update, "map": cmd_map}

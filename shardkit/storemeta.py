@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import bucketmeta, metadata, versionmeta
-from .fields import check_meta
+from .fields import added, check_meta
 
 
 def parse_shard_meta(raw: bytes | str, where: str) -> dict[str, Any]:
@@ -29,5 +29,6 @@ def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
     obj = metadata.parse_manifest_layout(raw, where)
     versionmeta.check_record(obj, where)
     check_meta(obj, where)
+    added.check(obj, where)
     bucketmeta.check(obj, where)
     return obj

@@ -25,6 +25,7 @@ from typing import Any
 
 from . import metadata, storemeta, versions
 from .errors import PackError, StoreError
+from .fields import added
 from .fileutil import fsync_dir, has_size, open_regular, remove, unlink, write_synced
 
 try:  # POSIX advisory locks; without them (Windows) replaced files are never deleted for you
@@ -33,7 +34,7 @@ except ImportError:  # pragma: no cover - not on Linux
     fcntl = None  # type: ignore[assignment]
 
 RETIRED_PREFIX = ".retired-"
-_OURS = re.compile(r"^(shard-\d+(-[0-9a-f]{16})?\.[A-Za-z0-9]+|(labels|layout|records)(-[0-9a-f]{16})?\.npy"
+_OURS = re.compile(r"^(shard-\d+(-[0-9a-f]{16})?\.[A-Za-z0-9]+|(labels|layout|records|column-[A-Za-z0-9_.]+?)(-[0-9a-f]{16})?\.npy"
                    r"|\.retired-[0-9a-f]+\.json|\.manifest\.[0-9a-f]+\.tmp"
                    r"|shard-\d+[^/]*\.(spool|tmp))$")
 
@@ -170,10 +171,15 @@ def _load_manifest(path: str) -> dict[str, Any] | None:
 def _files_of(manifest: dict[str, Any]) -> dict[str, tuple[int | None, str]]:
     """File name -> (bytes or None, sha256) for every file a manifest refers to."""
     files = {e["file"]: (e["bytes"], e["sha256"]) for e in manifest["shards"]}
-    for key in metadata.SIDE_FILES:  # layout, records: only stores that have them
-        if key in manifest:
-            files[manifest[key]["file"]] = (None, manifest[key]["sha256"])
+    for entry in side_entries(manifest):
+        files[entry["file"]] = (None, entry["sha256"])
     return files
+
+
+def side_entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The file entries (``file``, ``sha256``) a manifest names beside its shards: labels, the
+    layout, a version's live records, added fields' columns."""
+    return [manifest[k] for k in metadata.SIDE_FILES if k in manifest] + added.files(manifest)
 
 
 def is_folder_store(out: str) -> bool:
@@ -194,7 +200,7 @@ def install_folder(partial: str, out: str) -> None:
     if old is None:
         raise PackError(f"{out} is not a folder store")
     live = _live_files(out, old)
-    entries = list(new["shards"]) + [new[key] for key in metadata.SIDE_FILES if key in new]
+    entries = list(new["shards"]) + side_entries(new)
     moves: list[tuple[str, str | None]] = []  # (file in partial, its name in out or None)
     for entry in entries:
         name, sha = entry["file"], entry["sha256"]

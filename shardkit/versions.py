@@ -64,6 +64,10 @@ def manifest_path(store: str, version: int | None) -> str:
         return os.path.join(store, metadata.MANIFEST_NAME)
     path = path_of(store, version)
     if not os.path.lexists(path):
+        current = os.path.join(store, metadata.MANIFEST_NAME)
+        found = load(current)
+        if found is not None and number_of(found) == version:  # a store never changed: 1
+            return current
         kept = numbers(store)
         raise StoreError(f"{store} has no version {version} (kept: "
                          f"{', '.join(map(str, kept)) or 'only the current one'}; "

@@ -26,6 +26,7 @@ import numpy as np
 from .. import metadata, storemeta, swap, versions
 from ..errors import PackError, PackOptionError
 from ..fileutil import replace_atomic, sha256_file
+from ..fields import added
 from ..formats import open_reader
 from ..versionmeta import number_of, stamp
 from ..urls import is_url
@@ -245,6 +246,8 @@ def combine(partial: str, base: Base, replacing: bool = False) -> dict[str, Any]
             "count": len(live)}
     if old.get("labels_set"):
         manifest["labels_set"] = True
+    if added.KEY in old:  # they cover the store's records; add_field computes the new ones
+        manifest[added.KEY] = old[added.KEY]
     if "layout" in old or "layout" in new:
         layout = np.concatenate([_layout(base.out, old), _layout(partial, new) + n_old], axis=1)
         manifest["layout"] = _write(partial, LAYOUT_NAME, layout.astype("<i8")) | {

@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import metadata, storemeta
 from ..errors import StoreError
+from ..fields import added
 from ..fileutil import file_size
 
 
@@ -64,5 +65,6 @@ def disk_bytes(path: str) -> int:
     with open(manifest, "rb") as f:
         meta = storemeta.parse_manifest(f.read(), manifest)
     names = [e["file"] for e in meta["shards"]] + [
-        meta[key]["file"] for key in metadata.SIDE_FILES if key in meta]
+        meta[key]["file"] for key in metadata.SIDE_FILES if key in meta] + [
+        e["file"] for e in added.files(meta)]
     return file_size(manifest) + sum(file_size(os.path.join(path, n)) for n in names)

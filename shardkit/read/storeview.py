@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreError
+from ..fields import added
+from .addedcols import AddedColumns, WithAdded
 from .order import Groups
 
 
@@ -23,7 +25,8 @@ def open_layout(store: Any) -> Any:
     """``store`` itself, or a view that maps its logical order onto its mixed physical layout
     and a later version's live records and labels (:mod:`shardkit.versions`)."""
     meta = store.meta
-    if "layout" not in meta and "records" not in meta and not meta.get("labels_set"):
+    if "layout" not in meta and "records" not in meta and not meta.get("labels_set") and \
+            not added.entries(meta):
         return store
     return StoreView(store, None if "records" not in meta else live_records(store))
 
@@ -44,9 +47,10 @@ class _Relabelled:
     """An open shard with other labels: a class subset with ``remap=True``, or a version
     whose labels were set after its shards were written."""
 
-    def __init__(self, shard: Any, labels: np.ndarray) -> None:
+    def __init__(self, shard: Any, labels: np.ndarray, fields: Any = None) -> None:
         self._shard = shard
         self.labels = labels
+        self.fields = shard.fields if fields is None else fields
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._shard, name)
@@ -72,6 +76,8 @@ class StoreView:
         self._layout_pid: int | None = None
         self._relabelled: dict[int, _Relabelled] = {}
         self._placed: tuple[int, np.ndarray] | None = None
+        #: fields added after packing (their columns are mapped on first use in a process)
+        self._added = AddedColumns(base)
 
     # -- what differs from the base store -------------------------------------------------------
 
@@ -142,7 +148,7 @@ class StoreView:
     def shard(self, k: int) -> Any:
         shard = self.base.shard(k)
         labels_set = self.base.meta.get("labels_set", False)
-        if self.label_map is None and not labels_set:
+        if self.label_map is None and not labels_set and not self._added:
             return shard
         held = self._relabelled.get(k)
         if held is None or held._shard is not shard:  # remapped once per opening of the shard
@@ -151,7 +157,9 @@ class StoreView:
                 start = int(self.base.starts[k])
                 labels = self._placed_labels()[start:start + len(labels)]
             held = _Relabelled(shard, labels if self.label_map is None
-                               else self.label_map[labels])
+                               else self.label_map[labels],
+                               WithAdded(shard.fields, self._added, int(self.base.starts[k]))
+                               if self._added else None)
             # Without the shards the base store has retired: this must not keep them open.
             still = set(self.base.open_shards)
             self._relabelled = {j: r for j, r in self._relabelled.items() if j in still}

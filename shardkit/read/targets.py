@@ -317,8 +317,13 @@ def store_schema(store: Any) -> Any:
     """The :class:`shardkit.fields.Schema` a store declares (None: a store without fields)."""
     from ..fields import Schema
 
-    raw = store.meta.get("fields")
-    return None if raw is None else Schema.from_json(raw, store.path)
+    from ..fields import added
+
+    raw, later = store.meta.get("fields"), added.schema_of(store.meta)
+    if raw is None and not len(later):
+        return None
+    packed = list(Schema.from_json(raw, store.path)) if raw is not None else []
+    return Schema(packed + list(later))
 
 
 class TargetBatch(dict):
