@@ -51,6 +51,12 @@ class Clips(Dataset):
             ``tolerance_s`` of a whole frame (LeRobot's check). A clip is anchored on each
             frame in turn (offset 0).
         tolerance_s: LeRobot's ``tolerance_s`` (default ``1e-4``).
+        fps: the frame rate ``delta_timestamps`` converts with, for a store whose records have
+            no ``video_fps`` (a LeRobot store: its ``meta/info.json`` fps). None: each video's.
+
+    In a LeRobot store (records with a ``camera`` field) the ``delta_timestamps`` camera key
+    names the camera whose frames the clips hold, and keys such as ``observation.state`` name
+    the fields the store holds as ``observation_state``.
 
     A window exists only where every frame it needs is in the store: it never crosses a
     video's end (nor its start), nor a frame the pack left out. ``len(clips)`` counts them,
@@ -60,7 +66,7 @@ class Clips(Dataset):
     def __init__(self, dataset: Any, frames: int | None = None, stride: int = 1,
                  fields: Sequence[str] | None = None,
                  delta_timestamps: Mapping[str, Sequence[float]] | None = None,
-                 tolerance_s: float = TOLERANCE_S) -> None:
+                 tolerance_s: float = TOLERANCE_S, fps: float | None = None) -> None:
         if not isinstance(dataset, ShardDataset):
             raise OptionError(f"dataset must be a ShardDataset over a store of video frames, "
                               f"got {type(dataset).__name__}")
@@ -77,6 +83,11 @@ class Clips(Dataset):
                 or not tolerance_s >= 0:
             raise OptionError(f"tolerance_s must be a number of seconds >= 0, got "
                               f"{tolerance_s!r}")
+        if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float))
+                                or not fps > 0 or delta_timestamps is None):
+            raise OptionError(f"fps must be a frame rate > 0, with delta_timestamps, got "
+                              f"fps={fps!r}")
+        camera = None
         if delta_timestamps is not None:
             if frames is not None or stride != 1:
                 raise OptionError("delta_timestamps gives the frames: pass it without frames "
@@ -104,8 +115,15 @@ class Clips(Dataset):
         self.fields = list(fields) if fields else None
         self.frames, self.stride = frames, (stride if delta_timestamps is None else None)
         self.delta_timestamps = delta_timestamps
-        cols = frame_columns(dataset, rate=delta_timestamps is not None)
-        self.windows = Windows(image, offsets, cols)
+        cols = frame_columns(dataset, delta_timestamps is not None, fps, camera is not None)
+        only = None
+        if cols["camera"] is not None:  # a LeRobot store: the camera key picks its frames
+            only = cols["camera"] == camera
+            if not only.any():
+                raise OptionError(f"delta_timestamps: {camera!r} is neither a field nor a camera "
+                                  f"of this store (cameras: "
+                                  f"{', '.join(sorted(set(cols['camera'].tolist())))})")
+        self.windows = Windows(image, offsets, cols, only)
         if not len(self.windows):
             raise OptionError(f"no clip fits in any of the {len(cols['names'])} videos of this "
                               "store (fewer frames than a clip spans)")

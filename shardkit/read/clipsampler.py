@@ -29,7 +29,8 @@ class ClipSampler(OrderedSampler):
 
     Args:
         dataset: a :class:`shardkit.Clips`, or a ``ShardDataset`` of video frames with
-            ``frames`` (and ``stride``, ``fields``, ``delta_timestamps``, ``tolerance_s``):
+            ``frames`` (and ``stride``, ``fields``, ``delta_timestamps``, ``tolerance_s``,
+            ``fps``):
             the sampler then makes the clips, ``sampler.dataset``.
         num_replicas, rank, shuffle, seed, drop_last, num_canonical: as ``ShardSampler``'s.
 
@@ -41,16 +42,18 @@ class ClipSampler(OrderedSampler):
     def __init__(self, dataset: Any, frames: int | None = None, stride: int = 1,
                  fields: Sequence[str] | None = None,
                  delta_timestamps: Mapping[str, Sequence[float]] | None = None,
-                 tolerance_s: float = TOLERANCE_S, num_replicas: int | None = None,
+                 tolerance_s: float = TOLERANCE_S, fps: float | None = None,
+                 num_replicas: int | None = None,
                  rank: int | None = None, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, num_canonical: int | None = None) -> None:
         if isinstance(dataset, Clips):
             if frames is not None or stride != 1 or fields is not None \
-                    or delta_timestamps is not None or tolerance_s != TOLERANCE_S:
+                    or delta_timestamps is not None or tolerance_s != TOLERANCE_S \
+                    or fps is not None:
                 raise OptionError("dataset is already Clips: pass frames, stride, fields and "
                                   "delta_timestamps to Clips, or a ShardDataset here")
         else:
-            dataset = Clips(dataset, frames, stride, fields, delta_timestamps, tolerance_s)
+            dataset = Clips(dataset, frames, stride, fields, delta_timestamps, tolerance_s, fps)
         self.dataset = dataset
         first = dataset.first_frames()
         shards, _ = dataset.dataset.store.locate_many(first)

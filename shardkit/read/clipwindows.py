@@ -29,24 +29,32 @@ def check_count(value: Any, name: str, least: int) -> int:
     return int(value)
 
 
-def frame_columns(dataset: Any, rate: bool) -> dict[str, np.ndarray]:
-    """Each record's ``video`` (as a number, in order of first appearance), ``frame_index``
-    and, with ``rate``, ``video_fps``, in the dataset's index order."""
+def frame_columns(dataset: Any, rate: bool, fps: float | None = None,
+                  camera: bool = False) -> dict[str, np.ndarray]:
+    """Each record's ``video`` (as a number, in order of first appearance), ``frame_index``,
+    with ``rate`` its ``video_fps`` (``fps`` where given, else the field) and with ``camera``
+    its ``camera`` field (a LeRobot store's; None where the store has none), in the dataset's
+    index order."""
     store = dataset.store
     schema = store_schema(store)
-    names = [*VIDEO_FIELDS, *(("video_fps",) if rate else ())]
     have = [] if schema is None else schema.names
-    missing = [n for n in names if n not in have]
+    missing = [n for n in VIDEO_FIELDS if n not in have]
     if missing:
         raise OptionError(f"dataset: clips need a store of video frames, whose records have the "
-                          f"fields {', '.join(names)} (shardkit.pack(..., frames=...)); this "
-                          f"store lacks {', '.join(missing)}")
+                          f"fields {', '.join(VIDEO_FIELDS)} (shardkit.pack(..., frames=...)); "
+                          f"this store lacks {', '.join(missing)}")
+    read_rate = rate and fps is None
+    if read_rate and "video_fps" not in have:
+        raise OptionError("delta_timestamps needs the frames' rate: this store's records have no "
+                          "video_fps field; pass fps (a LeRobot dataset's meta/info.json fps)")
+    read_camera = camera and "camera" in have
     n = len(dataset)
     shards, local = store.locate_many(np.arange(n, dtype=np.int64))
     videos: dict[Any, int] = {}
     video = np.empty(n, np.int64)
     frame = np.empty(n, np.int64)
-    fps = np.zeros(n, np.float64)
+    rates = np.full(n, np.nan if fps is None else float(fps), np.float64)
+    cameras = np.empty(n, object) if read_camera else None
     for k in np.unique(shards).tolist():
         at = np.flatnonzero(shards == k)
         fields = store.shard(k).fields
@@ -54,9 +62,11 @@ def frame_columns(dataset: Any, rate: bool) -> dict[str, np.ndarray]:
             name = fields.value("video", i)
             video[pos] = videos.setdefault(name, len(videos))
             frame[pos] = fields.value("frame_index", i)
-            if rate:
-                fps[pos] = fields.value("video_fps", i)
-    return {"video": video, "frame_index": frame, "video_fps": fps,
+            if read_rate:
+                rates[pos] = fields.value("video_fps", i)
+            if cameras is not None:
+                cameras[pos] = fields.value("camera", i)
+    return {"video": video, "frame_index": frame, "video_fps": rates, "camera": cameras,
             "names": np.asarray(list(videos), dtype=object)}
 
 
@@ -82,12 +92,19 @@ def frame_offsets(deltas: Sequence[Any], fps: float, key: str, tolerance_s: floa
 
 def split_deltas(delta_timestamps: Mapping[str, Sequence[Any]], field_names: Sequence[str]
                  ) -> tuple[str | None, dict[str, Sequence[Any]]]:
-    """``(image key, {field: deltas})``: keys naming a store field are fields, the one other key
-    (a camera, e.g. ``observation.image``) is the image's."""
+    """``(image key, {field: deltas})``: keys naming a store field are fields (LeRobot's
+    ``observation.state`` naming ``observation_state``, as a LeRobot store holds it), the one
+    other key (a camera, e.g. ``observation.image``) is the image's."""
     if not isinstance(delta_timestamps, Mapping) or not delta_timestamps:
         raise OptionError("delta_timestamps must be a dict of {key: [seconds, ...]}, got "
                           f"{delta_timestamps!r}")
-    others = [k for k in delta_timestamps if k not in field_names]
+
+    def field(key: str) -> str | None:
+        if key in field_names:
+            return key
+        return key.replace(".", "_") if key.replace(".", "_") in field_names else None
+
+    others = [k for k in delta_timestamps if field(k) is None]
     if len(others) > 1:
         raise OptionError(f"delta_timestamps: {others[0]!r} and {others[1]!r} are not fields of "
                           "this store; only one key (the camera: the store's images) may be")
@@ -95,7 +112,7 @@ def split_deltas(delta_timestamps: Mapping[str, Sequence[Any]], field_names: Seq
         if isinstance(deltas, (str, bytes)) or not isinstance(deltas, Sequence) or not deltas:
             raise OptionError(f"delta_timestamps[{key!r}] must be a non-empty list of seconds, "
                               f"got {deltas!r}")
-    return (others[0] if others else None), {k: v for k, v in delta_timestamps.items()
+    return (others[0] if others else None), {field(k): v for k, v in delta_timestamps.items()
                                              if k not in others}
 
 
@@ -107,9 +124,10 @@ class Windows:
     """
 
     def __init__(self, image_offsets: Any, field_offsets: Mapping[str, Any],
-                 cols: dict[str, np.ndarray]) -> None:
+                 cols: dict[str, np.ndarray], only: np.ndarray | None = None) -> None:
         """``image_offsets``/``field_offsets[name]``: a list of frame offsets, or a function of
-        a video's fps giving one (``delta_timestamps``)."""
+        a video's fps giving one (``delta_timestamps``); ``only``: the records that may anchor
+        a window (None: all)."""
         video, frame = cols["video"], cols["frame_index"]
         n = len(frame)
         key = video * (1 << 32) + frame
@@ -126,6 +144,8 @@ class Windows:
             groups = {float(r): np.flatnonzero(rates == r) for r in np.unique(rates).tolist()}
         else:
             groups = {0.0: np.arange(n, dtype=np.int64)}
+        if only is not None:
+            groups = {r: a[only[a]] for r, a in groups.items()}
         parts: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]] = []
         for rate, anchors in groups.items():
             wanted = {"": image_offsets, **field_offsets}

@@ -220,3 +220,48 @@ def test_refusals(store, tmp_path):
     shardkit.pack(str(tmp_path / "img"), str(tmp_path / "i.lmdb"), workers=1, progress=False)
     with pytest.raises(OptionError, match="clips need a store of video frames"):
         shardkit.Clips(shardkit.ShardDataset(str(tmp_path / "i.lmdb")), frames=2)
+
+
+def test_delta_timestamps_over_a_lerobot_shaped_store(tmp_path):
+    """A store laid out as the LeRobot source packs one (each row a record per camera, fields
+    `camera`, `video` `<camera>/episode_<N>`, `observation_state`, `action`; no `video_fps`):
+    the camera key picks that camera's frames, `observation.state` names `observation_state`,
+    the dataset's fps converts the seconds."""
+    from shardkit import fields as F
+
+    path = str(tmp_path / "robot.lmdb")
+    schema = [F.Text("video"), F.Int("frame_index"), F.Text("camera"),
+              F.Array("observation_state", [2]), F.Array("action", [3])]
+    rng = np.random.default_rng(0)
+    lengths = {0: 7, 1: 5}
+    with shardkit.StoreWriter(path, ["task"], size=0, encoding="raw", schema=schema) as w:
+        for episode, n in lengths.items():
+            for camera in ("observation.images.top", "observation.images.wrist"):
+                for i in range(n):
+                    w.add(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), 0,
+                          video=f"{camera}/episode_{episode}", frame_index=i, camera=camera,
+                          observation_state=np.array([episode, i], np.float32),
+                          action=np.array([episode, i, 1], np.float32))
+    ds = shardkit.ShardDataset(path)
+    deltas = {"observation.images.wrist": [-0.2, 0.0], "observation.state": [0.0],
+              "action": [0.0, 0.1, 0.2]}
+    with pytest.raises(OptionError, match="pass fps"):
+        shardkit.Clips(ds, delta_timestamps=deltas)
+    clips = shardkit.Clips(ds, delta_timestamps=deltas, fps=10)
+    # anchors i in 2..n-3 of each episode, wrist frames only
+    assert len(clips) == sum(n - 4 for n in lengths.values())
+    got = set()
+    for j in range(len(clips)):
+        images, target = clips[j]
+        frames = clips.frame_indices(j)
+        episode, now = (int(v) for v in target["observation_state"][0].tolist())
+        assert target["action"].tolist() == [[episode, now + k, 1] for k in range(3)]
+        # records: episode 0 top, episode 0 wrist, episode 1 top, episode 1 wrist
+        first_wrist = lengths[0] if episode == 0 else 2 * lengths[0] + lengths[1]
+        assert frames == [first_wrist + now - 2, first_wrist + now]
+        assert torch.equal(images[1], ds[first_wrist + now][0])
+        got.add((episode, now))
+    assert got == {(e, i) for e, n in lengths.items() for i in range(2, n - 2)}
+    with pytest.raises(OptionError, match="'observation.images.side' is neither a field nor a "
+                                          "camera of this store"):
+        shardkit.Clips(ds, delta_timestamps={"observation.images.side": [0.0]}, fps=10)
