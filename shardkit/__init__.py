@@ -22,6 +22,7 @@ _EXPORTS = {
     "pack": "packing.api", "merge": "packing.api", "PackResult": "packing.api",
     "StoreWriter": "packing.writer", "update": "packing.update",
     "UpdateResult": "packing.update", "add_field": "mapping", "AddFieldResult": "mapping",
+    "compact": "compaction", "CompactResult": "compaction",
     "Resize": "packing.options", "Buckets": "packing.options", "Shards": "packing.options",
     "Local": "packing.options", "Dask": "packing.options", "Nodes": "packing.options",
     "info": "read.inspect", "verify": "read.inspect",

@@ -37,6 +37,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="compute every record again (else only those without a value)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p = sub.add_parser("compact", help="rewrite a folder store's live records into new shards "
+                       "as its next version (deleted and replaced records dropped)")
+    p.add_argument("store", metavar="STORE", help="a local folder store")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p = sub.add_parser("gc", help="drop a folder store's old versions and the files only they "
                        "use", description="Keep the newest K versions (the current one always) "
                        "and delete the files no kept version names, once no reader holds them.")
@@ -107,4 +111,14 @@ def cmd_map(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"log": cmd_log, "gc": cmd_gc, "update": cmd_update, "map": cmd_map}
+def cmd_compact(args: argparse.Namespace) -> int:
+    from .compaction import compact
+
+    done = compact(args.store, progress=not args.quiet)
+    print(f"{done.out}: version {done.version}, {done.count} records in {done.shards} shards "
+          f"({done.dropped} dropped)", file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"log": cmd_log, "gc": cmd_gc, "update": cmd_update, "map": cmd_map,
+            "compact": cmd_compact}

@@ -115,3 +115,31 @@ def test_records_appended_later_need_the_field_computed_again(store):
     ds = ShardDataset(out, fields=["emb"])
     np.testing.assert_array_equal(np.stack([ds[i][1]["emb"].numpy() for i in range(len(ds))]),
                                   _expected(ShardDataset(out)))
+
+
+def test_compact_drops_dead_records_and_keeps_every_value(store):
+    out = store / "out"
+    _images(store / "fix", 3, {"a": 1})
+    os.rename(store / "fix" / "a" / "s3_0.png", store / "fix" / "a" / "s0_2.png")
+    shardkit.update(out, replace=store / "fix", delete=["b/s0_1.png", "a/s0_4.png"],
+                    set_labels={"a/s0_0.png": "b"}, workers=1, progress=False)
+    shardkit.add_field(out, "emb", mean_colour, batch_size=8, progress=False)
+    before = ShardDataset(out, fields=["emb"])
+    want = {before.key(i): (before[i][0].numpy().tobytes(), before.targets[i],
+                            before[i][1]["emb"].tolist()) for i in range(len(before))}
+    raw = ShardDataset(out, output="bytes")
+    stored = {raw.key(i): raw[i][0] for i in range(len(raw))}
+    assert main(["compact", str(out), "-q"]) == 0
+    ds = ShardDataset(out, fields=["emb"])
+    assert ds.version == before.version + 1 and len(ds) == 11
+    got = {ds.key(i): (ds[i][0].numpy().tobytes(), ds.targets[i], ds[i][1]["emb"].tolist())
+           for i in range(len(ds))}
+    assert got == want
+    raw = ShardDataset(out, output="bytes")
+    assert {raw.key(i): raw[i][0] for i in range(len(raw))} == stored  # copied, not re-encoded
+    manifest = ds.store.meta
+    assert "records" not in manifest and "added_fields" not in manifest
+    assert sum(e["count"] for e in manifest["shards"]) == 11
+    plain = ShardDataset(out)  # labels from the new shards themselves
+    assert [plain[i][1] for i in range(len(plain))] == plain.targets.tolist()
+    assert shardkit.verify(out).ok

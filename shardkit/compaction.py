@@ -1,0 +1,145 @@
+"""``shardkit.compact(out)`` / ``shardkit compact OUT``: a folder store's next version with its
+live records rewritten into new shards, the deleted and superseded ones dropped.
+
+Records are copied as stored (the encoded bytes, not decoded again: the same pixels), in the
+order the shards held them (so shards keep their mix of classes), with their current labels and
+every field: packed fields as they were and fields added later (``add_field``) written into the
+new shards as packed ones. The version before stays readable until ``shardkit gc`` drops it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import metadata, storemeta
+from .errors import PackError
+from .fields import added
+from .formats import SUFFIXES
+from .fileutil import remove
+from .packing.append import install_checked, load_base, write_array
+from .packing.install import partial_path
+from .packing.layout import LAYOUT_NAME
+from .packing.writer import StoreWriter
+from .progress import progress as progress_bar
+from .read.dataset import ShardDataset
+from .read.targets import store_schema
+from .versionmeta import number_of, stamp
+
+
+@dataclass(frozen=True)
+class CompactResult:
+    """The version :func:`compact` installed: its records and shards, and how many records of
+    the shards before it no longer holds."""
+
+    out: str
+    version: int
+    count: int
+    shards: int
+    dropped: int
+
+
+def compact(out: str | os.PathLike, *, shard_size: int | None = None,
+            progress: bool = True) -> CompactResult:
+    """Rewrite the live records of the folder store ``out`` into new shards of about
+    ``shard_size`` bytes (default: the store's mean shard size) as its next version."""
+    out = os.fspath(out).rstrip("/") or "/"
+    base = load_base(out)
+    old = base.manifest
+    ds = ShardDataset(out, version=number_of(old), output="bytes")
+    store = ds.store
+    count = len(ds)
+    places = (np.asarray(store.physical(np.arange(count))) if hasattr(store, "physical")
+              else np.arange(count))
+    for entry in added.entries(old):
+        if entry["rows"] < old["count"] and (places >= entry["rows"]).any():
+            raise PackError(f"compact: field {entry['field']['name']!r} has no value for "
+                            "records appended after it was added: add it again first")
+    schema = store_schema(store)
+    labels = np.asarray(ds.targets, dtype="<i8")
+    order = np.argsort(places, kind="stable")  # logical records in the shards' order
+    size = shard_size or max(1, sum(e["bytes"] for e in old["shards"]) // len(old["shards"]))
+    partial = partial_path(out)
+    if os.path.lexists(partial):
+        raise PackError(f"{partial} exists: another pack or update of {out} is running, or one "
+                        "was interrupted (finish it with `resume=True`, or delete it)")
+    os.makedirs(partial)
+    try:
+        entries = _write(ds, store, order, labels, schema, old, partial, size, progress)
+        manifest = {k: v for k, v in old.items() if k not in (
+            metadata.SEAL_KEY, "records", "labels_set", added.KEY, "layout")}
+        manifest["shards"] = entries
+        manifest["count"] = count
+        manifest["labels"] = write_array(partial, "labels.npy", labels)
+        if schema is not None:
+            manifest["fields"] = schema.as_json()
+            manifest["format_version"] = metadata.FIELDS_VERSION
+        if count:  # physical place of each logical record, and the inverse
+            layout = np.stack([np.argsort(order, kind="stable"), order]).astype("<i8")
+            manifest["layout"] = write_array(partial, LAYOUT_NAME, layout) | {
+                "order": "mixed", "seed": (old.get("layout") or {}).get("seed", 0)}
+            manifest["format_version"] = metadata.LAYOUT_VERSION
+        dropped = old["count"] - count
+        sealed = stamp(manifest, number_of(old) + 1, {"kind": "compact", "dropped": dropped})
+        storemeta.parse_manifest(metadata.dumps(sealed), partial)  # what every reader takes
+        with open(os.path.join(partial, metadata.MANIFEST_NAME), "wb") as f:
+            f.write(metadata.dumps(sealed))
+        ds.close()
+        install_checked(partial, base)
+    finally:
+        remove(partial)
+    return CompactResult(out, number_of(old) + 1, count, len(entries), dropped)
+
+
+def _write(ds: ShardDataset, store: Any, order: np.ndarray, labels: np.ndarray, schema: Any,
+           old: dict[str, Any], partial: str, size: int, progress: bool) -> list[dict[str, Any]]:
+    """The records ``order`` copied into shards of about ``size`` bytes: their entries."""
+    entries: list[dict[str, Any]] = []
+    settings, extra = old["settings"], ({"annotations": old["annotations"]}
+                                        if "annotations" in old else None)
+    names = [] if schema is None else schema.names
+    bar = progress_bar(len(order), progress, "compact", unit="rec")
+    writer, written, start = None, 0, 0
+    try:
+        for i in order.tolist():
+            if writer is None:
+                name = f"shard-{len(entries):05d}{SUFFIXES[settings['format']]}"
+                writer = StoreWriter(os.path.join(partial, name), old["classes"],
+                                     format=settings["format"], encoding=settings["encoding"],
+                                     size=settings["size"], quality=settings["quality"],
+                                     max_pixels=settings["max_pixels"],
+                                     class_to_idx=old["class_to_idx"], kind="shard",
+                                     install=False, shard_index=len(entries), schema=schema,
+                                     extra_meta=extra)
+            k, local = store.locate(i)
+            shard = store.shard(k)
+            data = ds[i][0]
+            values = {n: shard.fields.value(n, local) for n in names}
+            writer.add_encoded(data, int(labels[i]), int(shard.heights[local]),
+                               int(shard.widths[local]), ds.key(i), **values)
+            written += len(data)
+            bar.update(1)
+            if written >= size:
+                entries.append(_entry(writer.finish(), start))
+                start += entries[-1]["count"]
+                writer, written = None, 0
+        if writer is not None:
+            entries.append(_entry(writer.finish(), start))
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        bar.close()
+    return entries
+
+
+def _entry(entry: dict[str, Any], start: int) -> dict[str, Any]:
+    return {k: entry[k] for k in ("file", "format", "count", "bytes", "sha256", "row_markers")
+            if k in entry} | {"start": start, "file": os.path.basename(entry["file"])}
+
+
+__all__ = ["CompactResult", "compact"]
