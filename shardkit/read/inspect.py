@@ -17,6 +17,7 @@ from ..versions import KEYS
 from .decode import Decoder, shard_name
 from .store import Store, disk_bytes
 from .storeview import labels_by_place
+from .verifyversions import verify_versions
 
 MAX_FAULTS = 100
 
@@ -215,4 +216,6 @@ def verify(path: str | os.PathLike, progress: bool = False, *,
     finally:
         bar.close()
         store.close()
+    if not remote:  # every kept version's own files (the current one's shards are read above)
+        verify_versions(store.path, {e["file"] for e in store.meta.get("shards", [])}, fault)
     return report

@@ -206,3 +206,16 @@ def test_update_deletes_relabels_and_replaces_without_rewriting_shards(grown, tm
         shardkit.update(out, delete=["dog/s0_0.jpg"])
     assert shardkit.pack(src, out, append=True, workers=1, progress=False).count == 2
     assert _by_key(ShardDataset(out))["dog/s0_0.jpg"] == v3["dog/s0_0.jpg"]
+
+
+def test_verify_checks_every_kept_version(grown, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(grown["out"], out)
+    assert shardkit.verify(out).ok
+    first = json.loads((out / "versions" / "1.json").read_bytes())["labels"]["file"]
+    assert first != ShardDataset(out).store.meta["labels"]["file"]  # only version 1 reads it
+    data = bytearray((out / first).read_bytes())
+    data[-1] ^= 1
+    (out / first).write_bytes(bytes(data))
+    faults = shardkit.verify(out).faults
+    assert len(faults) == 1 and faults[0].startswith("version 1:") and "checksum" in faults[0]
