@@ -222,9 +222,11 @@ def combine(partial: str, base: Base, replacing: bool = False) -> dict[str, Any]
     for k, e in enumerate(old["shards"]):
         written = e.get("index", k)
         entries.append(e | {"index": written, "classes": e.get("classes", len(old["classes"]))})
-    for k, e in enumerate(new["shards"]):
-        name = _shard_name(n_shards + k, e["file"])
+    renamed = [_shard_name(n_shards + k, e["file"]) for k, e in enumerate(new["shards"])]
+    # Last first: each name moves up, to a name whose file has moved already.
+    for e, name in reversed(list(zip(new["shards"], renamed))):
         os.replace(os.path.join(partial, e["file"]), os.path.join(partial, name))
+    for k, (e, name) in enumerate(zip(new["shards"], renamed)):
         entries.append(e | {"file": name, "start": n_old + e["start"], "index": k})
     labels = np.concatenate([_npy(base.out, old["labels"]), _npy(partial, new["labels"])])
     manifest = {k: v for k, v in new.items() if k not in ("layout", versions.KEY)}

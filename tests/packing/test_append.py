@@ -219,3 +219,36 @@ def test_verify_checks_every_kept_version(grown, tmp_path):
     (out / first).write_bytes(bytes(data))
     faults = shardkit.verify(out).faults
     assert len(faults) == 1 and faults[0].startswith("version 1:") and "checksum" in faults[0]
+
+
+def test_a_killed_append_leaves_the_store_and_resume_finishes_it(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    _images(src, 0, {"cat": 3})
+    shardkit.pack(src, out, shard_size=1, workers=1, progress=False)
+    _images(src, 4, {"dog": 150})
+    partial = tmp_path / ".out.partial"
+    proc = subprocess.Popen([sys.executable, "-c", (
+        "import shardkit; shardkit.pack(%r, %r, append=True, shard_size=1, workers=1, "
+        "progress=False)" % (str(src), str(out)))])
+    try:
+        deadline = time.monotonic() + 120
+        while not (partial.is_dir() and any(n.endswith(".done.json")
+                                            for n in os.listdir(partial))):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL  # killed while packing, not after
+    ds = ShardDataset(out)
+    assert (ds.version, len(ds)) == (1, 3)  # the store as it was, readable
+    done = shardkit.pack(src, out, append=True, resume=True, shard_size=1, workers=1,
+                         progress=False)
+    assert done.kept_shards >= 1 and done.count == 150
+    fresh = shardkit.pack(src, tmp_path / "fresh", shard_size=1, workers=1, progress=False)
+    assert _by_key(ShardDataset(out)) == _by_key(ShardDataset(fresh.out))
