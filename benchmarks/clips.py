@@ -1,7 +1,7 @@
 """Reading clips from a store of video frames vs decoding the same clips from the MP4s.
 
-Videos (H.264 in MP4, made here with PyAV as ``video_pack.py`` makes them: moving gradients
-with noise, a keyframe every ``--gop`` frames) are packed once with ``frames='all'`` at
+Videos (H.264 in MP4, made here with PyAV: moving gradients with noise, so the encoder works
+as on camera footage, a keyframe every ``--gop`` frames) are packed once with ``frames='all'`` at
 ``--size`` (JPEG). Then, per CPU-second of the reading process (``num_workers=0``, so every
 decode is counted; CPU seconds, not wall seconds, as the machine is shared):
 
@@ -35,9 +35,32 @@ import numpy as np
 import torch
 from reports import command_line, emit  # beside this script
 from torch.utils.data import DataLoader, Dataset
-from video_pack import make_video  # beside this script
 
 import shardkit
+
+
+def make_video(path: str, seed: int, seconds: float, fps: int, width: int, height: int,
+               gop: int) -> None:
+    import av
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    tint = rng.uniform(60, 200, 3)
+    c = av.open(path, "w")
+    s = c.add_stream("libx264", rate=fps, options={"g": str(gop), "preset": "veryfast"})
+    s.width, s.height, s.pix_fmt = width, height, "yuv420p"
+    for i in range(int(seconds * fps)):
+        shift = i * 3
+        base = np.stack([(x + shift) % width / width, y / height,
+                         ((x + y + 2 * shift) % (width + height)) / (width + height)], -1)
+        pixels = base * tint + rng.normal(0, 6, (height, width, 3))
+        frame = av.VideoFrame.from_ndarray(np.clip(pixels, 0, 255).astype(np.uint8),
+                                           format="rgb24")
+        for p in s.encode(frame):
+            c.mux(p)
+    for p in s.encode():
+        c.mux(p)
+    c.close()
 
 
 class Mp4Clips(Dataset):
@@ -146,6 +169,7 @@ def main() -> None:
     per_frame = {name: rate * (t if "MP4" in name or f"{t} frames" in name else
                                2 if "2 frames" in name else 1) for name, rate in best.items()}
     base = best["MP4 clips (PyAV per sample)"]
+    clip, single = f"store clips, {t} frames", "store frames (single images)"
     lines = [f"Clips of {t} frames (stride {s}) from {args.videos} MP4s of {args.seconds:g} s at "
              f"{args.fps} fps, {args.width}x{args.height}, keyframe every {args.gop}; store "
              f"packed frames='all' at {args.size} (JPEG); crop {args.crop} random_resized + "
@@ -155,12 +179,12 @@ def main() -> None:
              f"{'':32} {'samples/CPU-s':>14} {'frames/CPU-s':>13}"]
     for name, rate in best.items():
         lines.append(f"{name:32} {rate:14.1f} {per_frame[name]:13.1f}")
+    ratio = best["store clips, 1 frame"] / best["store clips, 2 frames"]
     lines += ["",
-              f"store clips vs MP4 clips, per CPU-second: {best[f'store clips, {t} frames'] / base:.1f}x",
+              f"store clips vs MP4 clips, per CPU-second: {best[clip] / base:.1f}x",
               f"store clip frames vs single images, per frame: "
-              f"{per_frame[f'store clips, {t} frames'] / per_frame['store frames (single images)']:.2f}x",
-              f"a 2-frame clip costs {best['store clips, 1 frame'] / best['store clips, 2 frames']:.2f}x "
-              "a 1-frame clip"]
+              f"{per_frame[clip] / per_frame[single]:.2f}x",
+              f"a 2-frame clip costs {ratio:.2f}x a 1-frame clip"]
     emit(lines, args.out, command_line())
 
 
