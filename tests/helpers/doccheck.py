@@ -48,6 +48,9 @@ STORES = ("imgs", "train.lmdb", "val.lmdb", "train.h5", "train-shards", "train-1
 NOTE = re.compile(r"<!--\s*(not run|run):(.*?)-->", re.S)
 ENVS = ("", "torchvision")
 SETUPS = {
+    # a folder store that can change (docs/lifecycle.md)
+    "grown": ("import shardkit\nshardkit.pack('imgs', 'grow', shard_size=1 << 20, "
+              "progress=False)\n"),
     # a dataset as the README's Read section makes it
     "ds": 'import shardkit\nds = shardkit.ShardDataset("train.lmdb", crop=224, crop_mode="random")\n',
     # what StoreWriter's add / add_encoded take: one source image, decoded and as its bytes
