@@ -63,13 +63,16 @@ def open_regular(path: str) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def sha256_file(path: str, chunk: int = 8 << 20) -> str:
-    """SHA-256 of a regular file (a FIFO or device is refused: reading it could block)."""
+def sha256_file(path: str, chunk: int = 1 << 20) -> str:
+    """SHA-256 of a regular file (a FIFO or device is refused: reading it could block), read
+    into one buffer of ``chunk`` bytes: the memory does not follow the file's size."""
     file_size(path)
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()
 
 

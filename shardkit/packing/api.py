@@ -236,7 +236,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
                              shard_size=None if shards is None else shards.size,
                              num_shards=None if shards is None else shards.count,
                              strict=strict, order="mixed" if shards is None else shards.order,
-                             layout_seed=0 if shards is None else shards.layout_seed)
+                             layout_seed=0 if shards is None else shards.layout_seed,
+                             lister=lister)
         except OSError as exc:  # the plan's files (a full disk, say); nothing else is written
             raise write_error(exc, run, "no output written" if shards is None else NOTHING_KEPT,
                               os.path.dirname(folder)) from None

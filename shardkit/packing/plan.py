@@ -255,10 +255,11 @@ def _side_bytes(fields: RecordFields | None, path: str, result: Any) -> dict[str
 
 def make_plan(scan: Scan, settings: PackSettings, folder: str, *, shard_size: int | None = None,
               num_shards: int | None = None, strict: bool = False, order: str = "mixed",
-              layout_seed: int = 0) -> PackPlan:
+              layout_seed: int = 0, lister: Any = None) -> PackPlan:
     """Lay a source's records out (``order``) and fix the shard boundaries (see
     :func:`shardkit.pack`), saving the plan in ``folder`` (:mod:`.plan_store`; a scan made by
-    :meth:`.sources.Source.scan_into` has its sources there already)."""
+    :meth:`.sources.Source.scan_into` has its sources there already). ``lister`` runs the
+    mixed layout's task (a Dask session's, on a worker; else here)."""
     check_order(order, layout_seed)
     if strict and scan.skipped:  # a folder that cannot be listed hides images: as bad as one
         first = scan.skipped[0]
@@ -291,15 +292,10 @@ def make_plan(scan: Scan, settings: PackSettings, folder: str, *, shard_size: in
     # One shard: nothing to mix between shards; a container (tar, parquet) is read in order.
     mixed = order == "mixed" and len(bounds) > 2 and index is None
     if mixed:
-        slots = mixed_slots(plan_store.read_array(folder, plan_store.LABELS,
-                                                  plan_store.LABEL_DTYPE, n), layout_seed)
-        plan_store.write_array(folder, plan_store.SLOTS, slots, plan_store.INDEX_DTYPE)
-        places = np.empty_like(slots)
-        for a in range(0, n, plan_store.CHUNK):  # the inverse, without an n-long arange
-            places[slots[a:a + plan_store.CHUNK]] = np.arange(a, min(n, a + plan_store.CHUNK))
-        del slots
-        plan_store.write_array(folder, plan_store.PLACES, places, plan_store.INDEX_DTYPE)
-        del places
+        # The one step of planning that holds every source at once (about 40 bytes each):
+        # a task of the cluster when there is one (``lister``), so the client's memory does
+        # not grow with the sources.
+        (lister or _here)(write_mixed_layout, [(folder, n, layout_seed)])
         layout = {"order": "mixed", "seed": layout_seed}
     index_info = None
     if index is not None:
@@ -325,3 +321,20 @@ def make_plan(scan: Scan, settings: PackSettings, folder: str, *, shard_size: in
 
         plan.settings = replace(settings, buckets=merged(plan, rule))
     return plan
+
+
+def write_mixed_layout(folder: str, n: int, seed: int) -> None:
+    """Write the mixed layout of the ``n`` sources in ``folder`` (:func:`.layout.mixed_slots`):
+    the source at each slot and, its inverse, the slot of each source."""
+    slots = mixed_slots(plan_store.read_array(folder, plan_store.LABELS,
+                                              plan_store.LABEL_DTYPE, n), seed)
+    plan_store.write_array(folder, plan_store.SLOTS, slots, plan_store.INDEX_DTYPE)
+    places = np.empty_like(slots)
+    for a in range(0, n, plan_store.CHUNK):  # the inverse, without an n-long arange
+        places[slots[a:a + plan_store.CHUNK]] = np.arange(a, min(n, a + plan_store.CHUNK))
+    del slots
+    plan_store.write_array(folder, plan_store.PLACES, places, plan_store.INDEX_DTYPE)
+
+
+def _here(fn: Any, args: list[tuple[Any, ...]]) -> list[Any]:
+    return [fn(*a) for a in args]

@@ -23,6 +23,7 @@ from ..fileutil import fsync_dir, remove, replace_atomic, sha256_file
 from ..formats import open_reader
 from .discovery import serial
 from .layout import SLOTS_NAME
+from .manifest_stream import ShardCount, ShardSpool
 from .merging import merge_labels
 from .plan_store import INDEX_DTYPE
 from .plan import PackPlan, open_plan
@@ -220,7 +221,19 @@ def finalize_sharded(partial: str, plan: PackPlan | None = None,
                         "`resume=True`")
     # One entry at a time: what the manifest keeps of each, its skips and its bucket counts;
     # not every entry at once (a list of them was 1.2 KB a shard on the client).
-    start, skipped, shard_list, common = 0, [], [], None
+    spool = ShardSpool(partial)  # each shard's record on disk, not as objects
+    try:
+        manifest, start = _merge(partial, plan, publish, lister, plan_info, spool)
+    finally:
+        spool.close()
+    return manifest, start
+
+
+def _merge(partial: str, plan: PackPlan | None, publish: Callable[[str], None] | None,
+           lister: Any, plan_info: dict[str, Any], spool: ShardSpool
+           ) -> tuple[dict[str, Any], int]:
+    plan_id, num_shards = plan_info["plan_id"], plan_info["num_shards"]
+    start, skipped, common = 0, [], None
     skipped_slots, buckets = [], []
     for k in range(num_shards):
         entry = _entry(partial, k, plan_id)
@@ -247,9 +260,8 @@ def finalize_sharded(partial: str, plan: PackPlan | None = None,
             skipped_slots.append(np.asarray(entry["skipped_slots"], dtype=INDEX_DTYPE))
         if entry.get(bucketmeta.KEY) is not None:
             buckets.append(entry[bucketmeta.KEY])
-        shard_list.append({key: entry[key] for key in ("file", "format", "count", "bytes",
-                                                       "sha256", "row_markers") if key in entry}
-                          | {"start": start})
+        spool.add({key: entry[key] for key in ("file", "format", "count", "bytes", "sha256",
+                                               "row_markers") if key in entry} | {"start": start})
         start += entry["count"]
     if common is None:
         raise PackError("cannot merge a store with no shards")
@@ -262,15 +274,14 @@ def finalize_sharded(partial: str, plan: PackPlan | None = None,
     skipped = (plan.discovery_skipped if plan is not None
                else plan_info.get("discovery_skipped", [])) + skipped
     manifest = common | {"kind": "sharded", "count": start, "skipped": skipped,
-                         "shards": shard_list,
                          "labels": {"file": "labels.npy", "sha256": sha256_file(labels_path)}}
     if layout is not None:
         manifest |= {"layout": layout, "format_version": metadata.LAYOUT_VERSION}
     spec = common["settings"].get(bucketmeta.KEY)
     if spec is not None:  # the shards' bucket counts summed
         manifest[bucketmeta.KEY] = bucketmeta.merge(spec, buckets)
-    manifest = metadata.seal(manifest)
-    replace_atomic(os.path.join(partial, metadata.MANIFEST_NAME), metadata.dumps(manifest))
+    spool.write(os.path.join(partial, metadata.MANIFEST_NAME), manifest)
+    manifest["shards"] = ShardCount(num_shards)
     if publish is not None:
         publish(partial)
     for k in range(num_shards):
