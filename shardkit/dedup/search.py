@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 #: Pairs at this Hamming distance or less are near-duplicates (docs/dedup.md: how it was chosen).
-DEFAULT_THRESHOLD = 10
+DEFAULT_THRESHOLD = 8
 _BLOCK = 1 << 22  # XOR results per block: 32 MB of uint64
 
 

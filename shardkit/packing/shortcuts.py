@@ -61,7 +61,7 @@ class Shortcuts(TypedDict, total=False):
     #: ``Video(frames)``: the frames of each video to pack (``'fps=2'``, ``'every=N'``...)
     frames: Any
     #: ``"exact"`` (same packed pixels) or ``"near"`` (perceptual hashes within
-    #: ``dedup_threshold`` bits, default 10): a record duplicating one written before it is
+    #: ``dedup_threshold`` bits, default 8): a record duplicating one written before it is
     #: skipped (``duplicate of <path>``), every pair listed in ``OUT.dedup.json``
     #: (docs/dedup.md); local engine, one node, no ``resume``
     dedup: str | None

@@ -83,12 +83,12 @@ def test_near_dedup_keeps_the_first_and_reports_each_pair(corpus, tmp_path):
     assert result.dedup == {k: v for k, v in report.items() if k != "pairs"} | {
         "report": out + ".dedup.json"}
     assert (report["mode"], report["threshold"], report["kept"], report["dropped"]) == (
-        "near", 10, ORIGINALS, 4)
+        "near", 8, ORIGINALS, 4)
     pairs = {(p["kept"], p["dropped"]): p["distance"] for p in report["pairs"]}
     assert set(pairs) == {("b/img07.jpg" if "copy07" in p else "b/img03.jpg", p)
                           for p in dropped}
     assert pairs[("b/img07.jpg", "b/z_copy07.png")] == 0
-    assert all(0 <= d <= 10 for d in pairs.values())
+    assert all(0 <= d <= 8 for d in pairs.values())
 
 
 def test_exact_dedup_drops_only_identical_pixels(corpus, tmp_path):
@@ -121,7 +121,7 @@ def test_dedup_command_lists_cross_store_leaks(corpus, tmp_path, capsys):
     kept_copies = {f"b/z_{name}.jpg" for name in corpus["planted"]}
     assert found == {(a, f"b/z_{name}.jpg") for name in corpus["planted"]
                      for a in {"b/img03.jpg"} | kept_copies}
-    assert proc.err.strip().endswith(f"{len(found)} pairs within 10 bits")
+    assert proc.err.strip().endswith(f"{len(found)} pairs within 8 bits")
     assert main(["dedup", train, val, "--threshold", "65"]) != 0
     assert "`threshold` must be an integer in 0..64" in capsys.readouterr().err
 
