@@ -23,7 +23,7 @@ import uuid
 import weakref
 from typing import Any
 
-from . import metadata, storemeta, versions
+from . import metadata, storemeta, versionmeta, versions
 from .errors import PackError, StoreError
 from .fields import added
 from .fileutil import fsync_dir, has_size, open_regular, remove, unlink, write_synced
@@ -224,6 +224,9 @@ def install_folder(partial: str, out: str) -> None:
         else:  # pragma: no cover - needs a SHA-256 prefix collision
             raise PackError(f"cannot find a free name for {name} in {out}")
         entry["file"] = candidate
+    if versions.KEY not in new and (versions.KEY in old or versions.numbers(out)):
+        # A store that keeps versions stays one: what replaces it is its next version.
+        new = versionmeta.stamp(new, versions.number_of(old) + 1, {"kind": "overwrite"})
     new = metadata.seal(new)
     # What needs disk space is written before any file moves: if it fails (disk full), `partial`
     # is still a whole store and OUT is untouched.

@@ -254,3 +254,15 @@ def test_a_killed_append_leaves_the_store_and_resume_finishes_it(tmp_path):
     assert done.kept_shards >= 1 and done.count == 150
     fresh = shardkit.pack(src, tmp_path / "fresh", shard_size=1, workers=1, progress=False)
     assert _by_key(ShardDataset(out)) == _by_key(ShardDataset(fresh.out))
+
+
+def test_an_overwrite_of_a_store_with_versions_is_its_next_version(grown, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(grown["out"], out)
+    shardkit.pack(grown["src"], out, shard_size=6000, workers=1, progress=False,
+                  overwrite=True)
+    assert ShardDataset(out).version == 4
+    assert [v.change["kind"] for v in shardkit.storelog.history(str(out))] == [
+        "pack", "append", "append", "overwrite"]
+    assert _by_key(ShardDataset(out, version=1)) == grown["before"]
+    assert _by_key(ShardDataset(out)) == _by_key(ShardDataset(grown["fresh"]))
