@@ -11,7 +11,8 @@ at the end of the pack. Bytes per source = (peak at the large N - peak at the sm
 difference in N), extrapolated to 10^9 sources. Per shard: the same peak growth over the
 difference in shards, and the client's growth while packing (its resident set sampled every
 5 ms after ``startup_seconds``, over its value then: what it holds for the shards, apart from
-the planning's per-source arrays, which set the peak); ``--memory-only`` runs only these. Throughput: the same pack with the local engine
+the planning); ``--memory-only`` runs only these, ``--same-sources`` only these with the
+smaller tree both times (the larger size's shard count: per shard alone). Throughput: the same pack with the local engine
 and W encoding workers (the same cores), images/s of the encoding phase (PackResult's: both
 engines import the packing code before it starts), and of the whole call;
 the load average after each size (the machine may be shared).
@@ -257,6 +258,9 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs=2, default=[20_000, 200_000])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--per-shard", type=int, default=1000)
+    ap.add_argument("--same-sources", action="store_true",
+                    help="the memory runs only, both on the smaller tree: the shards' counts "
+                         "of the two sizes, the sources the same (per shard only)")
     ap.add_argument("--memory-only", action="store_true",
                     help="only the memory runs: no local engine packs, no throughput rounds")
     ap.add_argument("--repeat", type=int, default=5,
@@ -271,6 +275,7 @@ def main() -> None:
     ap.add_argument("--tmp", default=None, help="where the trees and stores go")
     ap.add_argument("--out", default=None, help="also write the report here")
     args = ap.parse_args()
+    args.memory_only = args.memory_only or args.same_sources
     lines = [f"# python {' '.join(shlex.quote(a) for a in sys.argv)}",
              f"# {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f} at start; "
              f"{time.strftime('%Y-%m-%d %H:%M')}"]
@@ -278,7 +283,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.tmp, prefix="cluster-memory-") as tmp:
         for n in args.sizes:
             src = os.path.join(tmp, f"src{n}")
-            tree(src, n)
+            tree(src, args.sizes[0] if args.same_sources else n)
             shards = max(2, n // args.per_shard)
             with cluster(args.workers) as (address, pids):
                 got = run(src, os.path.join(tmp, f"dask{n}"), "dask", address, args.workers,
@@ -286,7 +291,7 @@ def main() -> None:
                 got["worker_hwm_kb"] = [hwm_kb(p) for p in pids]
             got["shards"] = shards
             rows[n] = got
-            line = (f"N={n:>9,}: client peak {got['client_hwm_kb'] / 1024:7.1f} MiB (while "
+            line = (f"N={args.sizes[0] if args.same_sources else n:>9,}: client peak {got['client_hwm_kb'] / 1024:7.1f} MiB (while "
                     f"packing +{got['client_packing_growth_kb'] / 1024:.2f} MiB over its start), "
                     f"workers {[round(k / 1024, 1) for k in got['worker_hwm_kb']]} MiB; "
                     f"{shards} shards")
@@ -321,16 +326,18 @@ def main() -> None:
     client = (rows[large]["client_hwm_kb"] - rows[small]["client_hwm_kb"]) * 1024 / dn
     worker = max(b - a for a, b in zip(rows[small]["worker_hwm_kb"],
                                        rows[large]["worker_hwm_kb"])) * 1024 / dn
-    lines.append(f"bytes per source (peak growth {small:,} -> {large:,}): client {client:.1f}, "
-                 f"worst worker {worker:.1f} (target <= ~45; before: 328 and 257)")
-    lines.append(f"extrapolated to 10^9 sources: client +{client * 1e9 / 2**30:.1f} GiB, each "
-                 f"worker +{worker * 1e9 / 2**30:.1f} GiB")
+    if not args.same_sources:
+        lines.append(f"bytes per source (peak growth {small:,} -> {large:,}): client "
+                     f"{client:.1f}, worst worker {worker:.1f} (target <= ~45; before: 328 and "
+                     "257)")
+        lines.append(f"extrapolated to 10^9 sources: client +{client * 1e9 / 2**30:.1f} GiB, "
+                     f"each worker +{worker * 1e9 / 2**30:.1f} GiB")
     ds = rows[large]["shards"] - rows[small]["shards"]
     packing = (rows[large]["client_packing_growth_kb"] -
                rows[small]["client_packing_growth_kb"]) * 1024 / ds
     lines.append(f"client bytes per shard ({rows[small]['shards']:,} -> "
-                 f"{rows[large]['shards']:,} shards): peak {client * dn / ds:.0f} (the peak is "
-                 f"the planning's, per source), while packing {packing:.0f} (target <= 1,024)")
+                 f"{rows[large]['shards']:,} shards): peak {client * dn / ds:.0f}, while packing "
+                 f"{packing:.0f} (target <= 1,024)")
     if args.memory_only:
         print("\n".join(lines))
         return
