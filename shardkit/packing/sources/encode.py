@@ -10,10 +10,14 @@ would have encoded, without a second lossy step.
 from __future__ import annotations
 
 import io
+import re
 
+import numpy as np
 import simplejpeg
 
+from ...codec import encode
 from ..imaging import exif_orientation, quiet_warnings
+from ..resize import resize_rgb, target_size
 from ..settings import PackSettings
 from ..encoding import Encoded, encode_data
 from . import MemberError, read_item
@@ -47,6 +51,38 @@ def clean_jpeg(data: bytes, max_pixels: int) -> tuple[int, int] | None:
     return height, width
 
 
+_PPM = re.compile(rb"P6\n([0-9]+) ([0-9]+)\n255\n")
+
+
+def raw_rgb(data: bytes) -> np.ndarray | None:
+    """The pixels of a binary PPM in the one form decoded video frames take (``P6``, one space,
+    maxval 255, no comment), without a decoder; None for any other file."""
+    m = _PPM.match(data)
+    if m is None:
+        return None
+    width, height = int(m[1]), int(m[2])
+    if len(data) - m.end() != width * height * 3:
+        return None
+    return np.frombuffer(data, np.uint8, offset=m.end()).reshape(height, width, 3)
+
+
+def encode_pixels(pixels: np.ndarray, settings: PackSettings) -> Encoded | None:
+    """RGB pixels resized and encoded as :func:`encode_data` would have them from their PPM
+    (the same size rule and kernel); None where that pipeline must decide (buckets, over
+    ``max_pixels``)."""
+    height, width = pixels.shape[:2]
+    if settings.buckets is not None or (settings.max_pixels and
+                                        width * height > settings.max_pixels):
+        return None
+    new_w, new_h = target_size(width, height, settings.size)
+    try:
+        out = resize_rgb(pixels, new_w, new_h) if (new_w, new_h) != (width, height) else \
+            np.ascontiguousarray(pixels)
+    except RuntimeError:  # torch's allocator failing: the pipeline gives the reason
+        return None
+    return Encoded(encode(out, settings.encoding, settings.quality), new_h, new_w, None)
+
+
 def encode_item(item: Item, settings: PackSettings) -> Encoded:
     # No image within max_pixels needs more than 8 bytes a pixel (the folder pipeline's bound).
     limit = settings.max_pixels * 8 + (64 << 20) if settings.max_pixels else None
@@ -60,4 +96,6 @@ def encode_item(item: Item, settings: PackSettings) -> Encoded:
         kept = clean_jpeg(data, settings.max_pixels)
         if kept is not None:
             return Encoded(data, kept[0], kept[1], None)
-    return encode_data(data, settings)
+    pixels = raw_rgb(data)
+    done = encode_pixels(pixels, settings) if pixels is not None else None
+    return done if done is not None else encode_data(data, settings)

@@ -5,17 +5,17 @@ A frame's index is its place in PyAV's decoded order (``container.decode(stream)
 order), its pixels ``frame.to_ndarray(format='rgb24')`` turned upright by the stream's display
 matrix as FFmpeg's own player does (:func:`upright`). Each worker keeps the videos it is reading
 open (a few) and decodes forward: the frames of a video come to it in order, so a video is
-decoded about once. A frame behind the decoder, or past the next keyframe, is reached by seeking
-to the keyframe at or before it and decoding forward, the frame found by its timestamp; where
-that fails the video is decoded again from its start, counting frames. The decoded frame's
-timestamp must be the one the scan listed at that index, else the frame is refused (a damaged
-file whose decoder drops frames would shift every later index).
+decoded at most once, less the frames nothing refers to that no record needs. A frame behind
+the decoder, or past the next keyframe, is reached by seeking to the keyframe at or before it and
+decoding forward; where that passes it by, the video is decoded again from its start. A frame is
+found by the timestamp the scan listed at its index: one the decoder never gives (a damaged
+stream) is refused, never replaced by its neighbour.
 """
 
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -171,55 +171,67 @@ def upright(pixels: np.ndarray, matrix: Any) -> np.ndarray:
 
 
 class _Reader:
-    """One open video in a worker: its decoder and the index of the next frame it yields."""
+    """One open video in a worker: its demuxer and decoder, and the index of the frame it gave
+    last. Frames are found by their timestamp; on the way to one, the frames before it that
+    no other frame refers to (FFmpeg's ``skip_frame='NONREF'``) are not decoded: they cannot
+    be asked for later (a worker is asked for a video's frames in order) and no frame decoded
+    after them depends on them."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
         self.container = _av().open(path)
         self.stream = self.container.streams.video[0]
-        self.frames = self.container.decode(self.stream)
-        self.next = 0        # index of the next frame ``frames`` yields; -1: unknown (sought)
+        # No FFmpeg threads (the workers are the parallelism): a decoder or scaler whose threads
+        # a forked worker inherits only as memory cannot be freed there (its free waits forever)
+        self.stream.codec_context.thread_count = 1
+        self.packets = self.container.demux(self.stream)
+        self.queue: deque[Any] = deque()  # decoded frames not yet asked for, in order
+        self.last = -1       # index of the frame given last
+        self.count = 0       # frames given by the decoder so far (frames without timestamps)
         self.failed: str | None = None  # the decoder's error: later frames are refused with it
 
     def close(self) -> None:
         self.container.close()
 
-    def _step(self) -> Any:
-        try:
-            frame = next(self.frames)
-        except StopIteration:
-            raise MemberError(f"the video ends before this frame (decoded {self.next})"
-                              ) from None
-        if self.next >= 0:
-            self.next += 1
-        return frame
-
-    def seek(self, pts: int) -> bool:
-        """Decode from the keyframe at or before ``pts``; the frame at ``pts`` is the next one
-        yielded (True), else False (the reader is then spent)."""
+    def seek(self, pts: int) -> None:
+        """Go to the keyframe at or before ``pts``."""
         self.container.seek(pts, stream=self.stream, backward=True, any_frame=False)
-        self.frames = self.container.decode(self.stream)
-        self.next = -1
-        while True:
-            try:
-                frame = next(self.frames)
-            except StopIteration:
-                return False
-            if frame.pts is None or frame.pts > pts:
-                return False
-            if frame.pts == pts:
-                self.pending = frame
-                return True
+        self.stream.codec_context.flush_buffers()
+        self.packets = self.container.demux(self.stream)
+        self.queue.clear()
 
-    def frame(self, index: int, pts: int) -> Any:
-        """The frame at ``index`` (the reader is at or before it)."""
-        while self.next < index:
-            self._step()
-        frame = self._step()
-        if pts != NO_PTS and frame.pts != pts:
-            raise MemberError(f"decoded frame {index} has timestamp {frame.pts}, the container "
-                              f"lists {pts} (a damaged stream)")
-        return frame
+    def _more(self, before: int | None) -> bool:
+        """Decode the next packet into the queue (False: none left); a frame no other refers to
+        is skipped when it shows before timestamp ``before``."""
+        ctx = self.stream.codec_context
+        for packet in self.packets:
+            skip = before is not None and packet.pts is not None and packet.pts < before
+            ctx.skip_frame = "NONREF" if skip else "DEFAULT"
+            self.queue.extend(ctx.decode(packet))
+            return True
+        return False
+
+    def find(self, pts: int) -> Any:
+        """The frame at timestamp ``pts``, or None where the decoder passes it by."""
+        while True:
+            while self.queue:
+                frame = self.queue.popleft()
+                if frame.pts == pts:
+                    return frame
+                if frame.pts is None or frame.pts > pts:
+                    return None
+            if not self._more(pts):
+                return None
+
+    def nth(self, index: int) -> Any:
+        """Frame ``index`` counted from the start (frames without timestamps), or None."""
+        while True:
+            while self.queue:
+                frame = self.queue.popleft()
+                self.count += 1
+                if self.count - 1 == index:
+                    return frame
+            if not self._more(None):
+                return None
 
 
 _open: "OrderedDict[str, _Reader]" = OrderedDict()
@@ -254,21 +266,27 @@ def decoded_frame(path: str, index: int, key: int, pts: int) -> np.ndarray:
         reader = _reader(path)
         if reader.failed is not None:
             raise MemberError(reader.failed)
-        frame = None
-        if reader.next > index or (reader.next < key and pts != NO_PTS):
-            # behind the decoder, or a keyframe nearer than the decoder: seek there
-            if reader.seek(pts):
-                frame, reader.next = reader.pending, index + 1
-                del reader.pending
-            else:
-                _drop(path)
-                reader = _reader(path)
+        if pts == NO_PTS:
+            if index <= reader.last:
+                reader = _reopen(path)
+            frame = reader.nth(index)
+        else:
+            # behind the last frame given, or past the next keyframe: seek
+            sought = index <= reader.last or key > reader.last + 1
+            if sought:
+                reader.seek(pts)
+            frame = reader.find(pts)
+            if frame is None and sought:  # the seek landed past it: from the start
+                reader = _reopen(path)
+                frame = reader.find(pts)
         if frame is None:
-            frame = reader.frame(index, pts)
+            raise MemberError(f"frame {index} (timestamp {pts}) is not among the frames the "
+                              "decoder gives (a damaged stream)")
+        reader.last = index
         if frame.is_corrupt:
             raise MemberError(f"frame {index} decodes with errors (damaged data)")
         matrix = frame.side_data.get("DISPLAYMATRIX")
-        return upright(frame.to_ndarray(format="rgb24"), matrix)
+        return upright(frame.to_ndarray(format="rgb24", threads=1), matrix)
     except MemberError:
         raise
     except av.FFmpegError as exc:
@@ -280,6 +298,11 @@ def decoded_frame(path: str, index: int, key: int, pts: int) -> np.ndarray:
     except Exception as exc:  # noqa: BLE001 - any other fault of the file: its reason
         _drop(path)
         raise MemberError(f"cannot decode frame {index}: {_reason(exc)}") from None
+
+
+def _reopen(path: str) -> _Reader:
+    _drop(path)
+    return _reader(path)
 
 
 def frame_file(path: str, index: int, key: int, pts: int, limit: int | None) -> bytes:
