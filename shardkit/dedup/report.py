@@ -41,6 +41,8 @@ class Deduper:
     def duplicate_of(self, path: str, digest: Any) -> str | None:
         """The kept path ``path``'s record duplicates (recording the pair), or None: then
         call :meth:`keep` once the record is written."""
+        if digest is None:  # a record no worker hashed: deciding on it would pair it wrongly
+            raise ValueError(f"{path}: no hash to look for duplicates with")
         if self.mode == "exact":
             found = self._exact.get(digest)
             hit = None if found is None else (found, 0)

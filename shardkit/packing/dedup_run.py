@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..codec import decode
 from ..dedup import Deduper, phash, pixel_digest
 from ..errors import PackError, PackOptionError
 from ..fileutil import replace_atomic
@@ -51,6 +52,16 @@ def deduper_for(dedup: str | None, threshold: int | None, *, out: str, engine: s
 def digest(pixels: np.ndarray, mode: str) -> Any:
     """The hash ``mode`` uses, of the pixels a worker packs (oriented, RGB, resized)."""
     return pixel_digest(pixels) if mode == "exact" else phash(pixels)
+
+
+def with_digest(result: Any, settings: Any) -> Any:
+    """``result`` (an :class:`.encoding.Encoded`) with its hash: a record that did not go
+    through :func:`.encoding.encode_data` (a container's JPEG kept byte for byte, a video
+    frame) is hashed from its stored bytes, decoded."""
+    if result.data is None or result.digest is not None:
+        return result
+    pixels = decode(result.data, settings.encoding, result.height, result.width)
+    return result._replace(digest=digest(pixels, settings.dedup))
 
 
 def report_dedup(deduper: Deduper, out: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Sequence
 from ..fileutil import NotRegularFile, open_regular
 from ..urls import is_url
 from . import resize
+from .dedup_run import with_digest
 from .encoding import Encoded, encode_data
 from .settings import PackSettings
 
@@ -35,7 +36,14 @@ def encode_file(path: Any, settings: PackSettings) -> Encoded:
 
 def encode_many(paths: Sequence[Any], settings: PackSettings) -> Iterator[Encoded]:
     """:func:`encode_file` of each source, in order; images at URLs are read a few ahead on
-    threads (``url_folder.read_ahead``), so the core decodes while the next are on the wire."""
+    threads (``url_folder.read_ahead``), so the core decodes while the next are on the wire.
+    With ``settings.dedup`` every record comes with its hash (:func:`.dedup_run.with_digest`)."""
+    if settings.dedup is not None:
+        return (with_digest(r, settings) for r in _encode_many(paths, settings))
+    return _encode_many(paths, settings)
+
+
+def _encode_many(paths: Sequence[Any], settings: PackSettings) -> Iterator[Encoded]:
     if not (paths and isinstance(paths[0], str) and is_url(paths[0])):
         return (encode_file(p, settings) for p in paths)
     from .sources.url_folder import read_ahead

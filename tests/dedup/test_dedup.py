@@ -111,7 +111,10 @@ def test_dedup_command_lists_cross_store_leaks(corpus, tmp_path, capsys):
     from shardkit.cli import main
 
     train, val = str(tmp_path / "train.lmdb"), str(tmp_path / "val.lmdb")
-    shardkit.pack(corpus["src"], train, size=128, workers=1, progress=False, dedup="exact")
+    assert main(["pack", corpus["src"], train, "--size", "128", "--workers", "1", "-q",
+                 "--dedup", "exact"]) == 0
+    assert (f"dedup exact: 1 duplicate skipped (listed in the store's metadata), each pair in "
+            f"{train}.dedup.json") in capsys.readouterr().err
     shardkit.pack(corpus["val"], val, size=128, workers=1, progress=False)
     capsys.readouterr()
     assert main(["dedup", train, val, "--json"]) == 0
@@ -167,3 +170,25 @@ def test_search_is_exact():
     d.keep("w", 0b0111_0000)
     assert d.duplicate_of("v", 0b0111_0111) == "y"  # y and w both 3 bits away: the earlier
     assert d.duplicate_of("u", 0b1111_0000) == "w"
+
+
+def test_records_kept_byte_for_byte_are_hashed_too(corpus, tmp_path):
+    """A tar's JPEGs packed at their own size are stored as they are (no encode step): the hash
+    comes from the stored record; one member repeated under another key is the only pair."""
+    import tarfile
+
+    tar = str(tmp_path / "shard-000.tar")
+    names = [f"b/img{i:02d}.jpg" for i in (1, 3, 5)] + ["b/img03.jpg"]
+    with tarfile.open(tar, "w") as t:
+        for k, name in enumerate(names):
+            t.add(os.path.join(corpus["src"], name), arcname=f"{k:04d}.jpg")
+            label = tarfile.TarInfo(f"{k:04d}.cls")
+            label.size = 1
+            t.addfile(label, io.BytesIO(b"1"))
+    out = str(tmp_path / "tar.lmdb")
+    result = shardkit.pack(tar, out, size=0, workers=1, progress=False, dedup="exact")
+    assert result.count == 3
+    with open(out + ".dedup.json", encoding="utf-8") as f:
+        pairs = json.load(f)["pairs"]
+    assert [(p["kept"].split("#")[-1], p["dropped"].split("#")[-1], p["distance"])
+            for p in pairs] == [("0001.jpg", "0003.jpg", 0)]
