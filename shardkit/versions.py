@@ -52,8 +52,8 @@ def check_version(version: Any, store: str, remote: bool) -> None:
         return
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise OptionError(f"version must be a version number >= 1 or None, got {version!r}")
-    if remote or not os.path.isdir(store):
-        raise OptionError(f"version: {store} is not a local folder store (only those keep "
+    if not remote and not os.path.isdir(store):
+        raise OptionError(f"version: {store} is not a folder store (only those keep "
                           "versions)")
 
 

@@ -20,7 +20,7 @@ from ..formats import format_for_path
 from ..urls import is_url
 from . import append as appending
 from .buckets import BucketFields
-from .dedup_run import deduper_for, report_dedup
+from .dedup_run import deduper_for, report_dedup, seed
 from .imaging import PILLOW_PIXEL_LIMIT
 from .install import install_finished, partial_path
 from .options import Buckets, EngineChoice, Image, Shards, engine_parts
@@ -186,7 +186,12 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
     src, out = os.fspath(src), os.fspath(out).rstrip("/") or "/"
     appended = shortcuts.pop("append", False)  # True: new keys; "replace": the store's keys
     dedup, dedup_threshold = shortcuts.pop("dedup", None), shortcuts.pop("dedup_threshold", None)
-    base = appending.load_base(out) if appended else None
+    if appended and is_url(out):  # the store under the URL, its keys read from there
+        from .append_remote import load_remote_base
+
+        base: appending.Base | None = load_remote_base(out, storage_options)
+    else:
+        base = appending.load_base(out) if appended else None
     if base is not None:  # the store's own image settings and shard size, where not given
         shortcuts = appending.defaults(base, image, shards, shortcuts)
         format = format or base.manifest["settings"]["format"]
@@ -198,6 +203,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
     deduper = deduper_for(dedup, dedup_threshold, out=out, engine=eng.name,
                           num_nodes=eng.num_nodes, resume=resume, append=bool(appended),
                           overwrite=overwrite)
+    if deduper is not None and base is not None:  # the store's records are kept already
+        seed(deduper, base)
     settings = PackSettings(0 if buckets is not None else image.size, image.quality,
                             image.encoding, format or format_for_path(out), max_pixels, buckets,
                             dedup)

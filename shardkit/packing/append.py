@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -55,12 +55,18 @@ class Base:
     def classes(self) -> list[str]:
         return self.manifest["classes"]
 
+    @property
+    def local(self) -> str:
+        """The local folder that holds the store's side files (labels, layout, records)."""
+        return self.out
+
 
 def load_base(out: str) -> Base:
-    """The folder store at ``out`` with every record's key (PackOptionError where ``out`` is not
-    one an append can add to)."""
+    """The local folder store at ``out`` with every record's key (PackOptionError where ``out``
+    is not one an append can add to; a URL: :func:`.append_remote.load_remote_base`)."""
     if is_url(out):
-        raise PackOptionError(f"{out}: `append` adds to a local folder store")
+        raise PackOptionError(f"{out}: `append` adds to a folder store, local or at a URL, "
+                              "with `pack`")
     manifest_path = os.path.join(out, metadata.MANIFEST_NAME)
     if not os.path.isdir(out) or not os.path.isfile(manifest_path):
         raise PackOptionError(f"{out}: `append` needs an existing folder store (one packed with "
@@ -68,17 +74,31 @@ def load_base(out: str) -> Base:
     with open(manifest_path, "rb") as f:
         manifest = storemeta.parse_manifest(f.read(metadata.MAX_MANIFEST_BYTES + 1),
                                             manifest_path)
+    check_appendable(out, manifest)
+    ordered = logical_keys(out, manifest)
+    live = live_records(out, manifest, len(ordered))
+    return Base(out, manifest, held_keys(manifest, ordered, live), ordered, live)
+
+
+def check_appendable(out: str, manifest: dict[str, Any]) -> None:
     if manifest["settings"].get("buckets") is not None:
         raise PackOptionError(f"{out}: `append` to a store packed with buckets is not supported "
                               "(its bucket list is made from every record): repack the union")
+
+
+def live_records(folder: str, manifest: dict[str, Any], count: int) -> np.ndarray:
+    """The live records (logical indices) of a store whose side files are in ``folder``."""
+    return (_npy(folder, manifest["records"]).astype(np.int64) if "records" in manifest
+            else np.arange(count, dtype=np.int64))
+
+
+def held_keys(manifest: dict[str, Any], ordered: list[str], live: np.ndarray) -> frozenset[str]:
+    """The keys of the live records and of the sources the store skipped."""
     root = manifest.get("source_root")
     keys = {relative_path(root, s["path"]) if root and os.path.isabs(s["path"]) else s["path"]
             for s in manifest.get("skipped", []) if isinstance(s.get("path"), str)}
-    ordered = logical_keys(out, manifest)
-    live = (_npy(out, manifest["records"]).astype(np.int64) if "records" in manifest
-            else np.arange(len(ordered), dtype=np.int64))
     keys.update(ordered[i] for i in live.tolist())
-    return Base(out, manifest, frozenset(keys), ordered, live)
+    return frozenset(keys)
 
 
 def shard_keys(folder: str, manifest: dict[str, Any]) -> list[str]:
@@ -205,10 +225,13 @@ def select_new(scan: Scan, base: Base, folder: str, replacing: bool = False) -> 
     return replace(Scan.of(found, fields), index=index)
 
 
-def combine(partial: str, base: Base, replacing: bool = False) -> dict[str, Any]:
+def combine(partial: str, base: Base, replacing: bool = False,
+            uploaded: bool = False,
+            hashes: Callable[[str, list[str]], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Turn the finished store of new records in ``partial`` into the store's next version:
-    its shards renamed after the store's, the union's labels and layout written, and its
-    manifest replaced by the version's (returned)."""
+    its shards renamed after the store's (``uploaded``: under those names already, by the
+    uploader of a URL store), the union's labels and layout written, and its manifest replaced
+    by the version's (returned)."""
     path = os.path.join(partial, metadata.MANIFEST_NAME)
     with open(path, "rb") as f:
         new = storemeta.parse_manifest(f.read(), path)
@@ -217,18 +240,18 @@ def combine(partial: str, base: Base, replacing: bool = False) -> dict[str, Any]
         raise PackError(f"`append`: the new records' fields ({_names(new)}) differ from the "
                         f"store's ({_names(old)}); pack them with the same source and schema")
     n_old, n_shards = old["count"], len(old["shards"])
-    new_keys = logical_keys(partial, new) if replacing else []
+    new_keys = logical_keys(partial, new) if replacing or hashes is not None else []
     entries = []
     for k, e in enumerate(old["shards"]):
         written = e.get("index", k)
         entries.append(e | {"index": written, "classes": e.get("classes", len(old["classes"]))})
     renamed = [_shard_name(n_shards + k, e["file"]) for k, e in enumerate(new["shards"])]
     # Last first: each name moves up, to a name whose file has moved already.
-    for e, name in reversed(list(zip(new["shards"], renamed))):
+    for e, name in reversed(list(zip(new["shards"], renamed)) if not uploaded else []):
         os.replace(os.path.join(partial, e["file"]), os.path.join(partial, name))
     for k, (e, name) in enumerate(zip(new["shards"], renamed)):
         entries.append(e | {"file": name, "start": n_old + e["start"], "index": k})
-    labels = np.concatenate([_npy(base.out, old["labels"]), _npy(partial, new["labels"])])
+    labels = np.concatenate([_npy(base.local, old["labels"]), _npy(partial, new["labels"])])
     manifest = {k: v for k, v in new.items() if k not in ("layout", versions.KEY)}
     manifest |= {"shards": entries, "count": n_old + new["count"],
                  "classes": new["classes"], "class_to_idx": new["class_to_idx"],
@@ -248,10 +271,13 @@ def combine(partial: str, base: Base, replacing: bool = False) -> dict[str, Any]
             "count": len(live)}
     if old.get("labels_set"):
         manifest["labels_set"] = True
+    if hashes is not None:  # pack(dedup=...): every record's hash, for the next append
+        manifest["dedup"] = hashes(partial, base.ordered + new_keys)
     if added.KEY in old:  # they cover the store's records; add_field computes the new ones
         manifest[added.KEY] = old[added.KEY]
     if "layout" in old or "layout" in new:
-        layout = np.concatenate([_layout(base.out, old), _layout(partial, new) + n_old], axis=1)
+        layout = np.concatenate([_layout(base.local, old), _layout(partial, new) + n_old],
+                                axis=1)
         manifest["layout"] = _write(partial, LAYOUT_NAME, layout.astype("<i8")) | {
             "order": "mixed", "seed": (old.get("layout") or new["layout"])["seed"]}
         manifest["format_version"] = metadata.LAYOUT_VERSION
@@ -264,12 +290,13 @@ def combine(partial: str, base: Base, replacing: bool = False) -> dict[str, Any]
     return sealed
 
 
-def install_version(partial: str, base: Base, replacing: bool = False) -> None:
+def install_version(partial: str, base: Base, replacing: bool = False,
+                    hashes: Callable[[str, list[str]], dict[str, Any]] | None = None) -> None:
     """Make the new records in ``partial`` the store's next version (:func:`combine`), if the
     store is still the version the append started from (else PackError: two writers)."""
     check_unchanged(partial, base)
     try:
-        combine(partial, base, replacing)
+        combine(partial, base, replacing, hashes=hashes)
     except OSError as exc:
         raise PackError(f"cannot write the new version of {base.out}: {exc.strerror or exc}; "
                         "the store is unchanged") from None

@@ -214,8 +214,13 @@ def pack_sharded(plan: PackPlan, run: Run) -> tuple[int, list[dict[str, str]], i
         if remote:
             from ..remote import Uploader
 
+            appending = {}
+            if run.base is not None:  # a new version of the store there (.append_remote)
+                from .append_remote import uploader_options
+
+                appending = uploader_options(run.base)
             uploader = Uploader(out, run.storage_options, resume=run.resume,
-                                overwrite=run.overwrite)
+                                overwrite=run.overwrite, **appending)
         done = set(prepare_partial(partial, plan, plan_id, resume, ours, uploader))
         if run.num_nodes == 1:  # the plan made now replaces the one checked: its paths are
             remove(plan_folder(partial))  # under the root the source is at now
@@ -247,9 +252,18 @@ def pack_sharded(plan: PackPlan, run: Run) -> tuple[int, list[dict[str, str]], i
                        for s in entry["skipped"]]
             remove(partial)  # our own work folder: nothing of it is worth a resume
             check_packed(0, skipped, False)
-        manifest, count = finalize_sharded(partial, plan,
-                                           uploader.finish if uploader is not None else None,
+        publish = uploader.finish if uploader is not None else None
+        if uploader is not None and run.base is not None:
+            from .append_remote import publish as publish_version
+
+            def publish(folder: str) -> None:
+                publish_version(folder, run.base, uploader, run.replacing)
+        manifest, count = finalize_sharded(partial, plan, publish,
                                            run.session.lister if run.session else None)
+        if run.dedup is not None and run.base is None and not remote:
+            from .dedup_run import store_hashes
+
+            store_hashes(partial, run.dedup)  # what an append with dedup compares with
         if remote:
             remove(partial)
     except KeyboardInterrupt:
@@ -263,10 +277,14 @@ def pack_sharded(plan: PackPlan, run: Run) -> tuple[int, list[dict[str, str]], i
             uploader.close()
         if staging is not None:
             staging.release()
-    if run.base is not None:
+    if run.base is not None and not remote:
         from .append import install_version
 
-        install_version(partial, run.base, run.replacing)
+        from .dedup_run import hashes_entry
+
+        dedup = run.dedup
+        install_version(partial, run.base, run.replacing, None if dedup is None else
+                        (lambda folder, keys: hashes_entry(folder, dedup, keys)))
     elif not remote:
         install_finished(partial, out, overwrite=run.overwrite)
     return count, manifest["skipped"], len(plan.paths)

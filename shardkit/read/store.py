@@ -83,7 +83,7 @@ class Store:
         self.cache: Any = None
         versions.check_version(version, self.path, is_url(self.path))
         if is_url(self.path):
-            self._init_remote(cache_dir, cache_limit, storage_options)
+            self._init_remote(cache_dir, cache_limit, storage_options, version)
         elif os.path.isdir(self.path):
             self._init_sharded(version)
         elif os.path.exists(self.path):
@@ -173,11 +173,13 @@ class Store:
             pin.close()
 
     def _init_remote(self, cache_dir: str | os.PathLike | None, cache_limit: int | None,
-                     storage_options: dict[str, Any] | None) -> None:
+                     storage_options: dict[str, Any] | None, version: int | None) -> None:
         from ..remote import RemoteFolder, ShardCache
 
-        self.cache = cache = ShardCache(RemoteFolder(self.path, storage_options), cache_dir,
-                                        cache_limit)
+        # The cache is keyed by the manifest's SHA-256: each version read is its own, and a
+        # reader keeps the version it opened while newer ones are installed.
+        self.cache = cache = ShardCache(RemoteFolder(self.path, storage_options, version),
+                                        cache_dir, cache_limit)
         if cache_limit is not None and self.max_open_shards is None:
             # Open shards are in use and never evicted: a process holds no more than fit.
             largest = max((e["bytes"] for e in cache.remote.meta["shards"]), default=1)

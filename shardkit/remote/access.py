@@ -12,6 +12,8 @@ from typing import Any, Callable, TypeVar
 from .. import metadata, storemeta
 from ..errors import OptionError, ShardkitError, StoreError
 from ..urls import is_url
+from ..versionmeta import number_of
+from ..versions import VERSIONS_DIR
 from .failures import Failure, TransferDeadline, classify, describe
 
 RETRY_DELAYS = (1.0, 2.0)  # seconds slept between the attempts of one remote call
@@ -231,11 +233,12 @@ class RemoteTarget:
         return self.retry(name, attempt, local, refusals)
 
 
-def read_manifest(remote: RemoteTarget) -> bytes:
-    """The bytes of ``manifest.json`` under ``remote``: its size is asked first (HEAD) and one
-    over ``metadata.MAX_MANIFEST_BYTES`` is refused unread; the read itself is a ranged GET of
-    at most that many bytes plus one (an object replaced by a larger one meanwhile)."""
-    name, limit = metadata.MANIFEST_NAME, metadata.MAX_MANIFEST_BYTES
+def read_manifest(remote: RemoteTarget, name: str = metadata.MANIFEST_NAME) -> bytes:
+    """The bytes of ``manifest.json`` (or the kept version ``name``) under ``remote``: its size
+    is asked first (HEAD) and one over ``metadata.MAX_MANIFEST_BYTES`` is refused unread; the
+    read itself is a ranged GET of at most that many bytes plus one (an object replaced by a
+    larger one meanwhile)."""
+    limit = metadata.MAX_MANIFEST_BYTES
     path = remote.path(name)
     size = remote.retry(name, lambda: remote.fs.size(path))
     if size is not None and size > limit:
@@ -265,9 +268,11 @@ def endpoint(url: str, storage_options: dict[str, Any] | None = None) -> str:
 
 
 class RemoteFolder(RemoteTarget):
-    """A folder store under ``url``: its manifest, read and checked at construction."""
+    """A folder store under ``url``: its manifest, read and checked at construction;
+    ``version``: that kept version's (``versions/<N>.json``; None: the current one)."""
 
-    def __init__(self, url: str | os.PathLike, storage_options: dict[str, Any] | None = None):
+    def __init__(self, url: str | os.PathLike, storage_options: dict[str, Any] | None = None,
+                 version: int | None = None):
         super().__init__(url, storage_options)
         name = metadata.MANIFEST_NAME
         try:
@@ -278,6 +283,18 @@ class RemoteFolder(RemoteTarget):
             raise StoreError(f"{self.url} has no {name}: not a shardkit store, or a pack "
                              "that did not finish") from None
         self.meta = storemeta.parse_manifest(raw, self.where(name))
+        if version is not None and number_of(self.meta) != version:
+            name = f"{VERSIONS_DIR}/{int(version)}.json"
+            try:
+                raw = read_manifest(self, name)
+            except ObjectNotFound:
+                raise StoreError(f"{self.url} has no version {version} (the current one is "
+                                 f"{number_of(self.meta)}; `shardkit log` lists the kept "
+                                 "ones)") from None
+            self.meta = storemeta.parse_manifest(raw, self.where(name))
+            if number_of(self.meta) != version:
+                raise StoreError(f"{self.where(name)} is version {number_of(self.meta)}, not "
+                                 f"{version}: the store is damaged")
         self.manifest_sha256 = hashlib.sha256(raw).hexdigest()
         self.manifest_bytes = len(raw)
 

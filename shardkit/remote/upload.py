@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from .. import metadata, storemeta
+from ..versions import VERSIONS_DIR
 from ..errors import PackError, StoreError
 from .access import ObjectNotFound, RemoteTarget, read_manifest
 from .packlock import PackLock
@@ -21,6 +22,7 @@ REPLACED = f"{RECORDS}/replaced.json"
 # Names of the files a pack writes into a folder store (shardkit.packing.plan), besides the
 # manifest: what a prefix must not hold already (unless ``overwrite``), and the only names an
 # overwrite ever deletes.
+_SHARD_NUMBER = re.compile(r"shard-(\d{5,})(\.[A-Za-z0-9]+)")
 _STORE_FILE = re.compile(r"(shard-\d{5,}|labels|layout)(-[0-9a-f]{8,})?\.[A-Za-z0-9]+")
 
 
@@ -37,23 +39,32 @@ class Uploader:
     The prefix's lock (:mod:`shardkit.remote.packlock`) is taken before anything is written
     there, checked before each shard, side file and the manifest is installed, and given back
     by :meth:`finish` or :meth:`close`.
+
+    ``base``: the bytes of the manifest of the store under ``url`` that a new version is made
+    of (an append): the store is kept, the new shards are uploaded under the names
+    ``shard-<first_shard + k>``, and :meth:`publish_version` installs the version, if the
+    store's manifest is still ``base`` once the lock is taken and right before the switch.
     """
 
     def __init__(self, url: str | os.PathLike, storage_options: dict[str, Any] | None = None, *,
-                 resume: bool = False, overwrite: bool = False) -> None:
+                 resume: bool = False, overwrite: bool = False, base: bytes | None = None,
+                 first_shard: int = 0) -> None:
         self.remote = RemoteTarget(url, storage_options)
         self.resume = resume
+        self.base, self.first_shard = base, first_shard
         self.lock = PackLock(url, storage_options)
         self.lock.acquire(resume=resume, overwrite=overwrite)
         try:
-            self._start(overwrite)
+            if base is not None:  # before anything is uploaded: names of a newer version
+                self.check_base("any shard")  # would be written over
+            self._start(overwrite and base is None)
         except BaseException:
             self.lock.release()
             raise
 
     def _start(self, overwrite: bool) -> None:
         resume = self.resume
-        old = _existing_store(self.remote, overwrite)
+        old = None if self.base is not None else _existing_store(self.remote, overwrite)
         # An interrupted overwrite's list: its store's files are orphans now, still to delete.
         replaced = _read_names(self.remote, REPLACED) if overwrite or resume else set()
         if not resume:
@@ -69,8 +80,16 @@ class Uploader:
                 self.remote.path(manifest)))
         self.replaced = replaced
 
+    def remote_name(self, name: str) -> str:
+        """The object a shard packed as ``name`` (``shard-NNNNN.ext``) is uploaded as."""
+        found = _SHARD_NUMBER.fullmatch(name)
+        if not self.first_shard or found is None:
+            return name
+        return f"shard-{int(found.group(1)) + self.first_shard:05d}{found.group(2)}"
+
     def put_shard(self, local_path: str, name: str, sha256: str, size: int) -> bool:
         """Upload one finished shard file; False when ``resume`` found it uploaded already."""
+        name = self.remote_name(name)
         if self.resume and self.uploaded(name, sha256, size):
             return False
         self.lock.check(name)
@@ -87,6 +106,7 @@ class Uploader:
 
     def uploaded(self, name: str, sha256: str, size: int) -> bool:
         """Is this shard (same name, size, SHA-256) uploaded by this or an interrupted run?"""
+        name = self.remote_name(name)
         fs, record = self.remote.fs, self._record(name)
         try:
             found = self.remote.retry(record, lambda: fs.cat_file(self.remote.path(record)))
@@ -116,6 +136,46 @@ class Uploader:
                      os.path.getsize(manifest_path))
         keep = {e["file"] for e in meta["shards"]} | {side["file"] for side in sides}
         self._remove_replaced(keep)
+        self._remove_records()
+        self.close()
+
+    def check_base(self, name: str) -> None:
+        """PackError unless the store's manifest is still the one a new version is made of."""
+        try:
+            now = read_manifest(self.remote)
+        except ObjectNotFound:
+            now = None
+        if now != self.base:
+            raise PackError(f"{self.remote.url} changed while its next version was made (another "
+                            f"version was installed meanwhile); stopped before writing {name}, "
+                            "nothing was switched: run it again")
+
+    def publish_version(self, local_folder: str | os.PathLike, sides: list[str], old: int,
+                        old_raw: bytes, new: int) -> None:
+        """Install the finished version ``new`` of the store in ``local_folder``: upload its
+        side files ``sides``, the manifest of the version it replaces (``versions/<old>.json``,
+        ``old_raw``; where missing), replace ``manifest.json`` (the switch), if it is still
+        :attr:`base` (else PackError, nothing switched), then ``versions/<new>.json``. Nothing
+        is deleted or written over but this pack's own upload records."""
+        folder = os.fspath(local_folder)
+        for name in sides:
+            local = os.path.join(folder, name)
+            self.lock.check(name)
+            put_verified(self.remote, local, name, os.path.getsize(local))
+        name = f"{VERSIONS_DIR}/{old}.json"
+        if not self.remote.retry(name, lambda: self.remote.fs.exists(self.remote.path(name))):
+            local = os.path.join(folder, f".version-{old}.json")
+            with open(local, "wb") as f:
+                f.write(old_raw)
+            self.lock.check(name)
+            put_verified(self.remote, local, name, len(old_raw))
+        self.lock.check(metadata.MANIFEST_NAME)
+        self.check_base(metadata.MANIFEST_NAME)
+        manifest_path = os.path.join(folder, metadata.MANIFEST_NAME)
+        size = os.path.getsize(manifest_path)
+        put_verified(self.remote, manifest_path, metadata.MANIFEST_NAME, size)  # the switch
+        # Kept after the switch: a version file is never one of a version not installed.
+        put_verified(self.remote, manifest_path, f"{VERSIONS_DIR}/{new}.json", size)
         self._remove_records()
         self.close()
 

@@ -1,0 +1,145 @@
+"""A folder store in object storage that grows: ``pack(src, URL, append=True)`` installs the
+next version there, ``ShardDataset(URL, version=N)`` reads a kept one, and an append that finds
+the store changed since it read it switches nothing; against a real moto S3 server."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+
+import boto3
+import numpy as np
+import pytest
+from PIL import Image
+
+import shardkit
+from helpers.s3server import S3Server, bucket_objects
+from shardkit import ShardDataset
+from shardkit.cli import main
+from shardkit.errors import PackError
+
+
+def write_images(root, seed: int, classes: dict[str, int]) -> None:
+    rng = np.random.default_rng(seed)
+    for name, n in classes.items():
+        os.makedirs(root / name, exist_ok=True)
+        for i in range(n):
+            h, w = 30 + int(rng.integers(0, 40)), 30 + int(rng.integers(0, 40))
+            Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(
+                root / name / f"s{seed}_{i}.jpg", quality=95)
+
+
+def by_key(ds: ShardDataset) -> dict[str, tuple[str, str]]:
+    """Every record's pixels' digest and class name, by key."""
+    out = {}
+    for i in range(len(ds)):
+        image, label = ds[i]
+        out[ds.key(i)] = (hashlib.sha256(image.numpy().tobytes()).hexdigest(),
+                          ds.classes[label])
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(s3_env, tmp_path_factory):
+    s3_env.setenv("SHARDKIT_CACHE_DIR", str(tmp_path_factory.mktemp("append-cache")))
+    with S3Server() as s3:
+        s3_env.setenv("AWS_ENDPOINT_URL", s3.endpoint)  # inherited by the CLI
+        yield s3
+
+
+def packed(server, tmp_path) -> tuple[str, object]:
+    """A store of 2 classes packed to a new prefix (version 1), and its source folder."""
+    src = tmp_path / "src"
+    write_images(src, 0, {"cat": 4, "dog": 3})
+    url = f"s3://{server.new_bucket()}/train"
+    shardkit.pack(src, url, shard_size=5000, workers=1, progress=False)
+    return url, src
+
+
+def test_append_to_a_url_equals_a_fresh_pack_and_keeps_version_1(server, tmp_path):
+    url, src = packed(server, tmp_path)
+    v1 = by_key(ShardDataset(url))
+    opened = ShardDataset(url)  # opened at version 1, first read after version 3 is in
+    before = set(bucket_objects(url))
+    write_images(src, 1, {"ant": 2, "dog": 2})
+    first = shardkit.pack(src, url, append=True, workers=1, progress=False)
+    write_images(src, 2, {"bee": 2})
+    assert main(["pack", str(src), url, "--append", "-q", "--workers", "1"]) == 0
+    assert first.count == 4
+    objects = bucket_objects(url)
+    # Nothing of version 1 was deleted or written over.
+    assert {n: objects[n] for n in before} == {n: v for n, v in bucket_objects(url).items()
+                                               if n in before}
+    assert {"versions/1.json", "versions/2.json", "versions/3.json"} <= set(objects)
+    assert objects["versions/3.json"] == objects["manifest.json"]
+    fresh = tmp_path / "fresh"
+    shardkit.pack(src, fresh, shard_size=5000, workers=1, progress=False)
+    ds = ShardDataset(url)
+    assert ds.version == 3 and ds.classes == ["cat", "dog", "ant", "bee"]
+    assert by_key(ds) == by_key(ShardDataset(fresh))  # same records, pixels, classes per key
+    assert by_key(ShardDataset(url, version=1)) == v1
+    assert len(ShardDataset(url, version=2)) == 11
+    assert opened.version == 1 and by_key(opened) == v1
+    with pytest.raises(shardkit.errors.StoreError, match="has no version 4"):
+        ShardDataset(url, version=4)
+
+
+def test_a_stale_append_is_refused_and_the_store_stays_readable(server, tmp_path):
+    """Append B reads the store, then append A (another process, as on another machine: its
+    own staging folder) installs version 2 before B takes the prefix's lock."""
+    url, src = packed(server, tmp_path)
+    other = tmp_path / "other"
+    shutil.copytree(src, other)
+    write_images(other, 3, {"cat": 2})
+    write_images(src, 4, {"dog": 2})
+    ran = []
+
+    def install_another_version(path: str) -> None:
+        # B has read the store and not locked it yet (the first probe: B's, not A's)
+        if ".shardkit-lock-probe-" in path and not ran:
+            ran.append(None)
+            ran.append(subprocess.run(
+                [sys.executable, "-m", "shardkit.cli", "pack", str(other), url, "--append",
+                 "-q", "--workers", "1"], capture_output=True, text=True, timeout=300,
+                env=dict(os.environ, SHARDKIT_CACHE_DIR=str(tmp_path / "elsewhere"))))
+
+    server.put_hooks.append(install_another_version)
+    try:
+        with pytest.raises(PackError, match="changed while its next version was made"):
+            shardkit.pack(src, url, append=True, workers=1, progress=False)
+    finally:
+        server.put_hooks.remove(install_another_version)
+    assert ran[1].returncode == 0, ran[1].stderr
+    ds = ShardDataset(url)  # A's version, whole: B wrote none of its shards over
+    assert ds.version == 2 and len(ds) == 9
+    assert set(by_key(ds)) == {str(p.relative_to(other)) for p in other.rglob("*.jpg")}
+    assert "versions/3.json" not in bucket_objects(url)
+
+
+def test_a_manifest_replaced_before_the_switch_is_never_switched(server, tmp_path):
+    """The manifest is compared again right before the switch: one written meanwhile by
+    another tool is left in place."""
+    url, src = packed(server, tmp_path)
+    bucket, prefix = url.removeprefix("s3://").split("/", 1)
+    client = boto3.client("s3")
+    written = client.get_object(Bucket=bucket, Key=f"{prefix}/manifest.json")["Body"].read()
+    write_images(src, 5, {"cat": 2})
+
+    def rewrite_manifest(path: str) -> None:
+        if path.startswith(f"/{bucket}/{prefix}/labels-"):  # B's new labels, before its switch
+            client.put_object(Bucket=bucket, Key=f"{prefix}/manifest.json", Body=written + b"\n")
+
+    server.put_hooks.append(rewrite_manifest)
+    try:
+        with pytest.raises(PackError, match="stopped before writing manifest.json, nothing "
+                                            "was switched"):
+            shardkit.pack(src, url, append=True, workers=1, progress=False)
+    finally:
+        server.put_hooks.remove(rewrite_manifest)
+    assert bucket_objects(url)["manifest.json"] == written + b"\n"
+    ds = ShardDataset(url)
+    assert ds.version == 1 and len(ds) == 7
+    assert "versions/2.json" not in bucket_objects(url)
