@@ -15,19 +15,18 @@ from typing import Any
 
 import numpy as np
 
-from . import metadata, storemeta
+from . import metadata
 from .errors import PackError
 from .fields import added
 from .formats import SUFFIXES
-from .fileutil import remove
-from .packing.append import install_checked, load_base, write_array
-from .packing.install import partial_path
+from .packing import nextversion
+from .packing.append import load_base, write_array
 from .packing.layout import LAYOUT_NAME
 from .packing.writer import StoreWriter
 from .progress import progress as progress_bar
 from .read.dataset import ShardDataset
 from .read.targets import store_schema
-from .versionmeta import number_of, stamp
+from .versionmeta import number_of
 
 
 @dataclass(frozen=True)
@@ -62,15 +61,10 @@ def compact(out: str | os.PathLike, *, shard_size: int | None = None,
     labels = np.asarray(ds.targets, dtype="<i8")
     order = np.argsort(places, kind="stable")  # logical records in the shards' order
     size = shard_size or max(1, sum(e["bytes"] for e in old["shards"]) // len(old["shards"]))
-    partial = partial_path(out)
-    if os.path.lexists(partial):
-        raise PackError(f"{partial} exists: another pack or update of {out} is running, or one "
-                        "was interrupted (finish it with `resume=True`, or delete it)")
-    os.makedirs(partial)
-    try:
+    with nextversion.work_folder(base) as partial:
         entries = _write(ds, store, order, labels, schema, old, partial, size, progress)
-        manifest = {k: v for k, v in old.items() if k not in (
-            metadata.SEAL_KEY, "records", "labels_set", added.KEY, "layout")}
+        manifest = nextversion.carried(base, drop=("records", "labels_set", added.KEY, "layout",
+                                                   "dedup"))
         manifest["shards"] = entries
         manifest["count"] = count
         manifest["labels"] = write_array(partial, "labels.npy", labels)
@@ -83,15 +77,10 @@ def compact(out: str | os.PathLike, *, shard_size: int | None = None,
                 "order": "mixed", "seed": (old.get("layout") or {}).get("seed", 0)}
             manifest["format_version"] = metadata.LAYOUT_VERSION
         dropped = old["count"] - count
-        sealed = stamp(manifest, number_of(old) + 1, {"kind": "compact", "dropped": dropped})
-        storemeta.parse_manifest(metadata.dumps(sealed), partial)  # what every reader takes
-        with open(os.path.join(partial, metadata.MANIFEST_NAME), "wb") as f:
-            f.write(metadata.dumps(sealed))
         ds.close()
-        install_checked(partial, base)
-    finally:
-        remove(partial)
-    return CompactResult(out, number_of(old) + 1, count, len(entries), dropped)
+        number = nextversion.install(base, partial, manifest,
+                                     {"kind": "compact", "dropped": dropped})
+    return CompactResult(out, number, count, len(entries), dropped)
 
 
 def _write(ds: ShardDataset, store: Any, order: np.ndarray, labels: np.ndarray, schema: Any,

@@ -20,15 +20,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import metadata, storemeta
+from . import metadata
 from .errors import OptionError, PackError
 from .fields import DTYPES, Field, FieldError, Ragged, Schema, ShardFields, added
 from .fileutil import remove, replace_atomic
-from .packing.append import install_checked, load_base, write_array
+from .packing import nextversion
+from .packing.append import load_base, write_array
 from .packing.install import partial_path
 from .progress import progress as progress_bar
 from .read.dataset import ShardDataset
-from .versionmeta import number_of, stamp
+from .versionmeta import number_of
 
 
 @dataclass(frozen=True)
@@ -197,29 +198,15 @@ def _install(base: Any, field: Field, old: dict[str, Any] | None, work: _Work) -
         for p, v in zip(where.tolist(), got):
             values[p] = _checked(field, v)
     values = [_filler(field) if v is None else v for v in values]
-    partial = partial_path(base.out)
-    if os.path.lexists(partial):
-        raise PackError(f"{partial} exists: another pack or update of {base.out} is running, or "
-                        "one was interrupted (finish it with `resume=True`, or delete it)")
-    os.makedirs(partial)
-    try:
+    with nextversion.work_folder(base) as partial:
         columns = {col: write_array(partial, f"column-{col[2:]}.npy", arr)
                    for col, arr in field.columns(values).items()}
-        manifest = {k: v for k, v in base.manifest.items() if k != metadata.SEAL_KEY}
-        manifest["shards"] = [e | {"index": e.get("index", k), "classes": e.get(
-            "classes", len(base.manifest["classes"]))} for k, e in enumerate(manifest["shards"])]
+        manifest = nextversion.carried(base)
         others = [e for e in added.entries(manifest) if e["field"]["name"] != field.name]
         manifest[added.KEY] = others + [{"field": field.as_json(), "rows": count,
                                          "columns": columns}]
-        number = number_of(base.manifest) + 1
-        sealed = stamp(manifest, number, {"kind": "add_field", "field": field.name})
-        storemeta.parse_manifest(metadata.dumps(sealed), partial)  # what every reader takes
-        with open(os.path.join(partial, metadata.MANIFEST_NAME), "wb") as f:
-            f.write(metadata.dumps(sealed))
-        install_checked(partial, base)
-    finally:
-        remove(partial)
-    return number
+        return nextversion.install(base, partial, manifest,
+                                   {"kind": "add_field", "field": field.name})
 
 
 __all__ = ["AddFieldResult", "add_field"]

@@ -18,12 +18,10 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .. import metadata, storemeta
 from ..errors import PackError, PackOptionError
-from ..fileutil import remove
-from ..versionmeta import number_of, stamp
-from .append import RECORDS_NAME, Base, install_checked, load_base, write_array
-from .install import partial_path
+from ..versionmeta import number_of
+from . import nextversion
+from .append import RECORDS_NAME, Base, load_base, write_array
 
 
 @dataclass(frozen=True)
@@ -143,17 +141,8 @@ def _label_rows(given: Any) -> dict[str, str]:
 def _install(base: Base, live: np.ndarray, labels: np.ndarray | None, classes: list[str],
              change: dict[str, Any]) -> None:
     """The store's next version with ``live`` records and ``labels`` (None: unchanged)."""
-    partial = partial_path(base.out)
-    if os.path.lexists(partial):
-        raise PackError(f"{partial} exists: another pack or update of {base.out} is running, or "
-                        "one was interrupted (finish it with `resume=True`, or delete it)")
-    os.makedirs(partial)
-    try:
-        old = base.manifest
-        manifest = {k: v for k, v in old.items() if k not in (metadata.SEAL_KEY,)}
-        manifest["shards"] = [e | {"index": e.get("index", k),
-                                   "classes": e.get("classes", len(old["classes"]))}
-                              for k, e in enumerate(old["shards"])]
+    with nextversion.work_folder(base) as partial:
+        manifest = nextversion.carried(base)
         manifest["records"] = write_array(partial, RECORDS_NAME, live.astype("<i8")) | {
             "count": len(live)}
         if labels is not None:
@@ -161,13 +150,7 @@ def _install(base: Base, live: np.ndarray, labels: np.ndarray | None, classes: l
             manifest["labels_set"] = True
             manifest["classes"] = classes
             manifest["class_to_idx"] = {c: i for i, c in enumerate(classes)}
-        sealed = stamp(manifest, number_of(old) + 1, change)
-        storemeta.parse_manifest(metadata.dumps(sealed), partial)  # what every reader takes
-        with open(os.path.join(partial, metadata.MANIFEST_NAME), "wb") as f:
-            f.write(metadata.dumps(sealed))
-        install_checked(partial, base)
-    finally:
-        remove(partial)
+        nextversion.install(base, partial, manifest, change)
 
 
 __all__ = ["UpdateResult", "update"]
