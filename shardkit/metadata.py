@@ -25,7 +25,7 @@ SUPPORTED_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
 #: A folder store's per-record files beside its shards, by manifest key: labels (logical order),
 #: the record layout, and a later version's live records (:mod:`shardkit.versions`)
-SIDE_FILES = ("labels", "layout", "records")
+SIDE_FILES = ("labels", "layout", "records", "dedup")
 MAX_META_BYTES = 1 << 30
 #: The largest ``manifest.json`` read, checked against the file's or object's size before any of
 #: it is read. A shard's entry takes about 190 bytes and a skipped source about 120, so 1M shards
@@ -324,6 +324,13 @@ def parse_manifest_layout(raw: bytes | str, where: str) -> dict[str, Any]:
         _need(records, "sha256", str, where)
         if _need(records, "count", int, where) < 0:
             raise StoreError(f"{where}: live record count is negative")
+    if "dedup" in obj:  # the records' hashes of pack(dedup=...), for a later append's dedup
+        dedup = _need(obj, "dedup", dict, where)
+        _plain_name(_need(dedup, "file", str, where), where)
+        _need(dedup, "sha256", str, where)
+        if dedup.get("mode") not in ("exact", "near") or not isinstance(dedup.get("threshold"),
+                                                                         int):
+            raise StoreError(f"{where}: dedup entry is malformed")
     if not isinstance(obj.get("labels_set", False), bool):
         raise StoreError(f"{where}: labels_set must be true or false")
     return obj

@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - not on Linux
     fcntl = None  # type: ignore[assignment]
 
 RETIRED_PREFIX = ".retired-"
-_OURS = re.compile(r"^(shard-\d+(-[0-9a-f]{16})?\.[A-Za-z0-9]+|(labels|layout|records|column-[A-Za-z0-9_.]+?)(-[0-9a-f]{16})?\.npy"
+_OURS = re.compile(r"^(shard-\d+(-[0-9a-f]{16})?\.[A-Za-z0-9]+|(labels|layout|records|dedup-hashes|column-[A-Za-z0-9_.]+?)(-[0-9a-f]{16})?\.npy"
                    r"|\.retired-[0-9a-f]+\.json|\.manifest\.[0-9a-f]+\.tmp"
                    r"|shard-\d+[^/]*\.(spool|tmp))$")
 

@@ -34,6 +34,7 @@ class Deduper:
         self.mode = mode
         self.threshold = check_threshold(DEFAULT_THRESHOLD if threshold is None else threshold)
         self._paths: list[str] = []
+        self._digests: list[Any] = []
         self._exact: dict[str, int] = {}
         self._near = HammingIndex()
         self.pairs: list[dict[str, Any]] = []
@@ -60,6 +61,12 @@ class Deduper:
         else:
             self._near.add(digest)
         self._paths.append(path)
+        self._digests.append(digest)
+
+    def kept(self) -> dict[str, Any]:
+        """Each kept record's path -> its hash (the records a store holds, for a later append
+        to compare new ones with)."""
+        return dict(zip(self._paths, self._digests))
 
     def report(self) -> dict[str, Any]:
         """What the report file holds: the settings, counts, and every pair."""

@@ -38,15 +38,68 @@ def deduper_for(dedup: str | None, threshold: int | None, *, out: str, engine: s
     # Every record's hash must pass through one process, in order: not so for Dask's tasks,
     # other nodes' shards, or shards a resume keeps (their hashes are not stored).
     for name, given in (("engine='dask'", engine == "dask"), ("num_nodes", num_nodes > 1),
-                        ("resume=True", resume), ("append=True", append)):
+                        ("resume=True", resume)):
         if given:
             raise PackOptionError(f"`dedup` cannot be combined with `{name}`")
     if "://" in out:
         raise PackOptionError("`dedup` needs a local `out` (its report is written beside it)")
-    if os.path.lexists(report_path(out)) and not overwrite:
+    if os.path.lexists(report_path(out)) and not overwrite and not append:  # append: ours
         raise PackError(f"{report_path(out)} already exists (use `overwrite=True` to replace "
                         "it)")
     return deduper
+
+
+HASHES_NAME = "dedup-hashes.npy"
+
+
+def hash_array(mode: str, keys: list[str], kept: dict[str, Any]) -> np.ndarray:
+    """The hashes of records ``keys`` (a store's logical order) as a plain array: uint64 pHashes
+    (near), or 32 SHA-256 bytes (exact); zeros for a record without one (deleted)."""
+    if mode == "near":
+        return np.array([kept.get(k, 0) for k in keys], dtype="<u8")
+    out = np.zeros((len(keys), 32), dtype=np.uint8)
+    for i, k in enumerate(keys):
+        if k in kept:
+            out[i] = np.frombuffer(bytes.fromhex(kept[k]), dtype=np.uint8)
+    return out
+
+
+def hashes_entry(folder: str, deduper: Deduper, keys: list[str]) -> dict[str, Any]:
+    """Write the hashes of ``keys`` into ``folder``: the manifest's ``dedup`` entry."""
+    from .append import write_array
+
+    return write_array(folder, HASHES_NAME, hash_array(deduper.mode, keys, deduper.kept())) | {
+        "mode": deduper.mode, "threshold": deduper.threshold}
+
+
+def store_hashes(partial: str, deduper: Deduper) -> None:
+    """A finished folder store in ``partial``: its records' hashes beside its shards and in its
+    manifest (``dedup``), so an append with the same ``dedup`` compares new records with them."""
+    from .. import metadata, storemeta
+    from .append import logical_keys
+
+    path = os.path.join(partial, metadata.MANIFEST_NAME)
+    with open(path, "rb") as f:
+        manifest = storemeta.parse_manifest(f.read(), path)
+    manifest["dedup"] = hashes_entry(partial, deduper, logical_keys(partial, manifest))
+    replace_atomic(path, metadata.dumps(metadata.seal(manifest)))
+
+
+def seed(deduper: Deduper, base: Any) -> None:
+    """Keep the live records of the store an append adds to, with the hashes its pack stored
+    (PackOptionError where it has none of this kind: packed without ``dedup``, or changed
+    since by an append without it, a replace or a compaction)."""
+    entry = base.manifest.get("dedup")
+    if entry is None or entry["mode"] != deduper.mode:
+        raise PackOptionError(f"`dedup='{deduper.mode}'` with `append`: {base.out} holds no "
+                              f"{deduper.mode} hashes of its records (pack it with "
+                              f"dedup='{deduper.mode}' to keep them)")
+    hashes = np.load(os.path.join(base.out, entry["file"]), allow_pickle=False)
+    if len(hashes) != len(base.ordered):
+        raise PackError(f"{base.out}: its dedup hashes do not cover its records (damaged store)")
+    for i in base.live.tolist():
+        value = int(hashes[i]) if deduper.mode == "near" else bytes(hashes[i]).hex()
+        deduper.keep(base.ordered[i], value)
 
 
 def digest(pixels: np.ndarray, mode: str) -> Any:
