@@ -23,7 +23,8 @@ REPLACED = f"{RECORDS}/replaced.json"
 # manifest: what a prefix must not hold already (unless ``overwrite``), and the only names an
 # overwrite ever deletes.
 _SHARD_NUMBER = re.compile(r"shard-(\d{5,})(\.[A-Za-z0-9]+)")
-_STORE_FILE = re.compile(r"(shard-\d{5,}|labels|layout)(-[0-9a-f]{8,})?\.[A-Za-z0-9]+")
+_STORE_FILE = re.compile(r"(shard-\d{5,}|labels|layout|records)(-[0-9a-f]{8,})?\.[A-Za-z0-9]+"
+                         rf"|{VERSIONS_DIR}/\d{{1,9}}\.json")
 
 
 class Uploader:
@@ -202,22 +203,26 @@ class Uploader:
 
 
 def _existing_store(remote: RemoteTarget, overwrite: bool) -> set[str] | None:
-    """The files named by the store ``remote`` holds (refused unless ``overwrite``; an empty set
-    for a manifest that cannot be read), or None when it holds none."""
+    """The files named by the store ``remote`` holds and by its kept versions, with those
+    versions' manifests (refused unless ``overwrite``; an empty set for a manifest that cannot
+    be read), or None when it holds none."""
     manifest = metadata.MANIFEST_NAME
     if not remote.retry(manifest, lambda: remote.fs.exists(remote.path(manifest))):
         return None
     if not overwrite:
         raise PackError(f"{remote.url} already holds a store ({manifest}); pass "
                         "`overwrite=True` to replace it")
-    try:
-        meta = storemeta.parse_manifest(read_manifest(remote), remote.where(manifest))
-    except StoreError:  # damaged or unreadable: none of its files can be told apart
-        return set()
-    names = {e["file"] for e in meta["shards"]} | {meta["labels"]["file"]}
-    if "layout" in meta:
-        names.add(meta["layout"]["file"])
-    return names
+    names: set[str] = set()
+    kept = [f"{VERSIONS_DIR}/{n}" for n in _listing(remote, VERSIONS_DIR)
+            if re.fullmatch(r"\d{1,9}\.json", n)]
+    for name in [manifest, *kept]:
+        try:
+            meta = storemeta.parse_manifest(read_manifest(remote, name), remote.where(name))
+        except StoreError:  # damaged or unreadable: none of its files can be told apart
+            continue
+        names |= {e["file"] for e in meta["shards"]}
+        names |= {meta[k]["file"] for k in metadata.SIDE_FILES if k in meta}
+    return names | set(kept)
 
 
 def _read_names(remote: RemoteTarget, name: str) -> set[str]:

@@ -85,6 +85,13 @@ def test_append_to_a_url_equals_a_fresh_pack_and_keeps_version_1(server, tmp_pat
     assert opened.version == 1 and by_key(opened) == v1
     with pytest.raises(shardkit.errors.StoreError, match="has no version 4"):
         ShardDataset(url, version=4)
+    # An overwrite replaces the store with its kept versions: none of their objects is left.
+    shardkit.pack(src, url, shard_size=5000, workers=1, progress=False, overwrite=True)
+    meta = ShardDataset(url).store.meta
+    assert set(bucket_objects(url)) == {"manifest.json", "labels.npy", "layout.npy", *(
+        e["file"] for e in meta["shards"])}
+    with pytest.raises(shardkit.errors.StoreError, match="has no version 2"):
+        ShardDataset(url, version=2)
 
 
 def test_a_stale_append_is_refused_and_the_store_stays_readable(server, tmp_path):
