@@ -99,27 +99,52 @@ def publish(partial: str, base: RemoteBase, uploader: Any, replacing: bool) -> N
         raise PackOptionError(f"{base.out}: `replace` needs a local folder store")
     try:
         sealed = combine(partial, base, uploaded=True)
+    except OSError as exc:
+        raise PackError(f"cannot write the new version of {base.out}: "
+                        f"{exc.strerror or exc}; the store is unchanged") from None
+    install(partial, base, sealed, uploader)
+
+
+def install(partial: str, base: RemoteBase, manifest: dict[str, Any], uploader: Any) -> None:
+    """Upload the version ``manifest`` made in ``partial`` (its side files there) and switch
+    the store to it, under ``uploader``'s lock (:meth:`shardkit.remote.Uploader.publish_version`).
+    """
+    try:
         had = {(e["file"], e["sha256"]) for k in metadata.SIDE_FILES
                for e in [base.manifest.get(k)] if e is not None}
         sides = []
         for key in metadata.SIDE_FILES:
-            entry = sealed.get(key)
+            entry = manifest.get(key)
             if entry is None or (entry["file"], entry["sha256"]) in had:
                 continue
             stem, ext = os.path.splitext(entry["file"])
             name = f"{stem}-{entry['sha256'][:16]}{ext}"  # never a name a version reads
             os.replace(os.path.join(partial, entry["file"]), os.path.join(partial, name))
-            sealed[key] = entry | {"file": name}
+            manifest = manifest | {key: entry | {"file": name}}
             sides.append(name)
-        raw = metadata.dumps(metadata.seal(sealed))
+        raw = metadata.dumps(metadata.seal(manifest))
         storemeta.parse_manifest(raw, partial)  # what every reader takes
         replace_atomic(os.path.join(partial, metadata.MANIFEST_NAME), raw)
     except OSError as exc:
         raise PackError(f"cannot write the new version of {base.out}: "
                         f"{exc.strerror or exc}; the store is unchanged") from None
     uploader.publish_version(partial, sides, number_of(base.manifest), base.raw,
-                             number_of(sealed))
+                             number_of(manifest))
     remove(base.folder)
+
+
+def install_at_url(partial: str, base: Base, manifest: dict[str, Any]) -> None:
+    """The version ``manifest`` made in ``partial`` (``update``) installed in the store at a
+    URL, under the prefix's lock, if the store is still ``base``."""
+    from ..remote import Uploader
+
+    if not isinstance(base, RemoteBase):
+        raise PackOptionError(f"{base.out}: a new version at a URL needs the store read there")
+    uploader = Uploader(base.out, base.storage_options, base=base.raw)
+    try:
+        install(partial, base, manifest, uploader)
+    finally:
+        uploader.close()
 
 
 def _number(file: str) -> int:

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 from .. import metadata, storemeta
 from ..errors import PackError
 from ..fileutil import remove
+from ..urls import is_url
 from ..versionmeta import number_of, stamp
 from .append import Base, install_checked
 from .install import partial_path
@@ -20,8 +21,11 @@ from .install import partial_path
 @contextlib.contextmanager
 def work_folder(base: Base) -> Iterator[str]:
     """The folder the next version's new files are written in (removed afterwards)."""
-    partial = partial_path(base.out)
-    if os.path.lexists(partial):
+    remote = is_url(base.out)  # a store at a URL: beside the files downloaded of it
+    partial = f"{base.local}-new" if remote else partial_path(base.out)
+    if remote:
+        remove(partial)  # left by a killed writer here; the prefix's lock says who writes
+    elif os.path.lexists(partial):
         raise PackError(f"{partial} exists: another pack or update of {base.out} is running, or "
                         "one was interrupted (finish it with `resume=True`, or delete it)")
     os.makedirs(partial)
@@ -46,6 +50,11 @@ def install(base: Base, partial: str, manifest: dict[str, Any], change: dict[str
     """``manifest`` as the store's next version, made by ``change``: checked as every reader
     checks it, written into ``partial`` and installed. Returns its number."""
     number = number_of(base.manifest) + 1
+    if is_url(base.out):
+        from .append_remote import install_at_url
+
+        install_at_url(partial, base, stamp(manifest, number, change))
+        return number
     raw = metadata.dumps(stamp(manifest, number, change))
     storemeta.parse_manifest(raw, partial)  # never install what a reader would refuse
     with open(os.path.join(partial, metadata.MANIFEST_NAME), "wb") as f:

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import PackError, PackOptionError
+from ..urls import is_url
 from ..versionmeta import number_of
 from . import nextversion
 from .append import RECORDS_NAME, Base, load_base, write_array
@@ -39,19 +40,22 @@ class UpdateResult:
 
 def update(out: str | os.PathLike, *, delete: str | os.PathLike | Iterable[str] | None = None,
            set_labels: str | os.PathLike | Mapping[str, str] | None = None,
-           replace: str | os.PathLike | None = None, **pack_options: Any) -> UpdateResult:
+           replace: str | os.PathLike | None = None,
+           storage_options: dict[str, Any] | None = None, **pack_options: Any) -> UpdateResult:
     """Install the folder store's next version with the records of keys ``delete`` removed,
     the labels of ``set_labels`` set, and the records whose keys ``replace`` holds superseded by
     its images, packed as new shards.
 
     Args:
-        out: a local folder store.
+        out: a folder store, local or at a URL (``s3://bucket/prefix``: ``delete`` and
+            ``set_labels`` only).
         delete: keys (source paths relative to SRC) to remove: a file with one per line, or an
             iterable of keys. A key the store does not hold is an error.
         set_labels: key -> class name: a CSV/TSV file of ``key,label`` rows (a first row
             ``key,label`` is a header), or a mapping. A class the store lacks is appended.
         replace: a source folder whose files with the store's keys replace those records (new
             pixels and fields, labels from its folders), packed with the store's settings.
+        storage_options: options of the fsspec filesystem of a URL ``out``.
         **pack_options: passed to the pack of ``replace`` (``workers=``, ``progress=``...).
 
     Each change is its own version, in the order replace, delete, set_labels.
@@ -60,11 +64,19 @@ def update(out: str | os.PathLike, *, delete: str | os.PathLike | Iterable[str] 
     if delete is None and set_labels is None and replace is None:
         raise PackOptionError("update: give `delete`, `set_labels` or `replace`")
     replaced = 0
+    if replace is not None and is_url(out):
+        raise PackOptionError(f"`replace`: {out}: new pixels for a store's keys need a local "
+                              "folder store")
     if replace is not None:
         from .api import pack
 
         replaced = pack(replace, out, append="replace", **pack_options).count
-    base = load_base(out)
+    if is_url(out):
+        from .append_remote import load_remote_base
+
+        base: Base = load_remote_base(out, storage_options)
+    else:
+        base = load_base(out)
     live, labels = base.live, None
     classes = list(base.classes)
     deleted = relabelled = 0
@@ -85,7 +97,7 @@ def update(out: str | os.PathLike, *, delete: str | os.PathLike | Iterable[str] 
         if missing:
             raise PackError(f"update: {len(missing)} key{'s' if len(missing) != 1 else ''} to "
                             f"relabel not in {out} (first: {missing[0]!r})")
-        labels = np.load(os.path.join(out, base.manifest["labels"]["file"]),
+        labels = np.load(os.path.join(base.local, base.manifest["labels"]["file"]),
                          allow_pickle=False).astype("<i8")
         for name in sorted(set(rows.values()) - set(classes)):
             classes.append(name)
@@ -96,9 +108,9 @@ def update(out: str | os.PathLike, *, delete: str | os.PathLike | Iterable[str] 
     if deleted or relabelled:
         _install(base, live, labels, classes, {"kind": "update", "deleted": deleted,
                                                "relabelled": relabelled})
-    now = load_base(out) if (deleted or relabelled) else base
-    return UpdateResult(out, number_of(now.manifest), deleted, relabelled, replaced,
-                        len(now.live))
+    # The version installed is the next one: nextversion.install checked the store was `base`.
+    return UpdateResult(out, number_of(base.manifest) + bool(deleted or relabelled), deleted,
+                        relabelled, replaced, len(live))
 
 
 def _places(base: Base) -> dict[str, int]:

@@ -150,3 +150,18 @@ def test_a_manifest_replaced_before_the_switch_is_never_switched(server, tmp_pat
     ds = ShardDataset(url)
     assert ds.version == 1 and len(ds) == 7
     assert "versions/2.json" not in bucket_objects(url)
+
+
+def test_update_of_a_url_store_deletes_and_relabels_as_a_new_version(server, tmp_path):
+    url, src = packed(server, tmp_path)
+    v1 = by_key(ShardDataset(url))
+    gone, moved = sorted(v1)[:2]
+    result = shardkit.update(url, delete=[gone], set_labels={moved: "eel"})
+    assert (result.version, result.deleted, result.relabelled, result.count) == (2, 1, 1, 6)
+    ds = ShardDataset(url)
+    assert ds.version == 2 and ds.classes == ["cat", "dog", "eel"]
+    assert by_key(ds) == {k: (v[0], "eel" if k == moved else v[1]) for k, v in v1.items()
+                          if k != gone}
+    assert by_key(ShardDataset(url, version=1)) == v1
+    with pytest.raises(shardkit.errors.PackOptionError, match="`replace`"):
+        shardkit.update(url, replace=src)
