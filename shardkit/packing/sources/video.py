@@ -1,7 +1,7 @@
 """Video files as frame records (``frames``: ``shardkit.sources.Video``, ``--frames``).
 
 SRC is a folder of videos, one video file, or (with ``file_list``) a CSV/TSV of
-``path,label`` rows naming videos; a folder holding video files directly is flat (no labels,
+``path,label`` rows naming videos, or the same under a URL prefix (:mod:`.url_videos`); a folder holding video files directly is flat (no labels,
 every video under it), else its subfolders are classes as in torchvision's ImageFolder. Each
 frame that ``frames`` picks (:mod:`.frames`) is a record named ``<video>#<frame index>`` (the
 video's path relative to SRC) with the typed fields ``video`` (that path), ``frame_index``,
@@ -62,6 +62,7 @@ class VideoSource(Source):
     name = "video"
     summary = "video files, each frame `frames` picks a record"
     option = "frames"
+    remote = True  # a URL prefix of videos (:mod:`.url_videos`)
 
     def check(self, options: SourceOptions) -> None:
         super().check(options)
@@ -76,10 +77,14 @@ class VideoSource(Source):
         if options.source_format not in (None, "folder"):
             raise PackOptionError(f"`frames` reads video files, and `source_format` is "
                                   f"{options.source_format!r}")
+        if is_url(options.src) and options.file_list is not None:
+            raise PackOptionError(f"{options.src}: `file_list` names local videos, and SRC is "
+                                  "at a URL (its videos are listed)")
 
     def scan(self, options: SourceOptions) -> Scan:
-        from .video_decode import probe
+        from .video_decode import close_all, probe
 
+        close_all()  # decoders left open by an earlier pack in this process
         frames = Frames.parse(options.frames)
         root, classes, videos, skipped = _list_videos(options)
         samples: list[tuple[str, int]] = []
@@ -88,9 +93,15 @@ class VideoSource(Source):
         shard_col: list[int] = []
         refs: list[tuple[int, int]] = []
         starts = [0]
-        for path, label in videos:
-            rel = os.path.relpath(path, root).replace(os.sep, "/")
-            found = probe(path)
+        if is_url(root):
+            from .url_videos import probe_all
+
+            probes = probe_all([p for p, _ in videos], probe)
+        else:
+            probes = map(probe, (p for p, _ in videos))
+        for (path, label), found in zip(videos, probes):
+            rel = path[len(root) + 1:] if is_url(root) else \
+                os.path.relpath(path, root).replace(os.sep, "/")
             if found.empty is not None:
                 skipped.append({"path": path, "reason": found.empty})
                 continue
@@ -134,7 +145,9 @@ def _list_videos(options: SourceOptions
     """SRC's root, classes, videos ``(path, label)`` in order and the entries skipped."""
     src = os.fspath(options.src)
     if is_url(src):
-        raise PackOptionError(f"{src}: videos are read from local files")
+        from .url_videos import list_url_videos
+
+        return list_url_videos(src, has_video_extension)
     if options.file_list is not None:
         found = read_file_list(options.file_list, src)
         return found.root, found.classes, list(found.samples), list(found.skipped)

@@ -9,7 +9,8 @@ decoded at most once, less the frames nothing refers to that no record needs. A 
 the decoder, or past the next keyframe, is reached by seeking to the keyframe at or before it and
 decoding forward; where that passes it by, the video is decoded again from its start. A frame is
 found by the timestamp the scan listed at its index: one the decoder never gives (a damaged
-stream) is refused, never replaced by its neighbour.
+stream) is refused, never replaced by its neighbour. A video at a URL is decoded from a local
+temporary copy (:func:`.url_videos.local_copy`), held while the video is open.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import MemberError
+from ...urls import is_url
+from .base import MemberError, TransferFailed
 
 OPEN_VIDEOS = 4  # per worker: the videos it is reading now, and a few before
 NO_PTS = -(1 << 63)  # a frame without a timestamp: found by counting only
@@ -51,8 +53,9 @@ class Probe:
     empty: str | None = None
 
 
-def probe(path: str) -> Probe:
-    """Demux the first video stream of ``path`` (no decoding): its frames' timestamps. Packets
+def probe(path: str | Any) -> Probe:
+    """Demux the first video stream of ``path`` (a file name or an open file; no decoding): its
+    frames' timestamps. Packets
     stop at the first corrupt one or read error; a file that ends before the frames or the
     duration its header declares is reported as damaged (``damage``), its frames before kept."""
     av = _av()
@@ -141,6 +144,10 @@ def _clock(text: str) -> Fraction | None:
 
 
 def _reason(exc: BaseException) -> str:
+    # FFmpeg's words without the file's name: the skip list names the file (a local copy of a
+    # video at a URL has none)
+    if getattr(exc, "filename", None) is not None and getattr(exc, "strerror", None):
+        return str(getattr(exc, "strerror"))
     text = str(exc).split("\n")[0]
     return text or type(exc).__name__
 
@@ -177,8 +184,13 @@ class _Reader:
     be asked for later (a worker is asked for a video's frames in order) and no frame decoded
     after them depends on them."""
 
-    def __init__(self, path: str) -> None:
-        self.container = _av().open(path)
+    def __init__(self, path: str, file: Any = None) -> None:
+        av = _av()
+        #: the local copy of a video at a URL (``file``: one fetched already), else None
+        self.file = file if file is not None or not is_url(path) else _local_copy(path)
+        if self.file is not None:
+            self.file.seek(0)
+        self.container = av.open(self.file if self.file is not None else path)
         self.stream = self.container.streams.video[0]
         # No FFmpeg threads (the workers are the parallelism): a decoder or scaler whose threads
         # a forked worker inherits only as memory cannot be freed there (its free waits forever)
@@ -189,8 +201,10 @@ class _Reader:
         self.count = 0       # frames given by the decoder so far (frames without timestamps)
         self.failed: str | None = None  # the decoder's error: later frames are refused with it
 
-    def close(self) -> None:
+    def close(self, keep_file: bool = False) -> None:
         self.container.close()
+        if self.file is not None and not keep_file:
+            self.file.close()
 
     def seek(self, pts: int) -> None:
         """Go to the keyframe at or before ``pts``."""
@@ -238,18 +252,34 @@ _open: "OrderedDict[str, _Reader]" = OrderedDict()
 _pid = os.getpid()
 
 
-def _reader(path: str) -> _Reader:
+def _local_copy(url: str) -> Any:
+    from .url_videos import local_copy
+
+    return local_copy(url)
+
+
+def _reader(path: str, file: Any = None) -> _Reader:
     global _pid
     if _pid != os.getpid():  # a forked child: the inherited decoders are the parent's
         _open.clear()
         _pid = os.getpid()
     reader = _open.pop(path, None)
     if reader is None:
-        reader = _Reader(path)
+        reader = _Reader(path, file)
     _open[path] = reader
     while len(_open) > OPEN_VIDEOS:
         _open.popitem(last=False)[1].close()
     return reader
+
+
+def close_all() -> None:
+    """Close the videos this process has open: a new pack's frames are read from the videos as
+    they are now (a file replaced or an object uploaded again since), never from an earlier
+    pack's open file or copy."""
+    if _pid != os.getpid():  # a forked child: the parent's decoders are not closed here
+        _open.clear()
+    while _open:
+        _open.popitem()[1].close()
 
 
 def _drop(path: str) -> None:
@@ -287,7 +317,7 @@ def decoded_frame(path: str, index: int, key: int, pts: int) -> np.ndarray:
             raise MemberError(f"frame {index} decodes with errors (damaged data)")
         matrix = frame.side_data.get("DISPLAYMATRIX")
         return upright(frame.to_ndarray(format="rgb24", threads=1), matrix)
-    except MemberError:
+    except (MemberError, TransferFailed):  # a failed GET fails the pack, never a skip
         raise
     except av.FFmpegError as exc:
         reason = f"cannot decode frame {index}: {_reason(exc)}"
@@ -301,8 +331,11 @@ def decoded_frame(path: str, index: int, key: int, pts: int) -> np.ndarray:
 
 
 def _reopen(path: str) -> _Reader:
-    _drop(path)
-    return _reader(path)
+    """``path`` opened afresh (a video at a URL: from the copy it has)."""
+    reader = _open.pop(path, None)
+    if reader is not None:
+        reader.close(keep_file=True)
+    return _reader(path, reader.file if reader is not None else None)
 
 
 def frame_file(path: str, index: int, key: int, pts: int, limit: int | None) -> bytes:
