@@ -55,7 +55,7 @@ def packed(server, tmp_path) -> tuple[str, object]:
     src = tmp_path / "src"
     write_images(src, 0, {"cat": 4, "dog": 3})
     url = f"s3://{server.new_bucket()}/train"
-    shardkit.pack(src, url, shard_size=5000, workers=1, progress=False)
+    shardkit.pack(src, url, shard_size=30000, workers=1, progress=False)
     return url, src
 
 
@@ -76,7 +76,7 @@ def test_append_to_a_url_equals_a_fresh_pack_and_keeps_version_1(server, tmp_pat
     assert {"versions/1.json", "versions/2.json", "versions/3.json"} <= set(objects)
     assert objects["versions/3.json"] == objects["manifest.json"]
     fresh = tmp_path / "fresh"
-    shardkit.pack(src, fresh, shard_size=5000, workers=1, progress=False)
+    shardkit.pack(src, fresh, shard_size=30000, workers=1, progress=False)
     ds = ShardDataset(url)
     assert ds.version == 3 and ds.classes == ["cat", "dog", "ant", "bee"]
     assert by_key(ds) == by_key(ShardDataset(fresh))  # same records, pixels, classes per key
@@ -86,7 +86,7 @@ def test_append_to_a_url_equals_a_fresh_pack_and_keeps_version_1(server, tmp_pat
     with pytest.raises(shardkit.errors.StoreError, match="has no version 4"):
         ShardDataset(url, version=4)
     # An overwrite replaces the store with its kept versions: none of their objects is left.
-    shardkit.pack(src, url, shard_size=5000, workers=1, progress=False, overwrite=True)
+    shardkit.pack(src, url, shard_size=30000, workers=1, progress=False, overwrite=True)
     meta = ShardDataset(url).store.meta
     assert set(bucket_objects(url)) == {"manifest.json", "labels.npy", "layout.npy", *(
         e["file"] for e in meta["shards"])}
