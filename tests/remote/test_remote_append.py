@@ -67,7 +67,12 @@ def test_append_to_a_url_equals_a_fresh_pack_and_keeps_version_1(server, tmp_pat
     write_images(src, 1, {"ant": 2, "dog": 2})
     first = shardkit.pack(src, url, append=True, workers=1, progress=False)
     write_images(src, 2, {"bee": 2})
+    bucket = url.removeprefix("s3://").split("/")[0]
+    shards = [f"/{bucket}/train/{n}" for n in sorted(before) if n.startswith("shard-")]
+    gets = [server.count("GET", p) for p in shards]
     assert main(["pack", str(src), url, "--append", "-q", "--workers", "1"]) == 0
+    # The keys of the shards the first append read are kept here: not downloaded again.
+    assert [server.count("GET", p) for p in shards] == gets
     assert first.count == 4
     objects = bucket_objects(url)
     # Nothing of version 1 was deleted or written over.
