@@ -64,8 +64,9 @@ class LeRobotSource(Source):
             raise PackOptionError(f"`tolerance_s` must be a number of seconds > 0, not {tol!r}")
 
     def scan(self, options: SourceOptions) -> Scan:
-        from .video_decode import probe
+        from .video_decode import close_all, probe
 
+        close_all()  # decoders left open by an earlier pack in this process
         layout = read_layout(options.src)
         cameras = _cameras(layout, options.cameras)
         tol = np.float32(TOLERANCE_S if options.tolerance_s is None else options.tolerance_s)
