@@ -3,39 +3,17 @@ version; readers pin versions; ``shardkit log`` / ``gc``; keys."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 
-import numpy as np
 import pytest
-from PIL import Image
 
 import shardkit
+from helpers.versioned import by_key, write_images
 from shardkit import ShardDataset, ShardSampler
 from shardkit.cli import main
 from shardkit.errors import OptionError, PackError, PackOptionError, StoreError
-
-
-def _images(root, seed: int, classes: dict[str, int]) -> None:
-    rng = np.random.default_rng(seed)
-    for name, n in classes.items():
-        os.makedirs(root / name, exist_ok=True)
-        for i in range(n):
-            h, w = 30 + int(rng.integers(0, 40)), 30 + int(rng.integers(0, 40))
-            Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(
-                root / name / f"s{seed}_{i}.jpg", quality=95)
-
-
-def _by_key(ds: ShardDataset) -> dict[str, tuple[bytes, str]]:
-    """Every record's pixels' digest and class name, by key."""
-    out = {}
-    for i in range(len(ds)):
-        image, label = ds[i]
-        out[ds.key(i)] = (hashlib.sha256(image.numpy().tobytes()).hexdigest(),
-                          ds.classes[label])
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +22,13 @@ def grown(tmp_path_factory):
     that is not an image), and a fresh pack of the same union."""
     root = tmp_path_factory.mktemp("append")
     src, out = root / "src", root / "out"
-    _images(src, 0, {"cat": 5, "dog": 4})
+    write_images(src, 0, {"cat": 5, "dog": 4})
     shardkit.pack(src, out, shard_size=6000, workers=1, progress=False)
-    before = _by_key(ShardDataset(out))
-    _images(src, 1, {"ant": 3, "dog": 3})
+    before = by_key(ShardDataset(out))
+    write_images(src, 1, {"ant": 3, "dog": 3})
     (src / "dog" / "broken.jpg").write_bytes(b"not an image")
     first = shardkit.pack(src, out, append=True, workers=1, progress=False)
-    _images(src, 2, {"bee": 2})
+    write_images(src, 2, {"bee": 2})
     second = shardkit.pack(src, out, append=True, workers=1, progress=False)
     fresh = root / "fresh"
     shardkit.pack(src, fresh, shard_size=6000, workers=1, progress=False)
@@ -68,12 +46,12 @@ def test_append_equals_a_fresh_pack_of_the_union(grown):
     # The store's classes keep their indices; new ones follow, in the order they came.
     assert ds.classes == ["cat", "dog", "ant", "bee"]
     assert fresh.classes == ["ant", "bee", "cat", "dog"]
-    assert _by_key(ds) == _by_key(fresh)  # same records, pixels and classes, per key
+    assert by_key(ds) == by_key(fresh)  # same records, pixels and classes, per key
     assert ds.version == 3
     assert [os.path.relpath(s["path"], grown["src"]) for s in ds.store.skipped] == [
         "dog/broken.jpg"]
     # Version 1 is still the store as first packed.
-    assert _by_key(ShardDataset(out, version=1)) == grown["before"]
+    assert by_key(ShardDataset(out, version=1)) == grown["before"]
     # The targets agree with the records' labels in every version.
     for v in (1, 2, 3):
         old = ShardDataset(out, version=v)
@@ -94,7 +72,7 @@ def test_append_refuses_what_it_cannot_add(grown, tmp_path):
     with pytest.raises(PackOptionError, match="needs an existing folder store"):
         shardkit.pack(grown["src"], single, append=True, progress=False)
     # A failed append (strict: the broken file) leaves the store as it was.
-    _images(tmp_path / "more", 5, {"cat": 2})
+    write_images(tmp_path / "more", 5, {"cat": 2})
     (tmp_path / "more" / "cat" / "zz.jpg").write_bytes(b"broken")
     with pytest.raises(PackError):
         shardkit.pack(tmp_path / "more", out, append=True, strict=True, workers=1,
@@ -108,20 +86,20 @@ def test_a_reader_keeps_its_version_while_new_ones_are_installed(grown, tmp_path
     shutil.copytree(grown["out"], out)
     made = ShardDataset(out)  # made at version 3, first read after 4 and 5 exist
     used = ShardDataset(out, version=2)
-    v2 = _by_key(used)
-    _images(src, 7, {"cat": 2})
+    v2 = by_key(used)
+    write_images(src, 7, {"cat": 2})
     shardkit.pack(src, out, append=True, workers=1, progress=False)
-    _images(src, 8, {"eel": 2})
+    write_images(src, 8, {"eel": 2})
     shardkit.pack(src, out, append=True, workers=1, progress=False)
     shardkit.update(out, delete=["cat/s0_0.jpg"])
     shardkit.compact(out, progress=False)  # versions 6 and 7: new shards, the dead one dropped
     assert made.version == 3 and len(made) == 17
-    assert _by_key(made) == _by_key(ShardDataset(grown["out"]))
+    assert by_key(made) == by_key(ShardDataset(grown["out"]))
     assert ShardDataset(out).version == 7 and len(ShardDataset(out)) == 20
     # gc keeps what a reader holds: version 2 is dropped, its files stay while `used` reads.
     assert main(["gc", str(out), "--keep", "1"]) == 0
     assert not os.path.exists(out / "versions" / "2.json")
-    assert _by_key(used) == v2
+    assert by_key(used) == v2
     with pytest.raises(StoreError, match="has no version 2 \\(kept: 7"):
         ShardDataset(out, version=2)
     used.close()
@@ -167,10 +145,10 @@ def test_update_deletes_relabels_and_replaces_without_rewriting_shards(grown, tm
     shutil.copytree(grown["src"], src)
     shutil.copytree(grown["out"], out)
     shards_before = {n: os.stat(out / n).st_ino for n in os.listdir(out) if n.startswith("shard")}
-    v3 = _by_key(ShardDataset(out))
+    v3 = by_key(ShardDataset(out))
     # New pixels for two keys (one in the first pack, one appended), in a folder of their own.
     fix = tmp_path / "fix"
-    _images(fix, 9, {"cat": 1, "ant": 1})
+    write_images(fix, 9, {"cat": 1, "ant": 1})
     os.rename(fix / "cat" / "s9_0.jpg", fix / "cat" / "s0_1.jpg")
     os.rename(fix / "ant" / "s9_0.jpg", fix / "ant" / "s1_2.jpg")
     (tmp_path / "gone.txt").write_text("dog/s0_0.jpg\nbee/s2_0.jpg\n")
@@ -180,11 +158,11 @@ def test_update_deletes_relabels_and_replaces_without_rewriting_shards(grown, tm
                  "-q"]) == 0
     ds = ShardDataset(out)
     assert ds.version == 5  # replace, then delete + relabel
-    now = _by_key(ds)
+    now = by_key(ds)
     assert set(now) == set(v3) - {"dog/s0_0.jpg", "bee/s2_0.jpg"}
     fresh = ShardDataset(shardkit.pack(fix, tmp_path / "fresh", workers=1, progress=False).out)
-    assert now["cat/s0_1.jpg"] == _by_key(fresh)["cat/s0_1.jpg"] != v3["cat/s0_1.jpg"]
-    assert now["ant/s1_2.jpg"][0] == _by_key(fresh)["ant/s1_2.jpg"][0]
+    assert now["cat/s0_1.jpg"] == by_key(fresh)["cat/s0_1.jpg"] != v3["cat/s0_1.jpg"]
+    assert now["ant/s1_2.jpg"][0] == by_key(fresh)["ant/s1_2.jpg"][0]
     assert now["cat/s0_2.jpg"] == (v3["cat/s0_2.jpg"][0], "dog")
     assert now["dog/s1_0.jpg"] == (v3["dog/s1_0.jpg"][0], "fish")
     untouched = set(now) - {"cat/s0_1.jpg", "ant/s1_2.jpg", "cat/s0_2.jpg", "dog/s1_0.jpg"}
@@ -195,7 +173,7 @@ def test_update_deletes_relabels_and_replaces_without_rewriting_shards(grown, tm
     after = {n: os.stat(out / n).st_ino for n in os.listdir(out) if n.startswith("shard")}
     assert {n: after[n] for n in shards_before} == shards_before and len(after) == \
         len(shards_before) + 1
-    assert _by_key(ShardDataset(out, version=3)) == v3
+    assert by_key(ShardDataset(out, version=3)) == v3
     assert shardkit.verify(out).ok
     # A worker process reads the version as the parent does; a subset composes with it.
     loader = ShardDataset(out, crop=24).loader(batch_size=4, num_workers=1,
@@ -207,7 +185,7 @@ def test_update_deletes_relabels_and_replaces_without_rewriting_shards(grown, tm
     with pytest.raises(PackError, match="not in .*first: 'dog/s0_0.jpg'"):
         shardkit.update(out, delete=["dog/s0_0.jpg"])
     assert shardkit.pack(src, out, append=True, workers=1, progress=False).count == 2
-    assert _by_key(ShardDataset(out))["dog/s0_0.jpg"] == v3["dog/s0_0.jpg"]
+    assert by_key(ShardDataset(out))["dog/s0_0.jpg"] == v3["dog/s0_0.jpg"]
 
 
 def test_verify_checks_every_kept_version(grown, tmp_path):
@@ -230,9 +208,9 @@ def test_a_killed_append_leaves_the_store_and_resume_finishes_it(tmp_path):
     import time
 
     src, out = tmp_path / "src", tmp_path / "out"
-    _images(src, 0, {"cat": 3})
+    write_images(src, 0, {"cat": 3})
     shardkit.pack(src, out, shard_size=1, workers=1, progress=False)
-    _images(src, 4, {"dog": 60})
+    write_images(src, 4, {"dog": 60})
     partial = tmp_path / ".out.partial"
     proc = subprocess.Popen([sys.executable, "-c", (
         "import shardkit; shardkit.pack(%r, %r, append=True, shard_size=1, workers=1, "
@@ -253,7 +231,7 @@ def test_a_killed_append_leaves_the_store_and_resume_finishes_it(tmp_path):
                          progress=False)
     assert done.kept_shards >= 1 and done.count == 60
     fresh = shardkit.pack(src, tmp_path / "fresh", workers=1, progress=False)
-    assert _by_key(ShardDataset(out)) == _by_key(ShardDataset(fresh.out))
+    assert by_key(ShardDataset(out)) == by_key(ShardDataset(fresh.out))
 
 
 def test_an_overwrite_of_a_store_with_versions_is_its_next_version(grown, tmp_path):
@@ -264,5 +242,5 @@ def test_an_overwrite_of_a_store_with_versions_is_its_next_version(grown, tmp_pa
     assert ShardDataset(out).version == 4
     assert [v.change["kind"] for v in shardkit.storelog.history(str(out))] == [
         "pack", "append", "append", "overwrite"]
-    assert _by_key(ShardDataset(out, version=1)) == grown["before"]
-    assert _by_key(ShardDataset(out)) == _by_key(ShardDataset(grown["fresh"]))
+    assert by_key(ShardDataset(out, version=1)) == grown["before"]
+    assert by_key(ShardDataset(out)) == by_key(ShardDataset(grown["fresh"]))

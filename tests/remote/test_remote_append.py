@@ -4,42 +4,20 @@ the store changed since it read it switches nothing; against a real moto S3 serv
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
 import sys
 
 import boto3
-import numpy as np
 import pytest
-from PIL import Image
 
 import shardkit
 from helpers.s3server import S3Server, bucket_objects
+from helpers.versioned import by_key, write_images
 from shardkit import ShardDataset
 from shardkit.cli import main
 from shardkit.errors import PackError
-
-
-def write_images(root, seed: int, classes: dict[str, int]) -> None:
-    rng = np.random.default_rng(seed)
-    for name, n in classes.items():
-        os.makedirs(root / name, exist_ok=True)
-        for i in range(n):
-            h, w = 30 + int(rng.integers(0, 40)), 30 + int(rng.integers(0, 40))
-            Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(
-                root / name / f"s{seed}_{i}.jpg", quality=95)
-
-
-def by_key(ds: ShardDataset) -> dict[str, tuple[str, str]]:
-    """Every record's pixels' digest and class name, by key."""
-    out = {}
-    for i in range(len(ds)):
-        image, label = ds[i]
-        out[ds.key(i)] = (hashlib.sha256(image.numpy().tobytes()).hexdigest(),
-                          ds.classes[label])
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -42,8 +42,10 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def scan_url_folder(src: str, allow_empty: bool = False) -> Discovery:
-    """List an ImageFolder layout under the URL ``src`` (see the module docstring)."""
+def list_root(src: str) -> tuple[str, Any, str, list[str], list[str]]:
+    """SRC's root URL, its ``RemoteTarget``, the target's base path, and the folders and files
+    right under it (both empty where the prefix holds nothing). PackError, one line, for a
+    missing fsspec backend or bucket, or a listing that fails."""
     access = remote()
     from ...remote import listing
 
@@ -59,9 +61,17 @@ def scan_url_folder(src: str, allow_empty: bool = False) -> Discovery:
     except access.ObjectNotFound as exc:
         if exc.code == "NoSuchBucket":
             raise PackError(f"cannot list the source folder {root}: {exc}") from None
-        raise PackError(f"source folder not found: {root}") from None
+        folders, files = [], []
     except StoreError as exc:
         raise PackError(f"cannot list the source folder {root}: {exc}") from None
+    return root, target, base, folders, files
+
+
+def scan_url_folder(src: str, allow_empty: bool = False) -> Discovery:
+    """List an ImageFolder layout under the URL ``src`` (see the module docstring)."""
+    from ...remote import listing
+
+    root, target, base, folders, files = list_root(src)
     if not folders and not files:
         raise PackError(f"source folder not found: {root}")
     classes = sorted(folders)

@@ -26,10 +26,10 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, Callable, Iterator, Sequence
 
-from ...errors import PackError, ShardkitError, StoreError
+from ...errors import PackError, StoreError
 from .base import TransferFailed
-from .url_folder import read_ahead
-from .url_objects import fetch, remote
+from .url_folder import list_root, read_ahead
+from .url_objects import fetch
 
 #: Bytes of one GET of a video (and the most a copy holds in memory at once).
 CHUNK = 8 << 20
@@ -74,24 +74,9 @@ def list_url_videos(src: str, is_video: Callable[[str], bool]
                     ) -> tuple[str, list[str], list[tuple[str, int]], list[dict[str, str]]]:
     """SRC's root, classes, videos ``(url, label)`` in order and the keys skipped (see the
     module docstring); ``src`` naming one video object is that video alone."""
-    access = remote()
     from ...remote import listing
 
-    root = src.rstrip("/")
-    target = access.RemoteTarget(root)
-    try:
-        target.fs  # noqa: B018 - a missing fsspec backend is said here, once
-    except ShardkitError as exc:
-        raise PackError(str(exc)) from None
-    base = target.path("").rstrip("/")
-    try:
-        folders, files = listing.list_folder(target, "")
-    except access.ObjectNotFound as exc:
-        if exc.code == "NoSuchBucket":
-            raise PackError(f"cannot list the source folder {root}: {exc}") from None
-        folders, files = [], []
-    except StoreError as exc:
-        raise PackError(f"cannot list the source folder {root}: {exc}") from None
+    root, target, base, folders, files = list_root(src)
     if not folders and not files:
         if is_video(root):  # one video object (fetching it says whether it exists)
             return posixpath.dirname(root), [], [(root, -1)], []
