@@ -33,34 +33,10 @@ import time
 
 import numpy as np
 import torch
-from reports import command_line, emit  # beside this script
+from reports import command_line, emit, make_video  # beside this script
 from torch.utils.data import DataLoader, Dataset
 
 import shardkit
-
-
-def make_video(path: str, seed: int, seconds: float, fps: int, width: int, height: int,
-               gop: int) -> None:
-    import av
-
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    tint = rng.uniform(60, 200, 3)
-    c = av.open(path, "w")
-    s = c.add_stream("libx264", rate=fps, options={"g": str(gop), "preset": "veryfast"})
-    s.width, s.height, s.pix_fmt = width, height, "yuv420p"
-    for i in range(int(seconds * fps)):
-        shift = i * 3
-        base = np.stack([(x + shift) % width / width, y / height,
-                         ((x + y + 2 * shift) % (width + height)) / (width + height)], -1)
-        pixels = base * tint + rng.normal(0, 6, (height, width, 3))
-        frame = av.VideoFrame.from_ndarray(np.clip(pixels, 0, 255).astype(np.uint8),
-                                           format="rgb24")
-        for p in s.encode(frame):
-            c.mux(p)
-    for p in s.encode():
-        c.mux(p)
-    c.close()
 
 
 class Mp4Clips(Dataset):

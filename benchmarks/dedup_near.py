@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import io
 import json
 import os
 import platform

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 
 def positive_ints(text: str) -> list[int]:
     """An argparse type: a comma-separated list of integers >= 1 (``--threads 4,8,16``)."""
@@ -92,3 +94,29 @@ def time_rounds(configs: dict[str, Any], rounds: int, batch: int,
             wall[name].append(len(ds) / seconds)
             cpu[name].append(cpu_seconds / len(ds) * 1e3)
     return wall, cpu
+
+
+def make_video(path: str, seed: int, seconds: float, fps: int, width: int, height: int,
+               gop: int) -> None:
+    """An H.264 video at ``path`` made with PyAV: moving gradients with noise, so the encoder
+    works as on camera footage; a keyframe every ``gop`` frames."""
+    import av
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    tint = rng.uniform(60, 200, 3)
+    c = av.open(path, "w")
+    s = c.add_stream("libx264", rate=fps, options={"g": str(gop), "preset": "veryfast"})
+    s.width, s.height, s.pix_fmt = width, height, "yuv420p"
+    for i in range(int(seconds * fps)):
+        shift = i * 3
+        base = np.stack([(x + shift) % width / width, y / height,
+                         ((x + y + 2 * shift) % (width + height)) / (width + height)], -1)
+        pixels = base * tint + rng.normal(0, 6, (height, width, 3))
+        frame = av.VideoFrame.from_ndarray(np.clip(pixels, 0, 255).astype(np.uint8),
+                                           format="rgb24")
+        for p in s.encode(frame):
+            c.mux(p)
+    for p in s.encode():
+        c.mux(p)
+    c.close()
