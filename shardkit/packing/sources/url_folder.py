@@ -67,6 +67,23 @@ def list_root(src: str) -> tuple[str, Any, str, list[str], list[str]]:
     return root, target, base, folders, files
 
 
+def relative_keys(keys: list[str], base: str, root: str, wanted: Callable[[str], bool]
+                  ) -> tuple[list[str], list[dict[str, str]]]:
+    """The listed ``keys`` under ``base`` that ``wanted`` takes, relative to it, and the skips
+    of those no local folder could hold (an empty, ``.`` or ``..`` part)."""
+    rels, skipped = [], []
+    for key in keys:
+        rel = key[len(base) + 1:] if key.startswith(base + "/") else None
+        if rel is None or not wanted(rel):
+            continue
+        if posixpath.normpath(rel) != rel or "" in rel.split("/"):
+            skipped.append({"path": f"{root}/{rel}", "reason": "a key no folder can hold "
+                            "(an empty, '.' or '..' part); not packed"})
+            continue
+        rels.append(rel)
+    return rels, skipped
+
+
 def scan_url_folder(src: str, allow_empty: bool = False) -> Discovery:
     """List an ImageFolder layout under the URL ``src`` (see the module docstring)."""
     from ...remote import listing
@@ -90,16 +107,8 @@ def scan_url_folder(src: str, allow_empty: bool = False) -> Discovery:
     skipped: list[dict[str, str]] = []
     empty = []
     for label, (name, keys) in enumerate(zip(classes, found)):
-        rels = []
-        for key in keys:
-            rel = key[len(base) + 1:] if key.startswith(base + "/") else None
-            if rel is None or not has_image_extension(rel):
-                continue
-            if posixpath.normpath(rel) != rel or "" in rel.split("/"):
-                skipped.append({"path": f"{root}/{rel}", "reason": "a key no folder can hold "
-                                "(an empty, '.' or '..' part); not packed"})
-                continue
-            rels.append(rel)
+        rels, refused = relative_keys(keys, base, root, has_image_extension)
+        skipped.extend(refused)
         # ImageFolder's order: sorted(os.walk(class folder)) then sorted names per folder.
         rels.sort(key=lambda r: (posixpath.dirname(r), posixpath.basename(r)))
         samples.extend((f"{root}/{rel}", label) for rel in rels)

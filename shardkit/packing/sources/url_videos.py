@@ -28,7 +28,7 @@ from typing import IO, Any, Callable, Iterator, Sequence
 
 from ...errors import PackError, StoreError
 from .base import TransferFailed
-from .url_folder import list_root, read_ahead
+from .url_folder import list_root, read_ahead, relative_keys
 from .url_objects import fetch
 
 #: Bytes of one GET of a video (and the most a copy holds in memory at once).
@@ -86,16 +86,7 @@ def list_url_videos(src: str, is_video: Callable[[str], bool]
             keys = listing.list_tree(target, name)
         except StoreError as exc:
             raise PackError(f"cannot list {root}/{name}: {exc}") from None
-        rels, skipped = [], []
-        for key in keys:
-            rel = key[len(base) + 1:] if key.startswith(base + "/") else None
-            if rel is None or not is_video(rel):
-                continue
-            if posixpath.normpath(rel) != rel or "" in rel.split("/"):
-                skipped.append({"path": f"{root}/{rel}", "reason": "a key no folder can hold "
-                                "(an empty, '.' or '..' part); not packed"})
-                continue
-            rels.append(rel)
+        rels, skipped = relative_keys(keys, base, root, is_video)
         # A local folder's walk: each level's names sorted, a folder's files where it sorts.
         return [f"{root}/{rel}" for rel in sorted(rels, key=lambda r: r.split("/"))], skipped
 
