@@ -32,7 +32,7 @@ from ...errors import PackError, PackOptionError
 from .base import ContainerIndex, Scan, Source, SourceOptions
 from .fields import ContainerFields
 from .lerobot_meta import Episode, Layout, is_lerobot, read_layout
-from .video import KEY_SHIFT, VideoSource
+from .video import VideoSource
 
 #: LeRobotDataset's default ``tolerance_s``
 TOLERANCE_S = 1e-4
@@ -103,10 +103,6 @@ class LeRobotSource(Source):
                         f"episode {ep.index} frame {ep.rows['frame_index'][r]}: {cam}'s nearest "
                         f"frame is at {nearest:.6f} s, {abs(nearest - t):.6f} s from the row's "
                         f"{t:.6f} s (tolerance_s {float(tol):g}): not packed")})
-                keys, key = [], 0
-                for i, is_key in enumerate(found.keyframe):
-                    key = i if is_key else key
-                    keys.append(key)
                 k = file_no.setdefault(path, len(files))
                 if k == len(files):
                     files.append(path)
@@ -118,7 +114,7 @@ class LeRobotSource(Source):
                     rows[record] = {**values[r], "camera": cam, "video": video,
                                     "pts_seconds": float(found.pts[i] * found.time_base)}
                     shard_col.append(k)
-                    refs.append(((keys[i] << KEY_SHIFT) | i, found.pts[i]))
+                    refs.append(found.ref(i))
                 if len(samples) > starts[-1]:
                     starts.append(len(samples))
         if not samples:

@@ -27,11 +27,10 @@ from ..discovery import read_file_list
 from .base import ContainerIndex, Scan, Source, SourceOptions
 from .fields import ContainerFields
 from .frames import FORMS, Frames
+from .video_decode import KEY_SHIFT
 
 VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts",
                     ".mts", ".m2ts", ".flv", ".wmv", ".ogv", ".3gp", ".y4m")
-#: the ``a`` of a frame's Item: its index in the low bits, its keyframe's index above
-KEY_SHIFT = 32
 
 
 def has_video_extension(name: str) -> bool:
@@ -109,10 +108,6 @@ class VideoSource(Source):
             if found.damage is not None:
                 skipped.append({"path": path, "reason": f"{found.damage}; its {len(found.pts)} "
                                 f"frames before that are packed ({len(picked)} picked)"})
-            key, keys = 0, []
-            for i, is_key in enumerate(found.keyframe):
-                key = i if is_key else key
-                keys.append(key)
             k = len(files)
             files.append(path)
             for i in picked:
@@ -122,7 +117,7 @@ class VideoSource(Source):
                                 "pts_seconds": float(found.pts[i] * found.time_base),
                                 "video_fps": found.fps}
                 shard_col.append(k)
-                refs.append(((keys[i] << KEY_SHIFT) | i, found.pts[i]))
+                refs.append(found.ref(i))
             starts.append(len(samples))
         if not samples:
             first = f"; first: {skipped[0]['path']}: {skipped[0]['reason']}" if skipped else ""

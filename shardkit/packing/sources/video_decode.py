@@ -39,6 +39,10 @@ def _av() -> Any:
     return av
 
 
+#: the ``a`` of a frame's Item: its index in the low bits, its keyframe's index above
+KEY_SHIFT = 32
+
+
 @dataclass
 class Probe:
     """One video as the scan sees it: each frame's timestamp and keyframe flag in presentation
@@ -51,6 +55,17 @@ class Probe:
     damage: str | None = None
     #: why the video has no usable frame (no video stream, zero frames...), or None
     empty: str | None = None
+    _before: list[int] | None = field(default=None, repr=False)
+
+    def ref(self, i: int) -> tuple[int, int]:
+        """How a worker finds frame ``i``: the keyframe at or before it (``<< KEY_SHIFT``)
+        with ``i`` itself, and its timestamp (a record's two read numbers)."""
+        if self._before is None:
+            key, self._before = 0, []
+            for j, is_key in enumerate(self.keyframe):
+                key = j if is_key else key
+                self._before.append(key)
+        return (self._before[i] << KEY_SHIFT) | i, self.pts[i]
 
 
 def probe(path: str | Any) -> Probe:
