@@ -84,12 +84,13 @@ def add_field(out: str | os.PathLike, name: str, fn: Callable[[Any], Any], *,
     places = _places(ds)
     todo = np.flatnonzero(places >= done_rows)
     work = _Work(out, name, number_of(base.manifest), field)
-    have = work.load()
-    if have:
+    # Each computed value by physical place: those a killed run kept, then this run's.
+    got = {p: v for where, values in work.load().values()
+           for p, v in zip(where.tolist(), values)}
+    if got:
         field = work.field
-    resumed = sum(len(p) for p, _ in have.values())
-    skip = set().union(*(set(p.tolist()) for p, _ in have.values())) if have else set()
-    todo = np.array([i for i in todo.tolist() if int(places[i]) not in skip], dtype=np.int64)
+    resumed = len(got)
+    todo = np.array([i for i in todo.tolist() if int(places[i]) not in got], dtype=np.int64)
     computed = 0
     if len(todo):
         loader = ds.loader(batch_size, sampler=todo.tolist(), num_workers=workers)
@@ -103,14 +104,16 @@ def add_field(out: str | os.PathLike, name: str, fn: Callable[[Any], Any], *,
                     raise OptionError(f"add_field: fn returned {n} values for a batch of "
                                       f"{min(batch_size, len(todo) - at)} records")
                 field = work.field = field or Schema.infer({name: v} for v in values)[name]
-                work.save(places[todo[at:at + n]], [_checked(field, v) for v in values])
+                where, checked = places[todo[at:at + n]], [_checked(field, v) for v in values]
+                work.save(where, checked)
+                got.update(zip(where.tolist(), checked))
                 at, computed = at + n, computed + n
                 bar.update(n)
         finally:
             bar.close()
     if field is None:
         raise PackError(f"add_field: {out} has no record to compute {name!r} for")
-    version = _install(base, field, old[0] if old and not overwrite else None, work)
+    version = _install(base, field, old[0] if old and not overwrite else None, got)
     work.remove()
     return AddFieldResult(out, version, field, computed, resumed)
 
@@ -184,8 +187,9 @@ class _Work:
         remove(self.folder)
 
 
-def _install(base: Any, field: Field, old: dict[str, Any] | None, work: _Work) -> int:
-    """The version with ``field``'s column over every physical record."""
+def _install(base: Any, field: Field, old: dict[str, Any] | None, got: dict[int, Any]) -> int:
+    """The version with ``field``'s column over every physical record: the values it had
+    (``old``), then ``got`` (physical place -> value)."""
     count = base.manifest["count"]
     values: list[Any] = [None] * count
     if old is not None:  # the values it had (the records packed before it was added)
@@ -194,9 +198,8 @@ def _install(base: Any, field: Field, old: dict[str, Any] | None, work: _Work) -
         rows = np.zeros(old["rows"], np.int32)
         kept = ShardFields(Schema([field]), cols, rows, rows, base.out)
         values[:old["rows"]] = [kept.value(field.name, i) for i in range(old["rows"])]
-    for where, got in work.load().values():
-        for p, v in zip(where.tolist(), got):
-            values[p] = _checked(field, v)
+    for p, v in got.items():
+        values[p] = _checked(field, v)
     values = [_filler(field) if v is None else v for v in values]
     with nextversion.work_folder(base) as partial:
         columns = {col: write_array(partial, f"column-{col[2:]}.npy", arr)
