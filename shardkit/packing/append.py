@@ -257,18 +257,16 @@ def combine(partial: str, base: Base, replacing: bool = False,
                  "classes": new["classes"], "class_to_idx": new["class_to_idx"],
                  "skipped": old.get("skipped", []) + new.get("skipped", []),
                  "source_root": new.get("source_root", old.get("source_root"))}
-    manifest["labels"] = _write(partial, "labels.npy", labels.astype("<i8"))
+    manifest["labels"] = write_array(partial, "labels.npy", labels.astype("<i8"))
     if replacing:  # each new record takes the place of the one with its key
         live = base.live.copy()
         place = {base.ordered[i]: j for j, i in enumerate(base.live.tolist())}
         for j, key in enumerate(new_keys):
             live[place[key]] = n_old + j
-        manifest["records"] = _write(partial, RECORDS_NAME, live.astype("<i8")) | {
-            "count": len(live)}
+        manifest["records"] = records_entry(partial, live)
     elif "records" in old:  # the store's live records, then every new one
         live = np.concatenate([base.live, np.arange(n_old, n_old + new["count"])])
-        manifest["records"] = _write(partial, RECORDS_NAME, live.astype("<i8")) | {
-            "count": len(live)}
+        manifest["records"] = records_entry(partial, live)
     if old.get("labels_set"):
         manifest["labels_set"] = True
     if hashes is not None:  # pack(dedup=...): every record's hash, for the next append
@@ -278,7 +276,7 @@ def combine(partial: str, base: Base, replacing: bool = False,
     if "layout" in old or "layout" in new:
         layout = np.concatenate([_layout(base.local, old), _layout(partial, new) + n_old],
                                 axis=1)
-        manifest["layout"] = _write(partial, LAYOUT_NAME, layout.astype("<i8")) | {
+        manifest["layout"] = write_array(partial, LAYOUT_NAME, layout.astype("<i8")) | {
             "order": "mixed", "seed": (old.get("layout") or new["layout"])["seed"]}
         manifest["format_version"] = metadata.LAYOUT_VERSION
     change = {"kind": "replace" if replacing else "append",
@@ -347,12 +345,13 @@ def _layout(folder: str, manifest: dict[str, Any]) -> np.ndarray:
     return np.stack([ident, ident])
 
 
+def records_entry(folder: str, live: np.ndarray) -> dict[str, Any]:
+    """A version's live records saved in ``folder``: the manifest's ``records`` entry."""
+    return write_array(folder, RECORDS_NAME, live.astype("<i8")) | {"count": len(live)}
+
+
 def write_array(folder: str, name: str, array: np.ndarray) -> dict[str, Any]:
     """``array`` saved as ``folder/name`` (``.npy``): its manifest entry (file, sha256)."""
-    return _write(folder, name, array)
-
-
-def _write(folder: str, name: str, array: np.ndarray) -> dict[str, Any]:
     path = os.path.join(folder, name)
     with open(path + ".tmp", "wb") as f:
         np.save(f, array, allow_pickle=False)

@@ -22,7 +22,7 @@ from ..errors import PackError, PackOptionError
 from ..urls import is_url
 from ..versionmeta import number_of
 from . import nextversion
-from .append import RECORDS_NAME, Base, load_base, write_array
+from .append import Base, load_base, records_entry, write_array
 
 
 @dataclass(frozen=True)
@@ -155,8 +155,7 @@ def _install(base: Base, live: np.ndarray, labels: np.ndarray | None, classes: l
     """The store's next version with ``live`` records and ``labels`` (None: unchanged)."""
     with nextversion.work_folder(base) as partial:
         manifest = nextversion.carried(base)
-        manifest["records"] = write_array(partial, RECORDS_NAME, live.astype("<i8")) | {
-            "count": len(live)}
+        manifest["records"] = records_entry(partial, live)
         if labels is not None:
             manifest["labels"] = write_array(partial, "labels.npy", labels)
             manifest["labels_set"] = True
