@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
@@ -19,7 +18,7 @@ from ..fileutil import has_size, sha256_file, unlink
 from . import access, limit
 from .access import LocalFault, RemoteFolder, default_cache_dir
 from .background import Background
-from .failures import LOCAL_ERRNOS
+from .failures import local_fault
 from .locks import locked, open_lock, read_side, remove_side, touch_side, try_lock, write_side
 from .limit import release_held
 from .locks import close as close_lock
@@ -29,6 +28,10 @@ from .slots import NO_PLACE, Place, Slots
 #: A shard's seal is written this long after its last change (ctime) at the earliest: longer than
 #: the kernel's coarse timestamp tick (a jiffy: 1-10 ms), so a later write changes its ctime.
 SEAL_MARGIN_NS = 20_000_000
+
+
+#: How often a read-ahead looks whether another process's download of its shard has its room.
+AHEAD_POLL_SECONDS = 0.005
 
 
 def _seal(st: os.stat_result, sha256: str) -> dict[str, Any]:
@@ -303,9 +306,8 @@ class ShardCache:
         if wait:
             fd = self._wait_download(name, size, dl)
         else:
-            fd = try_lock(dl, fcntl.LOCK_EX, create=True)
+            fd = self._lock_ahead(name, size, dl, placed)
             if fd is None:
-                placed()  # its downloader reserved its room
                 return False
         try:
             if cached():
@@ -335,6 +337,27 @@ class ShardCache:
         finally:
             close_lock(fd)
 
+    def _lock_ahead(self, name: str, size: int | None, dl: str,
+                    placed: Callable[[], None]) -> int | None:
+        """``dl`` held exclusively for a read-ahead, or None when another download of ``name``
+        holds it. That download has room for the shard once its ``.part`` (or the shard) is
+        there, and only then is ``placed()`` called: room given to the later shards of the window
+        before it would be evicted again by that download (each downloaded twice). A holder that
+        neither makes room nor lets go within one download's deadline (a stopped process) leaves
+        the window without room."""
+        path = os.path.join(self.folder, name)
+        deadline = time.monotonic() + access.transfer_deadline(size or 0)
+        while True:
+            fd = try_lock(dl, fcntl.LOCK_EX, create=True)
+            if fd is not None:
+                return fd
+            if has_size(path, size) or limit.in_flight(self.folder, name, size or 0):
+                placed()
+                return None
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(AHEAD_POLL_SECONDS)
+
     def _wait_download(self, name: str, size: int | None, dl: str) -> int:
         """Hold ``dl`` exclusively, waiting for another download of ``name`` no longer than its
         whole retry chain may take (every attempt at its deadline, the pauses between them, and
@@ -358,7 +381,7 @@ class ShardCache:
         for attempt in range(len(delays) + 1):
             place.take()  # a retry's
             try:
-                self.remote.get(name, part, local=lambda exc: self._local_fault(exc, part),
+                self.remote.get(name, part, local=lambda exc: local_fault(exc, part, self.remote.where),
                                 size=size)
             finally:
                 place.give()
@@ -378,35 +401,12 @@ class ShardCache:
                     remove_side(self.side_file(name, "failed"))
                     return
             except OSError as exc:
-                raise LocalFault(self._local_fault(exc, part) or
+                raise LocalFault(local_fault(exc, part, self.remote.where) or
                                  f"cache file {part}: {exc.strerror}") from None
             if attempt < len(delays):
                 time.sleep(delays[attempt])
         raise StoreError(f"{self.remote.where(name)}: object is damaged or replaced: its size or "
                          f"SHA-256 differs from the manifest ({attempt + 1} downloads)")
-
-    def _local_fault(self, exc: BaseException, part: str) -> str | None:
-        """The message for a fault of this machine's cache while writing ``part``, else None."""
-        if not isinstance(exc, OSError) or getattr(exc, "__cause__", None) is not None:
-            return None  # s3fs's translations of server errors keep the server's as the cause
-        code = exc.errno
-        folder = os.path.dirname(part)
-        # The object, not the .part file: limit.part_name(name, size, tag) = ".NAME.SIZE-TAG.part"
-        name = os.path.basename(part)[1:].removesuffix(".part").rsplit(".", 1)[0]
-        where = f"while downloading {self.remote.where(name)}; check cache_dir and cache_limit"
-        if code == errno.ENOSPC:
-            return f"no space left in {folder} (the cache disk is full) {where}"
-        if code in LOCAL_ERRNOS:
-            what = {errno.EDQUOT: "disk quota exceeded",
-                    errno.EROFS: "the cache filesystem is read-only"}[code]
-        elif not os.path.isdir(folder):
-            what = "the cache folder was removed while in use"
-        elif not os.access(folder, os.W_OK):
-            what = "the cache folder is not writable"
-        else:
-            return None
-        return (f"cache {folder}: {what} ({os.strerror(code) if code else type(exc).__name__}) "
-                f"{where}")
 
     def _failure(self, name: str, since_ns: int) -> str | None:
         """The failure another download of ``name`` recorded after ``since_ns``, if any."""

@@ -8,8 +8,9 @@ backend: classes are recognised by name along the exception's chain.
 from __future__ import annotations
 
 import errno
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 # botocore's configuration and credential errors: the same call fails the same way again.
 _PERMANENT_TYPES = {"NoCredentialsError", "PartialCredentialsError", "ProfileNotFound",
@@ -149,3 +150,27 @@ def classify(exc: BaseException, read_timeout: float | None = None) -> Failure:
                              f"{bound}; {describe(exc)}); check the network and the endpoint, or "
                              "raise storage_options={'config_kwargs': {'read_timeout': ...}}")
     return Failure(True, describe(exc))
+
+
+def local_fault(exc: BaseException, part: str, where: Callable[[str], str]) -> str | None:
+    """The message for a fault of this machine's cache while writing download file ``part``,
+    else None; ``where(name)`` names the object being downloaded."""
+    if not isinstance(exc, OSError) or getattr(exc, "__cause__", None) is not None:
+        return None  # s3fs's translations of server errors keep the server's as the cause
+    code = exc.errno
+    folder = os.path.dirname(part)
+    # The object, not the .part file: limit.part_name(name, size, tag) = ".NAME.SIZE-TAG.part"
+    name = os.path.basename(part)[1:].removesuffix(".part").rsplit(".", 1)[0]
+    hint = f"while downloading {where(name)}; check cache_dir and cache_limit"
+    if code == errno.ENOSPC:
+        return f"no space left in {folder} (the cache disk is full) {hint}"
+    if code in LOCAL_ERRNOS:
+        what = {errno.EDQUOT: "disk quota exceeded",
+                errno.EROFS: "the cache filesystem is read-only"}[code]
+    elif not os.path.isdir(folder):
+        what = "the cache folder was removed while in use"
+    elif not os.access(folder, os.W_OK):
+        what = "the cache folder is not writable"
+    else:
+        return None
+    return f"cache {folder}: {what} ({os.strerror(code) if code else type(exc).__name__}) {hint}"

@@ -36,6 +36,13 @@ def part_name(name: str, size: int, tag: str) -> str:
     return f".{name}.{size}-{tag}.part"
 
 
+def in_flight(folder: str, name: str, size: int) -> bool:
+    """Whether a download of ``name`` (``size`` bytes) into ``folder`` has its room: its
+    ``.part`` file is there."""
+    head = part_name(name, size, "")[:-len(".part")]
+    return any(e.name.startswith(head) and e.name.endswith(".part") for e in scandir(folder))
+
+
 def _reserved(part: str) -> int:
     size = part[:-len(".part")].rsplit(".", 1)[-1].split("-")[0]
     return int(size) if size.isdigit() else 0

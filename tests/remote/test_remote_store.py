@@ -7,6 +7,7 @@ compared with a local pack of the same folder: the same records, labels and mani
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -29,6 +30,9 @@ from shardkit import ShardDataset, metadata
 from shardkit.errors import PackError, StoreError
 from shardkit.packing.staging import staging_path
 from shardkit.remote import RemoteFolder, upload_folder_store
+from shardkit.remote.limit import part_name
+from shardkit.remote.locks import close as close_lock
+from shardkit.remote.locks import open_lock
 
 SOURCE = {"classes": 4, "per_class": 8, "seed": 11}  # src and local: tests/remote/conftest.py
 SHARDS = 8
@@ -317,6 +321,40 @@ def test_read_ahead_gives_room_in_reading_order(packed, local, tmp_path):
     _join_prefetches(ds)
     assert [a - b for a, b in zip(gets(server, url, names), before)] == \
         [int(k == small) for k in range(SHARDS)]
+    ds.close()
+
+
+def test_read_ahead_waits_for_the_room_of_a_download_under_way(packed, local, tmp_path,
+                                                               monkeypatch):
+    """The first shard of a window is being downloaded by another reader that has not made its
+    room yet: the window's later shards wait for that room (taking it first, they would be
+    evicted by that download and fetched twice). Once the other download's ``.part`` is there
+    they go on; a holder that never makes room leaves the window without any."""
+    server, url, _, _ = packed
+    names = shard_names(local)
+    monkeypatch.setenv("SHARDKIT_TRANSFER_TIMEOUT", "0.3")  # a holder stopped for one deadline
+    monkeypatch.setenv("SHARDKIT_TRANSFER_MIN_RATE", "1e12")
+    ds, _ = _tight_cache(local, tmp_path, url)
+    ds.store.prefetch_next = False
+    cache = ds.store.cache
+    before = gets(server, url, names)
+    dl = open_lock(cache.side_file(names[0], "dl"), fcntl.LOCK_EX)  # the other reader's
+    try:
+        ds.store.read_ahead([0, 1, 2])
+        _join_prefetches(ds)
+        assert [a - b for a, b in zip(gets(server, url, names), before)] == [0] * SHARDS
+        part = os.path.join(cache.folder, part_name(names[0], ds.store.shards[0].bytes, "other"))
+        ds.store.read_ahead([0, 1])
+        room = open_lock(part, fcntl.LOCK_EX, new=True)  # the other reader made its room
+        try:
+            _join_prefetches(ds)
+        finally:
+            os.unlink(part)
+            close_lock(room)
+    finally:
+        close_lock(dl)
+    assert [a - b for a, b in zip(gets(server, url, names), before)] == \
+        [int(k == 1) for k in range(SHARDS)]
     ds.close()
 
 
