@@ -10,14 +10,11 @@ import os
 import re
 import threading
 
-import fsspec
 import pytest
 
 import shardkit
-import shardkit.remote.access
 from helpers import image_tree, imagefolder_reference, write_bytes
 from helpers.faultproxy import FaultProxy
-from helpers.s3server import S3Server
 from helpers.scaleout import manifest, partial_of, records
 from shardkit.errors import PackError
 from shardkit.packing.sources import MemberError, TransferFailed
@@ -42,25 +39,10 @@ def tree(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def s3(s3_env, tree):
-    """(proxy, url): ``tree`` uploaded under ``url``; every client of this process (and of the
-    workers it starts) goes through the proxy, one for the module (a URL source's filesystem
-    is made once per process and keeps the endpoint it was made with)."""
-    with S3Server() as server, FaultProxy(server.endpoint) as proxy:
-        s3_env.setenv("AWS_ENDPOINT_URL", server.endpoint)
-        bucket = server.new_bucket()
-        fsspec.filesystem("s3", skip_instance_cache=True).put(tree + "/", f"{bucket}/train/",
-                                                              recursive=True)
-        s3_env.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        yield proxy, f"s3://{bucket}/train"
-
-
-@pytest.fixture
-def proxy(s3, monkeypatch):
-    proxy = s3[0]
-    monkeypatch.setattr(shardkit.remote.access, "RETRY_DELAYS", (0.05, 0.05))  # this process
-    yield proxy
-    proxy.clear()
+def s3(proxied_s3, tree):
+    """(proxy, url): ``tree`` uploaded under ``url``."""
+    proxy, upload = proxied_s3
+    return proxy, upload(tree, "train")
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,10 @@ from __future__ import annotations
 import os
 import re
 
-import fsspec
 import pytest
 
 import shardkit
-import shardkit.remote.access
 from helpers.faultproxy import FaultProxy
-from helpers.s3server import S3Server
 from helpers.scaleout import records
 from helpers.videos import write_video
 from shardkit.errors import PackError
@@ -41,23 +38,10 @@ def tree(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def s3(s3_env, tree):
-    """(proxy, url): ``tree`` uploaded under ``url``, every client going through the proxy."""
-    with S3Server() as server, FaultProxy(server.endpoint) as proxy:
-        s3_env.setenv("AWS_ENDPOINT_URL", server.endpoint)
-        bucket = server.new_bucket()
-        fsspec.filesystem("s3", skip_instance_cache=True).put(tree + "/", f"{bucket}/videos/",
-                                                              recursive=True)
-        s3_env.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-        yield proxy, f"s3://{bucket}/videos"
-
-
-@pytest.fixture
-def proxy(s3, monkeypatch):
-    proxy = s3[0]
-    monkeypatch.setattr(shardkit.remote.access, "RETRY_DELAYS", (0.05, 0.05))  # this process
-    yield proxy
-    proxy.clear()
+def s3(proxied_s3, tree):
+    """(proxy, url): ``tree`` uploaded under ``url``."""
+    proxy, upload = proxied_s3
+    return proxy, upload(tree, "videos")
 
 
 @pytest.fixture(scope="module")
