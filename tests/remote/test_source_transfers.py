@@ -1,8 +1,9 @@
 """Loose images under an ``s3://`` prefix as a pack's source, through the fault proxy in front of
 a real moto server: a refused or failed GET is an error of the pack (retried first, then one
 line naming the object; ``resume`` continues), never a skipped image; a listing that trickles is
-cut at the transfer deadline; an empty object is an "empty file" as locally; the size limit and
-the listing order of a URL source are those of the local folder."""
+cut at the transfer deadline; an empty object is an "empty file" as locally, a key no folder
+could hold a skip with its reason; the size limit and the listing order of a URL source are those
+of the local folder."""
 
 from __future__ import annotations
 
@@ -161,6 +162,23 @@ def test_a_url_object_over_the_size_limit_is_refused_unread_past_it(proxy, s3, t
     with pytest.raises(TransferFailed, match=f"^{url}/c0/gone.jpg: object not found .*gave up "
                                              "after 3 attempts"):
         read_url(f"{url}/c0/gone.jpg", size)
+
+
+def test_keys_no_folder_can_hold_are_skipped_with_the_reason_and_the_rest_packed(
+        proxied_s3, tree, local, tmp_path):
+    """S3 takes keys with an empty, ``.`` or ``..`` part; no local folder could hold them, so
+    the pack lists each as skipped (in the result and the store) and packs the rest: the local
+    folder's store."""
+    with open(os.path.join(tree, "c0", "img000.jpg"), "rb") as f:
+        jpeg = f.read()
+    odd = ["c0//img000.jpg", "c1/./img000.jpg", "c1/x/../img001.jpg"]
+    url = proxied_s3[1](tree, "odd", dict.fromkeys(odd, jpeg))
+    result = shardkit.pack(url, str(tmp_path / "odd"), workers=0, **OPTIONS)
+    assert result.count == 18 and records(str(tmp_path / "odd")) == records(local)
+    reason = "a key no folder can hold (an empty, '.' or '..' part); not packed"
+    assert result.skipped == manifest(str(tmp_path / "odd"))["skipped"] == [
+        *({"path": f"{url}/{rel}", "reason": reason} for rel in odd),
+        {"path": f"{url}/c1/empty.jpg", "reason": "empty file (0 bytes)"}]
 
 
 def test_listing_order_of_files_beside_subfolders_is_image_folders(s3, tree):
