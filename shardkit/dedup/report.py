@@ -18,8 +18,8 @@ from .search import DEFAULT_THRESHOLD, HammingIndex, check_threshold
 #: The skip reason of a duplicate begins so; the kept record's path follows.
 DUPLICATE = "duplicate of "
 HASHES = {"exact": "sha256 of the packed RGB pixels and their shape",
-          "near": "pHash 64-bit: 32x32 box average, ITU-R 601 luma, DCT-II, 8x8 low "
-                  "frequencies above their median"}
+          "near": "pHash 64-bit: 32x32 bilinear antialiased resize, ITU-R 601 luma, DCT-II, "
+                  "8x8 low frequencies above their median"}
 
 
 class Deduper:

@@ -14,7 +14,7 @@ from PIL import Image
 
 import shardkit
 from shardkit.bench.sample import photo_like
-from shardkit.dedup import Deduper, cross_pairs
+from shardkit.dedup import Deduper, cross_pairs, phash
 from shardkit.errors import PackError, PackOptionError
 
 ORIGINALS = 24
@@ -150,6 +150,29 @@ def test_dedup_refusals(corpus, tmp_path):
     with open(out + ".dedup.json") as f:
         assert f.read() == "someone else's"
     assert not os.path.exists(out)
+
+
+def test_phash_is_its_documented_definition():
+    """The 32x32 antialiased bilinear resize, luma, the orthonormal DCT-II coefficient by
+    coefficient, and bit ``8 * row + column`` (most significant first) set above the median."""
+    import torch
+
+    pixels = photo_like(np.random.default_rng(5), 341, 256)
+    image = torch.from_numpy(pixels).permute(2, 0, 1)[None]
+    small = torch.nn.functional.interpolate(image, size=(32, 32), mode="bilinear",
+                                            antialias=True)[0].permute(1, 2, 0).numpy()
+    grey = small.astype(np.float64) @ np.array([0.299, 0.587, 0.114])
+    n = np.arange(32)
+
+    def coefficient(u: int, v: int) -> float:
+        cu = np.cos(np.pi * (2 * n + 1) * u / 64) * np.sqrt((1 if u else 0.5) / 16)
+        cv = np.cos(np.pi * (2 * n + 1) * v / 64) * np.sqrt((1 if v else 0.5) / 16)
+        return float(cu @ grey @ cv)
+
+    low = [coefficient(u, v) for u in range(8) for v in range(8)]
+    median = np.median(low)
+    want = sum(1 << (63 - i) for i, c in enumerate(low) if c > median)
+    assert phash(pixels) == want and 20 < bin(want).count("1") < 44
 
 
 def test_search_is_exact():
