@@ -68,6 +68,22 @@ def per_rank(n: int, origin: int, world: int, drop_last: bool) -> int:
     return left // world if drop_last else math.ceil(left / world)
 
 
+def places(n: int, origin: int, rank: int, world: int, drop_last: bool,
+           skip: int = 0) -> np.ndarray:
+    """Places in a global sequence of ``n`` of rank ``rank``'s samples ``skip..`` of an epoch
+    that starts at ``origin``, padding mapped to the rank's own earlier places."""
+    count = per_rank(n, origin, world, drop_last)
+    p = origin + rank + world * np.arange(skip, count, dtype=np.int64)
+    over = p >= n
+    if over.any():
+        q = p[over] - world * ((p[over] - n) // world + 1)
+        low = q < origin  # fewer samples left than ranks: repeat from the start, as
+        if low.any():     # DistributedSampler does
+            q[low] = origin + (p[over][low] - origin) % (n - origin)
+        p[over] = q
+    return p
+
+
 class EpochOrder:
     """The global sequence ``G`` of one epoch (see the module docstring), computed lazily per run.
 
@@ -151,17 +167,7 @@ class EpochOrder:
                skip: int = 0) -> np.ndarray:
         """Places in ``G`` of rank ``rank``'s samples ``skip..`` of an epoch that starts at
         ``origin``, padding mapped to the rank's own earlier places."""
-        n = self.n
-        count = per_rank(n, origin, world, drop_last)
-        p = origin + rank + world * np.arange(skip, count, dtype=np.int64)
-        over = p >= n
-        if over.any():
-            q = p[over] - world * ((p[over] - n) // world + 1)
-            low = q < origin  # fewer samples left than ranks: repeat from the start, as
-            if low.any():     # DistributedSampler does
-                q[low] = origin + (p[over][low] - origin) % (n - origin)
-            p[over] = q
-        return p
+        return places(self.n, origin, rank, world, drop_last, skip)
 
     def indices(self, origin: int, rank: int, world: int, drop_last: bool,
                 skip: int = 0) -> np.ndarray:

@@ -31,8 +31,9 @@ import numpy as np
 from torch.utils.data import DistributedSampler
 
 from ..errors import OptionError
+from . import bridge
 from .consumers import check_sampler_consumer
-from .order import EpochOrder, Groups, per_rank
+from .order import EpochOrder, Groups, per_rank, places
 # StoreOrderSampler and shard_starts: names this module has always offered
 from .shardorder import (StoreOrderSampler, fingerprint, shard_groups, shard_starts,  # noqa: F401
                          store_versions)
@@ -130,6 +131,9 @@ class OrderedSampler(DistributedSampler):
         self._origin = 0  # where this epoch starts in the global sequence (a resume sets it)
         self._skip = 0    # samples per rank this epoch starts past (a resume sets it)
         self._order_cache: tuple[tuple[int, int, int], EpochOrder] | None = None
+        #: The resumed epoch's sequence when it was saved over another store version
+        #: (:mod:`shardkit.read.bridge`); None: the epoch's own order.
+        self._bridge: bridge.Bridge | None = None
 
     def _check_canonical(self, canonical: Any, what: str) -> None:
         if isinstance(canonical, bool) or not isinstance(canonical, int) or canonical < 1:
@@ -166,8 +170,16 @@ class OrderedSampler(DistributedSampler):
     def indices(self) -> np.ndarray:
         """This rank's indices for the rest of the current epoch, in order (``len(self)``)."""
         check_sampler_consumer(self)  # a loader rebuilt by accelerate would split them again
+        if self._bridge is not None:
+            sequence = self._bridge.indices
+            return sequence[places(len(sequence), self._origin, self.rank, self.num_replicas,
+                                   self.drop_last, self._skip)]
         return self.epoch_order().indices(self._origin, self.rank, self.num_replicas,
                                           self.drop_last, self._skip)
+
+    def _epoch_total(self) -> int:
+        """Samples in the current epoch's global sequence (a bridged one: the bridge's)."""
+        return self.total if self._bridge is None else len(self._bridge.indices)
 
     def __iter__(self) -> Iterator[int]:
         # The resume position belongs to the epoch, not to one iter(): a DataLoader with
@@ -175,7 +187,8 @@ class OrderedSampler(DistributedSampler):
         return iter(self.indices().tolist())
 
     def __len__(self) -> int:
-        return per_rank(self.total, self._origin, self.num_replicas, self.drop_last) - self._skip
+        return per_rank(self._epoch_total(), self._origin, self.num_replicas,
+                        self.drop_last) - self._skip
 
     def global_places(self) -> tuple[int, int]:
         """``(first, step)``: the ``k``-th sample the next ``iter()`` yields is at place
@@ -194,6 +207,7 @@ class OrderedSampler(DistributedSampler):
         if int(epoch) != self.epoch:
             self.consumed = 0
             self._origin = self._skip = 0
+            self._bridge = None
         self.epoch = int(epoch)
 
     # -- checkpointing --------------------------------------------------------------------------
@@ -204,11 +218,12 @@ class OrderedSampler(DistributedSampler):
         consumed = self.consumed if consumed is None else consumed
         if isinstance(consumed, bool) or not isinstance(consumed, (int, np.integer)):
             raise OptionError(f"consumed must be an integer, got {consumed!r}")
-        most = per_rank(self.total, self._origin, self.num_replicas, self.drop_last)
+        total = self._epoch_total()
+        most = per_rank(total, self._origin, self.num_replicas, self.drop_last)
         if not 0 <= consumed <= most:
             raise OptionError(f"consumed={consumed} is outside 0..{most} (samples per rank "
                               "this epoch)")
-        return min(self._origin + int(consumed) * self.num_replicas, self.total)
+        return min(self._origin + int(consumed) * self.num_replicas, total)
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """Where to resume: the epoch and the global position the ranks reached in it.
@@ -228,15 +243,24 @@ class OrderedSampler(DistributedSampler):
                 "num_replicas": self.num_replicas, "num_canonical": self.num_canonical,
                 "canonical_world": self.canonical_world, "seed": self.seed,
                 "shuffle": self.shuffle, "drop_last": self.drop_last,
-                **self._identity()}
+                **self._identity(), **({} if self._bridge is None else {"bridge": {
+                    "state": self._bridge.state, "length": len(self._bridge.indices)}})}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], across_versions: bool = False) -> None:
         """Continue from ``state``: the next ``iter()`` yields the rest of that epoch.
 
         At another world size the ranks together yield exactly the samples the saved run had
         not consumed, in the same global order. ``self.consumed`` is set to this rank's count
         at the resume point (keep adding to it).
+
+        Args:
+            across_versions: a state saved over another version of the store resumes on the
+                records both versions share: the saved run's unconsumed samples, in its order,
+                less those this version no longer holds (:mod:`shardkit.read.bridge`). Without
+                it such a state is refused.
         """
+        if not isinstance(across_versions, bool):
+            raise OptionError(f"across_versions must be true or false, got {across_versions!r}")
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             got = state.get("version") if isinstance(state, dict) else state
             raise OptionError(f"unsupported {type(self).__name__} state version {got!r} "
@@ -253,30 +277,44 @@ class OrderedSampler(DistributedSampler):
                 self._check_canonical(canonical, "the saved num_canonical")
             except OptionError as exc:
                 raise OptionError(f"cannot resume: {exc}") from None
+        identity = self._identity()
+        saved_versions, versions = state.get("store_version"), identity.pop("store_version", None)
+        other = saved_versions != versions  # absent: version 1 (or a store that has none)
+        if other and not across_versions:
+            raise OptionError(f"cannot resume: saved store_version={saved_versions or [1]!r}, "
+                              f"this sampler has {versions or [1]!r} (another version of the "
+                              "store: open the saved one with ShardDataset(path, version=N) to "
+                              "resume it, or pass across_versions=True to resume on the "
+                              "records both versions share)")
         mine = {"num_canonical": canonical if not self._canonical_given else self.num_canonical,
                 "canonical_world": grouped if not self._canonical_given
                 else self.canonical_world, "seed": self.seed, "shuffle": self.shuffle,
                 "drop_last": self.drop_last,
-                **self._identity()}
+                **({} if other else identity)}  # the saved version's own: checked there
         for key, value in mine.items():
             if state.get(key, grouped if key == "canonical_world" else None) != value:
                 why = ("another dataset: its shards' contents or sizes, layout or subset differ"
-                       if key == "fingerprint" else
-                       "another version of the store: open the saved one with "
-                       "ShardDataset(path, version=N) to resume it" if key == "store_version"
-                       else "the order would differ")
+                       if key == "fingerprint" else "the order would differ")
                 raise OptionError(f"cannot resume: saved {key}={state.get(key)!r}, this "
                                   f"sampler has {value!r} ({why})")
-        position = int(state["position"])
-        if not 0 <= position <= self.total:
+        found = bridge.resumed(state, other, self._bridge_from)
+        total = self.total if found is None else len(found.indices)
+        position = 0 if other else int(state["position"])
+        if not 0 <= position <= total:
             raise OptionError(f"cannot resume: saved position {position!r} is outside "
-                              f"0..{self.total}")
+                              f"0..{total}")
         if not self._canonical_given:
             self.num_canonical, self.canonical_world = int(canonical), int(grouped)
         self.epoch = int(state["epoch"])
+        self._bridge = found
         w = self.num_replicas
         self._origin, self._skip = position % w, position // w
         self.consumed = self._skip
+
+    def _bridge_from(self, state: dict[str, Any]) -> bridge.Bridge:
+        """The rest of ``state``'s epoch, saved over another store version, on this one."""
+        raise OptionError(f"across_versions: a {type(self).__name__} does not resume a state "
+                          "saved over another store version")
 
 
     def _check_state(self, state: dict[str, Any]) -> None:
@@ -290,8 +328,10 @@ class OrderedSampler(DistributedSampler):
             "drop_last": ("true or false", bool)}
         if "canonical_world" in state:  # states written before it existed lack it
             kinds["canonical_world"] = ("an integer >= 1", 1)
-        expected = [*kinds, *self._identity()]
-        unknown = [key for key in state if key not in [*expected, "canonical_world"]]
+        # store_version: absent from a state saved over version 1 (or its sampler's identity)
+        expected = [*kinds, *(k for k in self._identity() if k != "store_version")]
+        unknown = [key for key in state
+                   if key not in [*expected, "canonical_world", "store_version", "bridge"]]
         missing = [key for key in expected if key not in state]
         name = type(self).__name__
         if unknown or missing:
@@ -331,7 +371,10 @@ class ShardSampler(OrderedSampler):
 
     Call ``set_epoch(epoch)`` before each epoch, as with ``DistributedSampler``. To checkpoint,
     save ``state_dict(consumed=samples_this_epoch)`` (or maintain ``sampler.consumed``); after
-    ``load_state_dict`` the next ``iter()`` continues at exactly the next sample of that epoch.
+    ``load_state_dict`` the next ``iter()`` continues at exactly the next sample of that epoch;
+    a state saved over another version of the store is refused, or resumed on the records both
+    versions share with ``load_state_dict(state, across_versions=True)``
+    (:mod:`shardkit.read.bridge`).
     """
 
     def __init__(self, dataset: Sized, num_replicas: int | None = None, rank: int | None = None,
@@ -352,6 +395,9 @@ class ShardSampler(OrderedSampler):
     def _groups(self, epoch: int) -> Groups:
         return self.groups
 
+    def _bridge_from(self, state: dict[str, Any]) -> bridge.Bridge:
+        return bridge.build(self.dataset, state, ShardSampler)
+
     def _identity(self) -> dict[str, Any]:
         versions = store_versions(self.dataset)
         return {**({"store_version": versions} if versions else {}),  # checked first
@@ -359,7 +405,7 @@ class ShardSampler(OrderedSampler):
                 "fingerprint": self._fingerprint}
 
     def __iter__(self) -> Iterator[int]:
-        if self._remote is None:
+        if self._remote is None or self._bridge is not None:
             return super().__iter__()
         return self._prefetching()
 
@@ -381,6 +427,11 @@ class ShardSampler(OrderedSampler):
 
     def shards_of_rank(self) -> list[int]:
         """Shard numbers this rank reads in the rest of the current epoch (sorted)."""
+        if self._bridge is not None:  # positions of the bridged indices
+            members = self.groups.members
+            indices = self.indices()
+            positions = indices if members is None else np.argsort(members)[indices]
+            return np.unique(self.groups.group_of(positions)).tolist()
         order = self.epoch_order()
         positions = order.at(order.places(self._origin, self.rank, self.num_replicas,
                                           self.drop_last, self._skip))

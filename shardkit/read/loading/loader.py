@@ -7,9 +7,10 @@ It behaves as the DataLoader built from the same arguments, plus:
   this loader in the current epoch (not what workers prefetched), so a checkpoint written
   after step ``k`` resumes at batch ``k + 1`` of that epoch, exactly, with no user code. With a
   ``ShardSampler`` the state is the sampler's own (so it also resumes at another world size
-  that divides its ``num_canonical``); with another sampler the loader skips the consumed
-  batches' indices (no decoding) after restoring the epoch, or the generator of a
-  ``RandomSampler``. A sampler whose order cannot be reproduced is refused at resume.
+  that divides its ``num_canonical``, and with ``load_state_dict(state, across_versions=True)``
+  on the records a later store version shares with the saved one); with another sampler the
+  loader skips the consumed batches' indices (no decoding) after restoring the epoch, or the
+  generator of a ``RandomSampler``. A sampler whose order cannot be reproduced is refused at resume.
 - ``len(loader)`` stays the epoch's full batch count after a resume (what Lightning expects).
 - It refuses to iterate when its sampler is a wrapper around a ``ShardSampler`` (Lightning's
   ``DistributedSamplerWrapper``, for one): the wrapper would give each rank a share of a share.
@@ -354,11 +355,16 @@ class ShardLoader(DataLoader):
         state.update(kind="skip", complete=complete, rng=rng)
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the next ``iter()`` yields the rest of that epoch."""
+    def load_state_dict(self, state: dict[str, Any], across_versions: bool = False) -> None:
+        """Continue from ``state``: the next ``iter()`` yields the rest of that epoch.
+        ``across_versions``: a state saved over another version of the store resumes on the
+        records both share (the sampler's ``load_state_dict``, :mod:`shardkit.read.bridge`)."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise OptionError(f"unsupported ShardLoader state {state!r:.80}")
         ordered = self._ordered()
+        if across_versions and ordered is None:
+            raise OptionError("across_versions needs a loader that reads with a ShardSampler "
+                              f"(this one's is a {type(self.sampler).__name__})")
         kind = "sampler" if ordered is not None else "skip"
         if state.get("kind") != kind:
             raise OptionError(f"cannot resume: the state was saved with a "
@@ -387,12 +393,15 @@ class ShardLoader(DataLoader):
             progress.pinned_seed, progress.draw_next = saved["seed"], saved["epoch"]
             progress.draw_seed = progress.draw_epoch = None
         if ordered is not None:
-            ordered.load_state_dict(state["sampler"])
+            ordered.load_state_dict(state["sampler"], across_versions=across_versions)
             if len(ordered) == 0:  # the saved epoch was complete: the next one starts afresh
                 ordered.set_epoch(ordered.epoch + 1)
                 return
             progress.base_samples = ordered.consumed
-            same_world = ordered.num_replicas == state["sampler"].get("num_replicas")
+            # Bridged from another store version, the epoch restarts at place 0 of the bridge:
+            # the saved batch count is not this one's.
+            same_world = ordered.num_replicas == state["sampler"].get("num_replicas") \
+                and ordered.position() == state["sampler"].get("position")
             progress.base_batches = state["batches"] if same_world \
                 else self._batches_for(ordered.consumed)
             progress.batches = progress.base_batches  # saving again before iterating
