@@ -35,7 +35,8 @@ def _pages(target: RemoteTarget, name: str, delimiter: str) -> Iterator[dict[str
 
 def list_folder(target: RemoteTarget, name: str) -> tuple[list[str], list[str]]:
     """(the names of the "folders" right under ``name``, the paths of its objects there), as
-    ``target.fs`` names paths; both empty when nothing is under ``name``."""
+    ``target.fs`` names paths; both empty when nothing is under ``name``. A folder's name is
+    the part of its keys up to the next ``/`` as it is: empty, ``.`` or ``..`` included."""
     fs, path = target.fs, target.path(name).rstrip("/")
     if not is_s3(target.url):
         try:
@@ -47,11 +48,12 @@ def list_folder(target: RemoteTarget, name: str) -> tuple[list[str], list[str]]:
         return ([posixpath.basename(e["name"].rstrip("/")) for e in entries
                  if e.get("type") == "directory"],
                 [e["name"] for e in entries if e.get("type") != "directory"])
-    bucket = path.split("/", 1)[0]
+    bucket, _, key = path.partition("/")
+    under = f"{key}/" if key else ""
     folders, files = [], []
     for page in _pages(target, name, "/"):
-        folders += [posixpath.basename(p["Prefix"].rstrip("/"))
-                    for p in page.get("CommonPrefixes") or []]
+        # The name between the listed prefix and the delimiter, as it is: "" for "a//b" keys.
+        folders += [p["Prefix"][len(under):-1] for p in page.get("CommonPrefixes") or []]
         files += [f"{bucket}/{o['Key']}" for o in page.get("Contents") or []]
     return folders, files
 

@@ -167,16 +167,19 @@ def test_a_url_object_over_the_size_limit_is_refused_unread_past_it(proxy, s3, t
 def test_keys_no_folder_can_hold_are_skipped_with_the_reason_and_the_rest_packed(
         proxied_s3, tree, local, tmp_path):
     """S3 takes keys with an empty, ``.`` or ``..`` part; no local folder could hold them, so
-    the pack lists each as skipped (in the result and the store) and packs the rest: the local
-    folder's store."""
+    the pack lists each as skipped (in the result and the store; such a part right under SRC
+    as one folder) and packs the rest: the local folder's store."""
     with open(os.path.join(tree, "c0", "img000.jpg"), "rb") as f:
         jpeg = f.read()
     odd = ["c0//img000.jpg", "c1/./img000.jpg", "c1/x/../img001.jpg"]
-    url = proxied_s3[1](tree, "odd", dict.fromkeys(odd, jpeg))
+    folders = ["/img000.jpg", "../img001.jpg"]  # keys right under SRC: folders "" and ".."
+    url = proxied_s3[1](tree, "odd", dict.fromkeys(odd + folders, jpeg))
     result = shardkit.pack(url, str(tmp_path / "odd"), workers=0, **OPTIONS)
     assert result.count == 18 and records(str(tmp_path / "odd")) == records(local)
     reason = "a key no folder can hold (an empty, '.' or '..' part); not packed"
+    folder = "a folder no local folder can be (an empty, '.' or '..' name); its objects not packed"
     assert result.skipped == manifest(str(tmp_path / "odd"))["skipped"] == [
+        *({"path": f"{url}/{name}/", "reason": folder} for name in ("", "..")),
         *({"path": f"{url}/{rel}", "reason": reason} for rel in odd),
         {"path": f"{url}/c1/empty.jpg", "reason": "empty file (0 bytes)"}]
 

@@ -84,6 +84,15 @@ def relative_keys(keys: list[str], base: str, root: str, wanted: Callable[[str],
     return rels, skipped
 
 
+def holdable(folders: list[str], root: str) -> tuple[list[str], list[dict[str, str]]]:
+    """The ``folders`` listed under ``root`` that a local folder could be, and a skip for each
+    other (an empty, ``.`` or ``..`` name: keys such as ``root//x.jpg``)."""
+    odd = {"", ".", ".."}
+    return [f for f in folders if f not in odd], [
+        {"path": f"{root}/{f}/", "reason": "a folder no local folder can be (an empty, '.' or "
+         "'..' name); its objects not packed"} for f in sorted(set(folders) & odd)]
+
+
 def scan_url_folder(src: str, allow_empty: bool = False) -> Discovery:
     """List an ImageFolder layout under the URL ``src`` (see the module docstring)."""
     from ...remote import listing
@@ -91,6 +100,7 @@ def scan_url_folder(src: str, allow_empty: bool = False) -> Discovery:
     root, target, base, folders, files = list_root(src)
     if not folders and not files:
         raise PackError(f"source folder not found: {root}")
+    folders, skipped = holdable(folders, root)
     classes = sorted(folders)
     if not classes:
         raise PackError(f"no class folders found in {root} (expected {root}/<class>/<image>)")
@@ -104,7 +114,6 @@ def scan_url_folder(src: str, allow_empty: bool = False) -> Discovery:
     with ThreadPoolExecutor(min(LISTING_THREADS, len(classes))) as pool:
         found = list(pool.map(listed, classes))
     samples: list[tuple[str, int]] = []
-    skipped: list[dict[str, str]] = []
     empty = []
     for label, (name, keys) in enumerate(zip(classes, found)):
         rels, refused = relative_keys(keys, base, root, has_image_extension)

@@ -28,7 +28,7 @@ from typing import IO, Any, Callable, Iterator, Sequence
 
 from ...errors import PackError, StoreError
 from .base import TransferFailed
-from .url_folder import list_root, read_ahead, relative_keys
+from .url_folder import holdable, list_root, read_ahead, relative_keys
 from .url_objects import fetch
 
 #: Bytes of one GET of a video (and the most a copy holds in memory at once).
@@ -93,6 +93,7 @@ def list_url_videos(src: str, is_video: Callable[[str], bool]
     if any(is_video(posixpath.basename(f)) for f in files):
         urls, skipped = videos("")
         return root, [], [(u, -1) for u in urls], skipped
+    folders, odd = holdable(folders, root)
     classes = sorted(folders)
     found = []
     if classes:
@@ -101,4 +102,4 @@ def list_url_videos(src: str, is_video: Callable[[str], bool]
     out = [(u, label) for label, (urls, _) in enumerate(found) for u in urls]
     if not out:
         raise PackError(f"{src}: no video files in it or in its class folders")
-    return root, classes, out, [s for _, skips in found for s in skips]
+    return root, classes, out, odd + [s for _, skips in found for s in skips]
