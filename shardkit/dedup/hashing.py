@@ -24,8 +24,6 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-import torch
-from torch.nn import functional
 
 MODES = ("exact", "near")
 _SIDE = 32  # the image is averaged to _SIDE x _SIDE before the DCT
@@ -55,6 +53,9 @@ def pixel_digest(pixels: np.ndarray) -> str:
 
 def phash(pixels: np.ndarray) -> int:
     """The 64-bit perceptual hash of HxWx3 uint8 RGB ``pixels`` (see the module's definition)."""
+    import torch  # here: a pack's client process need not load torch for its workers' hashes
+    from torch.nn import functional
+
     # HxWx3 seen as 1x3xHxW channels-last: torch's fast uint8 path, no copy of the image.
     image = torch.from_numpy(np.asarray(pixels, dtype=np.uint8)).permute(2, 0, 1)[None]
     small = functional.interpolate(image, size=(_SIDE, _SIDE), mode="bilinear",
