@@ -18,7 +18,10 @@ URL prefix:
   read, else PackError and nothing is switched), then ``versions/<N + 1>.json``.
 
 Nothing of the store is deleted or written over, so readers of the version before (and of any
-kept one, ``ShardDataset(url, version=N)``) keep reading it.
+kept one, ``ShardDataset(url, version=N)``) keep reading it. A killed append's new shards are
+named by no version; ``resume=True`` keeps those it uploaded and checked (its staging folder's
+shard entries, matched with their upload records, as a pack to a URL resumes), and a later
+append writes over them only by those records: never an object shardkit did not write.
 """
 
 from __future__ import annotations

@@ -208,8 +208,9 @@ def pack_sharded(plan: PackPlan, run: Run) -> tuple[int, list[dict[str, str]], i
             if run.num_nodes > 1:  # never removed under the other nodes
                 raise PlanError(f"cannot resume: {problem}",
                                 f"delete {partial} to start over, once no node uses it")
-            if not run.overwrite:
-                raise PlanError(f"cannot resume: {problem}", START_OVER)
+            if not run.overwrite:  # an append starts over as a plain one, not with `overwrite`
+                raise PlanError(f"cannot resume: {problem}", START_OVER if run.base is None else
+                                "run it again without `resume=True` to start over")
             resume = False  # `overwrite`: the earlier run's work goes, the pack starts over
         if remote:
             from ..remote import Uploader

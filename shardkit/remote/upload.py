@@ -43,8 +43,10 @@ class Uploader:
 
     ``base``: the bytes of the manifest of the store under ``url`` that a new version is made
     of (an append): the store is kept, the new shards are uploaded under the names
-    ``shard-<first_shard + k>``, and :meth:`publish_version` installs the version, if the
-    store's manifest is still ``base`` once the lock is taken and right before the switch.
+    ``shard-<first_shard + k>`` (an object there is written over only where an upload record
+    says a killed append of shardkit's left it), and :meth:`publish_version` installs the
+    version, if the store's manifest is still ``base`` once the lock is taken and right before
+    the switch.
     """
 
     def __init__(self, url: str | os.PathLike, storage_options: dict[str, Any] | None = None, *,
@@ -68,7 +70,7 @@ class Uploader:
         old = None if self.base is not None else _existing_store(self.remote, overwrite)
         # An interrupted overwrite's list: its store's files are orphans now, still to delete.
         replaced = _read_names(self.remote, REPLACED) if overwrite or resume else set()
-        if not resume:
+        if not resume and self.base is None:  # an append's mark its leftover shards as ours
             self._remove_records()
         if old is not None:
             replaced |= old
@@ -94,6 +96,8 @@ class Uploader:
         if self.resume and self.uploaded(name, sha256, size):
             return False
         self.lock.check(name)
+        if self.base is not None:
+            self._refuse_foreign(name)
         record = self._record(name)
         # The record first says the upload started: a pack killed while the PUT is in flight
         # (which may still complete on the server) leaves an object this prefix can tell is
@@ -115,6 +119,24 @@ class Uploader:
         except ObjectNotFound:
             return False
         return found == _record_bytes(name, sha256, size) and remote_size == size
+
+    def _refuse_foreign(self, name: str) -> None:
+        """PackError when object ``name``, a shard name no version uses that an append is about
+        to write, exists without an upload record: shardkit did not write it (a killed append's
+        shards keep their records until a version names them)."""
+        fs = self.remote.fs
+        try:
+            fs.invalidate_cache(self.remote.path(name))
+            self.remote.retry(name, lambda: fs.size(self.remote.path(name)))
+        except ObjectNotFound:
+            return
+        record = self._record(name)
+        try:
+            self.remote.retry(record, lambda: fs.size(self.remote.path(record)))
+        except ObjectNotFound:
+            raise PackError(f"{self.remote.where(name)} exists and was not written by shardkit "
+                            "(no version names it, no upload record); it is kept and nothing "
+                            "was switched: move it, or append to another prefix") from None
 
     @staticmethod
     def _record(name: str) -> str:
@@ -177,7 +199,9 @@ class Uploader:
         put_verified(self.remote, manifest_path, metadata.MANIFEST_NAME, size)  # the switch
         # Kept after the switch: a version file is never one of a version not installed.
         put_verified(self.remote, manifest_path, f"{VERSIONS_DIR}/{new}.json", size)
-        self._remove_records()
+        with open(manifest_path, "rb") as f:
+            meta = json.loads(f.read())
+        self._remove_records({e["file"] for e in meta["shards"]} | set(sides))
         self.close()
 
     def close(self) -> None:
@@ -194,8 +218,17 @@ class Uploader:
                 except ObjectNotFound:
                     pass
 
-    def _remove_records(self) -> None:
+    def _remove_records(self, named: set[str] | None = None) -> None:
+        """Delete the upload records (``named``: only those of objects the installed version
+        names; the others mark objects a killed append left as shardkit's, for the next one to
+        write over)."""
         fs, path = self.remote.fs, self.remote.path(RECORDS)
+        if named is not None:
+            gone = [self.remote.path(f"{RECORDS}/{n}") for n in _listing(self.remote, RECORDS)
+                    if n.removesuffix(".json") in named]
+            if gone:
+                self.remote.retry(RECORDS, lambda: fs.rm(gone))
+            return
         try:
             self.remote.retry(RECORDS, lambda: fs.rm(path, recursive=True))
         except ObjectNotFound:

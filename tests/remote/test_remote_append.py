@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 
 import boto3
 import pytest
@@ -116,7 +118,10 @@ def test_a_manifest_replaced_before_the_switch_is_never_switched(server, tmp_pat
     bucket, prefix = url.removeprefix("s3://").split("/", 1)
     client = boto3.client("s3")
     written = client.get_object(Bucket=bucket, Key=f"{prefix}/manifest.json")["Body"].read()
-    write_images(src, 5, {"cat": 2})
+    small = tmp_path / "small"
+    shutil.copytree(src, small)
+    write_images(small, 9, {"cat": 2})
+    write_images(src, 5, {"cat": 16})  # two new shards
 
     def rewrite_manifest(path: str) -> None:
         if path.startswith(f"/{bucket}/{prefix}/labels-"):  # B's new labels, before its switch
@@ -133,6 +138,15 @@ def test_a_manifest_replaced_before_the_switch_is_never_switched(server, tmp_pat
     ds = ShardDataset(url)
     assert ds.version == 1 and len(ds) == 7
     assert "versions/2.json" not in bucket_objects(url)
+    # Its two uploaded shards are named by no version and kept as shardkit's own (their upload
+    # records): the next appends write over them, one each (another version named the first).
+    n = len(ds.store.meta["shards"])
+    shardkit.pack(small, url, append=True, workers=1, progress=False)
+    assert f".shardkit-upload/shard-{n + 1:05d}.lmdb.json" in bucket_objects(url)
+    shardkit.pack(src, url, append=True, workers=1, progress=False)
+    ds = ShardDataset(url)
+    assert ds.version == 3 and len(ds) == 7 + 2 + 16
+    assert not any(n.startswith(".shardkit") for n in bucket_objects(url))
 
 
 def test_update_of_a_url_store_deletes_and_relabels_as_a_new_version(server, tmp_path):
@@ -148,3 +162,86 @@ def test_update_of_a_url_store_deletes_and_relabels_as_a_new_version(server, tmp
     assert by_key(ShardDataset(url, version=1)) == v1
     with pytest.raises(shardkit.errors.PackOptionError, match="`replace`"):
         shardkit.update(url, replace=src)
+
+
+def test_a_killed_append_keeps_the_store_and_resume_finishes_it(server, tmp_path):
+    """An append killed (SIGKILL) while it uploads its second new shard: the store stays
+    version 1 for every reader; a resume with other sources is refused in one line; the resume
+    keeps the shard already uploaded and installs the version an uninterrupted append makes."""
+    url, src = packed(server, tmp_path)
+    bucket = url.removeprefix("s3://").split("/")[0]
+    v1, v1_objects = by_key(ShardDataset(url)), bucket_objects(url)
+    opened = ShardDataset(url)
+    reference, client = f"s3://{bucket}/reference", boto3.client("s3")
+    for name, body in v1_objects.items():  # the same store, appended to without a kill
+        client.put_object(Bucket=bucket, Key=f"reference/{name}", Body=body)
+    write_images(src, 6, {"cat": 8, "eel": 8})  # two new shards
+    old = len(opened.store.meta["shards"])
+    first, second = (f"/{bucket}/train/shard-{old + k:05d}.lmdb" for k in range(2))
+    reached, go = threading.Event(), threading.Event()
+
+    def hold(path: str) -> None:
+        if path == second:  # the append waits here, its first new shard uploaded
+            reached.set()
+            go.wait()
+
+    server.put_hooks.append(hold)
+    proc = subprocess.Popen([sys.executable, "-m", "shardkit.cli", "pack", str(src), url,
+                             "--append", "-q", "--workers", "1"], stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert reached.wait(120), "the append never uploaded its second new shard"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        server.put_hooks.remove(hold)
+        go.set()
+    assert server.count("PUT", first) == 1
+    for ds in (ShardDataset(url), opened):  # version 1, as it was
+        assert ds.version == 1 and by_key(ds) == v1
+    other = tmp_path / "other"
+    shutil.copytree(src, other)
+    write_images(other, 7, {"eel": 1})
+    # Other sources, or other settings: refused in one line, the kept shard untouched.
+    for args, options in ((other, {}), (src, {"shard_size": 20000})):
+        with pytest.raises(PackError, match="cannot resume: .*; run it again without "
+                                            "`resume=True` to start over$") as refused:
+            shardkit.pack(args, url, append=True, resume=True, workers=1, progress=False,
+                          **options)
+        assert "\n" not in str(refused.value)
+    assert main(["pack", str(src), url, "--append", "--resume", "-q", "--workers", "1"]) == 0
+    assert server.count("PUT", first) == 1  # kept, not packed or uploaded again
+    shardkit.pack(src, reference, append=True, workers=1, progress=False)
+    got, want = ShardDataset(url), ShardDataset(f"s3://{bucket}/reference")
+    assert got.version == want.version == 2
+    assert by_key(got) == by_key(want)
+    assert got.store.meta["shards"] == want.store.meta["shards"]
+    assert [server.count("PUT", f"/{bucket}/train/{e['file']}")
+            for e in got.store.meta["shards"]] == [1, 1, 2]  # the one in flight, again
+    objects = bucket_objects(url)  # version 1's objects, as they were (the switch aside)
+    assert {n: objects[n] for n in v1_objects if n != "manifest.json"} == \
+        {n: b for n, b in v1_objects.items() if n != "manifest.json"}
+    assert not any(n.startswith(".shardkit") for n in objects)  # no lock, no upload records
+    assert opened.version == 1 and by_key(opened) == v1 == by_key(ShardDataset(url, version=1))
+
+
+def test_an_append_never_writes_over_an_object_shardkit_did_not_write(server, tmp_path):
+    """An object at the name the next new shard takes, with no upload record (not a killed
+    append's): the append, and a resume, stop before writing it; the store stays version 1."""
+    url, src = packed(server, tmp_path)
+    bucket, prefix = url.removeprefix("s3://").split("/", 1)
+    n = len(ShardDataset(url).store.meta["shards"])
+    foreign = f"{prefix}/shard-{n:05d}.lmdb"
+    boto3.client("s3").put_object(Bucket=bucket, Key=foreign, Body=b"the user's own")
+    write_images(src, 8, {"cat": 2})
+    for resume in (False, True):
+        with pytest.raises(PackError, match=f"{url}/shard-{n:05d}.lmdb exists and was not "
+                                            "written by shardkit"):
+            shardkit.pack(src, url, append=True, resume=resume, workers=1, progress=False)
+    assert server.count("PUT", f"/{bucket}/{foreign}") == 1  # the user's own PUT only
+    assert bucket_objects(url)[f"shard-{n:05d}.lmdb"] == b"the user's own"
+    assert ShardDataset(url).version == 1
