@@ -201,6 +201,7 @@ def test_a_killed_append_keeps_the_store_and_resume_finishes_it(server, tmp_path
         server.put_hooks.remove(hold)
         go.set()
     assert server.count("PUT", first) == 1
+    assert ".shardkit-lock.json" in bucket_objects(url)  # the killed append's: taken over
     for ds in (ShardDataset(url), opened):  # version 1, as it was
         assert ds.version == 1 and by_key(ds) == v1
     other = tmp_path / "other"
