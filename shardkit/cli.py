@@ -109,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-bucket-count", type=_positive_int, default=None, metavar="N",
                    help="merge each bucket that would hold fewer than N records into its "
                    "nearest bucket (reads every image's header first)")
-    p.add_argument("--quality", type=_positive_int, default=90, help="JPEG quality [90]")
-    p.add_argument("--encoding", choices=ENCODINGS, default=ENCODINGS[0],
-                   help="record encoding: %(choices)s [%(default)s]")
+    p.add_argument("--quality", type=_positive_int, default=None, help="JPEG quality [90]")
+    p.add_argument("--encoding", choices=ENCODINGS, default=None,
+                   help=f"record encoding: %(choices)s [{ENCODINGS[0]}]")
     p.add_argument("--workers", type=_positive_int, default=None,
                    help="worker processes (default: the CPUs this process may use; 0 or 1 "
                    "packs in-process)")
@@ -224,11 +224,15 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     from .packing.shortcuts import records
     from .packing.sources.imagefolder import has_layout
 
-    # The flags build the records pack takes (shardkit.Resize, Shards, Local...).
+    # The flags build the records pack takes (shardkit.Resize, Shards, Local...); an append
+    # takes the image flags given and the store's settings for the rest.
+    image = {k: v for k, v in (("size", args.size), ("quality", args.quality),
+                               ("encoding", args.encoding), ("buckets", args.buckets),
+                               ("bucket_step", args.bucket_step),
+                               ("bucket_upscale", args.bucket_upscale),
+                               ("min_bucket_count", args.min_bucket_count)) if v is not None}
     asked = records(
-        size=args.size, quality=args.quality, encoding=args.encoding, buckets=args.buckets,
-        bucket_step=args.bucket_step, bucket_upscale=args.bucket_upscale,
-        min_bucket_count=args.min_bucket_count, shard_size=args.shard_size,
+        **image, shard_size=args.shard_size,
         num_shards=args.num_shards, order=args.order, layout_seed=args.layout_seed,
         engine=args.engine, workers=args.workers, scheduler=args.scheduler,
         retries=args.retries, num_nodes=args.num_nodes, node_rank=args.node_rank,
@@ -236,7 +240,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         metadata_file=args.metadata, captions=args.captions,
         source_format=args.source_format, image_key=args.image_key, label_key=args.label_key,
         split=args.split, frames=args.frames)
-    result = pack(args.src, args.out, source=asked.source, image=asked.image,
+    result = pack(args.src, args.out, source=asked.source,
+                  **({"image": asked.image} if not args.append else image),
                   shards=asked.shards, engine=asked.engine, format=args.format,
                   schema=args.schema, max_pixels=args.max_pixels, strict=args.strict,
                   overwrite=args.overwrite, allow_empty=args.allow_empty,

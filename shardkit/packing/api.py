@@ -19,6 +19,7 @@ from ..fileutil import check_parent, make_parent, remove
 from ..formats import format_for_path
 from ..urls import is_url
 from . import append as appending
+from .bucket_append import rule_for_append
 from .buckets import BucketFields
 from .dedup_run import deduper_for, report_dedup, seed
 from .imaging import PILLOW_PIXEL_LIMIT
@@ -189,9 +190,10 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
     if appended and is_url(out):  # the store under the URL, its keys read from there
         from .append_remote import load_remote_base
 
-        base: appending.Base | None = load_remote_base(out, storage_options)
+        base: appending.Base | None = load_remote_base(out, storage_options,
+                                                        bucketed=appended is True)
     else:
-        base = appending.load_base(out) if appended else None
+        base = appending.load_base(out, bucketed=appended is True) if appended else None
     if base is not None:  # the store's own image settings and shard size, where not given
         shortcuts = appending.defaults(base, image, shards, shortcuts)
         format = format or base.manifest["settings"]["format"]
@@ -200,6 +202,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
     check_options(out, shards is not None, resume, eng.name, eng.scheduler, eng.num_nodes,
                   eng.node_rank)
     buckets = image.spec if isinstance(image, Buckets) else None
+    if base is not None and buckets is not None:  # the store's rule, merges as it made them
+        buckets = rule_for_append(out, base.manifest, buckets)
     deduper = deduper_for(dedup, dedup_threshold, out=out, engine=eng.name,
                           num_nodes=eng.num_nodes, resume=resume, append=bool(appended),
                           overwrite=overwrite)
@@ -244,7 +248,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
                              num_shards=None if shards is None else shards.count,
                              strict=strict, order="mixed" if shards is None else shards.order,
                              layout_seed=0 if shards is None else shards.layout_seed,
-                             lister=lister)
+                             lister=lister, merge_buckets=base is None)
         except OSError as exc:  # the plan's files (a full disk, say); nothing else is written
             raise write_error(exc, run, "no output written" if shards is None else NOTHING_KEPT,
                               os.path.dirname(folder)) from None

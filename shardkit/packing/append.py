@@ -6,7 +6,8 @@ sources the store holds, and those it skipped before (an unusable file stays one
 the rest are packed exactly as a fresh pack packs them, with the store's own settings (size,
 quality, encoding, format: given ones must match) and its classes: the store's keep their
 indices and classes it has not seen are appended after them, in name order (a fresh pack of the
-union numbers classes in name order instead: ``docs/lifecycle.md``).
+union numbers classes in name order instead: ``docs/lifecycle.md``). A store packed with buckets
+is added to by its own rule and merges (:mod:`.bucket_append`).
 
 The new version's manifest lists the store's shards as they are (each keeps its file and its own
 number, ``index``, and how many classes it was written with, ``classes``), then the new shards;
@@ -23,13 +24,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import metadata, storemeta, swap, versions
+from .. import bucketmeta, metadata, storemeta, swap, versions
 from ..errors import PackError, PackOptionError
 from ..fileutil import replace_atomic, sha256_file
 from ..fields import added
 from ..formats import open_reader
 from ..versionmeta import number_of, stamp
 from ..urls import is_url
+from . import bucket_append
 from .discovery import Discovery
 from .layout import LAYOUT_NAME
 from .plan_store import SourceTable
@@ -61,9 +63,10 @@ class Base:
         return self.out
 
 
-def load_base(out: str) -> Base:
+def load_base(out: str, bucketed: bool = False) -> Base:
     """The local folder store at ``out`` with every record's key (PackOptionError where ``out``
-    is not one an append can add to; a URL: :func:`.append_remote.load_remote_base`)."""
+    is not one an append can add to; a URL: :func:`.append_remote.load_remote_base`).
+    ``bucketed``: a store packed with buckets is taken (an append: :mod:`.bucket_append`)."""
     if is_url(out):
         raise PackOptionError(f"{out}: `append` adds to a folder store, local or at a URL, "
                               "with `pack`")
@@ -74,16 +77,15 @@ def load_base(out: str) -> Base:
     with open(manifest_path, "rb") as f:
         manifest = storemeta.parse_manifest(f.read(metadata.MAX_MANIFEST_BYTES + 1),
                                             manifest_path)
-    check_appendable(out, manifest)
+    if not bucketed:
+        bucket_append.refuse(out, manifest)
     ordered = logical_keys(out, manifest)
     live = live_records(out, manifest, len(ordered))
     return Base(out, manifest, held_keys(manifest, ordered, live), ordered, live)
 
 
 def check_appendable(out: str, manifest: dict[str, Any]) -> None:
-    if manifest["settings"].get("buckets") is not None:
-        raise PackOptionError(f"{out}: `append` to a store packed with buckets is not supported "
-                              "(its bucket list is made from every record): repack the union")
+    bucket_append.refuse(out, manifest)
 
 
 def live_records(folder: str, manifest: dict[str, Any], count: int) -> np.ndarray:
@@ -176,7 +178,9 @@ def defaults(base: Base, image: Any, shards: Any, shortcuts: dict[str, Any]) -> 
     out = dict(shortcuts)
     have = base.manifest["settings"]
     if image is None and not set(IMAGE_SHORTCUTS) & set(out):
-        out |= {"size": have["size"], "quality": have["quality"], "encoding": have["encoding"]}
+        rule = bucket_append.store_rule(base.out, base.manifest)
+        out |= {"quality": have["quality"], "encoding": have["encoding"]}
+        out |= {"size": have["size"]} if rule is None else {"buckets": rule}
     if shards is None and not {"shard_size", "num_shards"} & set(out):
         entries = base.manifest["shards"]
         out["shard_size"] = max(1, sum(e["bytes"] for e in entries) // max(1, len(entries)))
@@ -257,6 +261,8 @@ def combine(partial: str, base: Base, replacing: bool = False,
                  "classes": new["classes"], "class_to_idx": new["class_to_idx"],
                  "skipped": old.get("skipped", []) + new.get("skipped", []),
                  "source_root": new.get("source_root", old.get("source_root"))}
+    if bucketmeta.KEY in old:  # the union's records, each in the bucket it was cut to
+        manifest[bucketmeta.KEY] = bucket_append.union(old, new)
     manifest["labels"] = write_array(partial, "labels.npy", labels.astype("<i8"))
     if replacing:  # each new record takes the place of the one with its key
         live = base.live.copy()

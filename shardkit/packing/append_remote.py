@@ -55,8 +55,10 @@ class RemoteBase(Base):
         return self.folder
 
 
-def load_remote_base(out: str, storage_options: dict[str, Any] | None) -> RemoteBase:
-    """The folder store under the URL ``out`` with every record's key (see the module doc)."""
+def load_remote_base(out: str, storage_options: dict[str, Any] | None,
+                     bucketed: bool = False) -> RemoteBase:
+    """The folder store under the URL ``out`` with every record's key (see the module doc).
+    ``bucketed``: a store packed with buckets is taken (an append: :mod:`.bucket_append`)."""
     from ..remote import RemoteFolder
     from ..remote.access import read_manifest
 
@@ -68,7 +70,8 @@ def load_remote_base(out: str, storage_options: dict[str, Any] | None) -> Remote
     manifest = storemeta.parse_manifest(raw, remote.where(metadata.MANIFEST_NAME))
     if hashlib.sha256(raw).hexdigest() != remote.manifest_sha256:
         raise PackError(f"{out}: its manifest changed while it was read; run it again")
-    check_appendable(out, manifest)
+    if not bucketed:
+        check_appendable(out, manifest)
     last = max((_number(e["file"]) for e in manifest["shards"]), default=-1)
     if last != len(manifest["shards"]) - 1:  # the new shards' names follow the store's
         raise PackOptionError(f"{out}: `append` needs shards named shard-00000.. in order, as "

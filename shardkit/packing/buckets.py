@@ -43,7 +43,8 @@ EXIF-oriented source of ``height`` x ``width``:
 
 ``min_bucket_count``: buckets that would hold fewer records are merged into their nearest
 neighbour before any pixel is decoded (:mod:`shardkit.bucketing.merge`; the sources' headers
-are read once for it: :mod:`.bucket_census`).
+are read once for it: :mod:`.bucket_census`). An append places new images by the store's
+recorded rule, its merges kept as they are (:mod:`.bucket_append`).
 
 Per record the store keeps ``original_size`` (the oriented source's (height, width)),
 ``crop_top_left`` ((top, left) of the crop in the resized image, as diffusers' SDXL training

@@ -255,11 +255,13 @@ def _side_bytes(fields: RecordFields | None, path: str, result: Any) -> dict[str
 
 def make_plan(scan: Scan, settings: PackSettings, folder: str, *, shard_size: int | None = None,
               num_shards: int | None = None, strict: bool = False, order: str = "mixed",
-              layout_seed: int = 0, lister: Any = None) -> PackPlan:
+              layout_seed: int = 0, lister: Any = None, merge_buckets: bool = True
+              ) -> PackPlan:
     """Lay a source's records out (``order``) and fix the shard boundaries (see
     :func:`shardkit.pack`), saving the plan in ``folder`` (:mod:`.plan_store`; a scan made by
     :meth:`.sources.Source.scan_into` has its sources there already). ``lister`` runs the
-    mixed layout's task (a Dask session's, on a worker; else here)."""
+    mixed layout's task (a Dask session's, on a worker; else here). ``merge_buckets`` False:
+    the rule's merges are kept as they are (an append places images as the store did)."""
     check_order(order, layout_seed)
     if strict and scan.skipped:  # a folder that cannot be listed hides images: as bad as one
         first = scan.skipped[0]
@@ -312,7 +314,7 @@ def make_plan(scan: Scan, settings: PackSettings, folder: str, *, shard_size: in
         "index": index_info, "key": key})
     plan = open_plan(folder, scan.root, scan.fields, settings)
     rule = settings.buckets
-    if rule is not None and rule.min_bucket_count:
+    if rule is not None and rule.min_bucket_count and merge_buckets:
         # The merges follow from the sources and the rule (in the key): the plan's settings
         # carry them to every engine and into the stores' metadata.
         from dataclasses import replace
