@@ -11,7 +11,8 @@ from typing import Any
 
 def add_parsers(sub: Any) -> None:
     p = sub.add_parser("log", help="list a folder store's versions (time, records, change)")
-    p.add_argument("store", metavar="STORE", help="a local folder store")
+    p.add_argument("store", metavar="STORE",
+                   help="a folder store, local or at a URL (s3://bucket/prefix)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p = sub.add_parser("update", help="a folder store's next version with records deleted, "
                        "relabelled or replaced (no shard rewritten)")
@@ -43,8 +44,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p = sub.add_parser("gc", help="drop a folder store's old versions and the files only they "
                        "use", description="Keep the newest K versions (the current one always) "
-                       "and delete the files no kept version names, once no reader holds them.")
-    p.add_argument("store", metavar="STORE", help="a local folder store")
+                       "and delete the files no kept version names, once no reader holds them. "
+                       "At a URL: under the prefix's lock (refused while another writer holds "
+                       "it), only objects that a dropped version names; a reader of a dropped "
+                       "version there loses its files at once.")
+    p.add_argument("store", metavar="STORE",
+                   help="a folder store, local or at a URL (s3://bucket/prefix)")
     p.add_argument("--keep", type=int, required=True, metavar="K",
                    help="how many of the newest versions to keep (>= 1)")
 
