@@ -74,6 +74,7 @@ def gc(url: str, keep: int, storage_options: dict[str, Any] | None = None) -> li
     always kept) and delete the objects only they name (see the module doc). Returns the
     numbers dropped. PackError while another writer holds the prefix's lock; StoreError naming
     the object where a version cannot be read or an object cannot be deleted."""
+    RemoteFolder(url, storage_options)  # no store there: refused before the lock is written
     lock = PackLock(url, storage_options)
     lock.acquire()
     try:

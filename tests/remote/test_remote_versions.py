@@ -162,6 +162,10 @@ def test_gc_is_refused_while_another_writer_holds_the_prefix(grown, proxy, capsy
     finally:
         other.release()
     assert gc(url, 1) == [1, 2, 3]  # once it is given back
+    start = len(proxy.requests)
+    with pytest.raises(StoreError, match="has no manifest.json: not a shardkit store"):
+        gc(url + "-none", 1)
+    assert [m for m, _ in proxy.requests[start:] if m not in ("GET", "HEAD")] == []
 
 
 def test_a_failed_delete_is_an_error_naming_the_object(grown, proxy, monkeypatch):
