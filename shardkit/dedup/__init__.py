@@ -7,8 +7,9 @@ does not load the read side).
 
 from __future__ import annotations
 
-from .hashing import MODES, phash, pixel_digest
+from .hashing import MODES, phash, phash_many, pixel_digest, thumbnail
 from .report import DUPLICATE, Deduper
 from .search import DEFAULT_THRESHOLD, cross_pairs
 
-__all__ = ["DEFAULT_THRESHOLD", "DUPLICATE", "MODES", "Deduper", "cross_pairs", "phash", "pixel_digest"]
+__all__ = ["DEFAULT_THRESHOLD", "DUPLICATE", "MODES", "Deduper", "cross_pairs", "phash",
+           "phash_many", "pixel_digest", "thumbnail"]

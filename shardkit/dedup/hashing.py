@@ -51,8 +51,8 @@ def pixel_digest(pixels: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def phash(pixels: np.ndarray) -> int:
-    """The 64-bit perceptual hash of HxWx3 uint8 RGB ``pixels`` (see the module's definition)."""
+def thumbnail(pixels: np.ndarray) -> np.ndarray:
+    """The first half of :func:`phash`: HxWx3 uint8 RGB ``pixels`` resized to 3x32x32 uint8."""
     import torch  # here: a pack's client process need not load torch for its workers' hashes
     from torch.nn import functional
 
@@ -60,8 +60,23 @@ def phash(pixels: np.ndarray) -> int:
     image = torch.from_numpy(np.asarray(pixels, dtype=np.uint8)).permute(2, 0, 1)[None]
     small = functional.interpolate(image, size=(_SIDE, _SIDE), mode="bilinear",
                                    align_corners=False, antialias=True)
-    grey = (_LUMA @ np.ascontiguousarray(small[0].numpy()).reshape(3, -1)).reshape(_SIDE, _SIDE)
-    low = (_DCT @ grey @ _DCT_T).ravel()
-    ranked = np.sort(low)  # the median of 64, without np.median's overhead (a third of the hash)
-    bits = np.packbits(low > (ranked[31] + ranked[32]) / 2)
-    return int.from_bytes(bits.tobytes(), "big")
+    return np.ascontiguousarray(small[0].numpy())
+
+
+def phash_many(thumbnails: np.ndarray) -> list[int]:
+    """The second half of :func:`phash`, for Nx3x32x32 :func:`thumbnail` s at once: the luma,
+    DCT and median of many images in a few array operations cost about 3 us an image against
+    some 60 one at a time (so the packer's workers hash a batch of records together)."""
+    n = len(thumbnails)
+    flat = np.asarray(thumbnails, dtype=np.float64).reshape(n, 3, _SIDE * _SIDE)
+    grey = np.einsum("c,ncp->np", _LUMA, flat).reshape(n, _SIDE, _SIDE)
+    low = (_DCT @ grey @ _DCT_T).reshape(n, _LOW * _LOW)
+    ranked = np.sort(low, axis=1)
+    median = (ranked[:, 31] + ranked[:, 32]) / 2
+    bits = np.packbits(low > median[:, None], axis=1)
+    return bits.view(">u8").ravel().tolist()
+
+
+def phash(pixels: np.ndarray) -> int:
+    """The 64-bit perceptual hash of HxWx3 uint8 RGB ``pixels`` (see the module's definition)."""
+    return phash_many(thumbnail(pixels)[None])[0]

@@ -7,12 +7,12 @@ OUT once it is installed (:func:`report_dedup`). The decisions themselves are
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
 from ..codec import decode
-from ..dedup import Deduper, phash, pixel_digest
+from ..dedup import Deduper, phash_many, pixel_digest, thumbnail
 from ..errors import PackError, PackOptionError
 from ..fileutil import replace_atomic
 
@@ -102,19 +102,48 @@ def seed(deduper: Deduper, base: Any) -> None:
         deduper.keep(base.ordered[i], value)
 
 
+#: Records a worker hashes together (near mode: :func:`shardkit.dedup.phash_many`).
+HASH_BATCH = 32
+
+
 def digest(pixels: np.ndarray, mode: str) -> Any:
-    """The hash ``mode`` uses, of the pixels a worker packs (oriented, RGB, resized)."""
-    return pixel_digest(pixels) if mode == "exact" else phash(pixels)
+    """What an encoding worker keeps of the pixels it packs (oriented, RGB, resized) for the
+    hash ``mode`` uses: the exact hash, or near mode's :func:`~shardkit.dedup.thumbnail`, which
+    :func:`with_digests` turns into the hash, a batch of records at a time."""
+    return pixel_digest(pixels) if mode == "exact" else thumbnail(pixels)
 
 
 def with_digest(result: Any, settings: Any) -> Any:
-    """``result`` (an :class:`.encoding.Encoded`) with its hash: a record that did not go
-    through :func:`.encoding.encode_data` (a container's JPEG kept byte for byte, a video
-    frame) is hashed from its stored bytes, decoded."""
+    """``result`` (an :class:`.encoding.Encoded`) with its :func:`digest`: a record that did
+    not go through :func:`.encoding.encode_data` (a container's JPEG kept byte for byte, a
+    video frame) is hashed from its stored bytes, decoded."""
     if result.data is None or result.digest is not None:
         return result
     pixels = decode(result.data, settings.encoding, result.height, result.width)
     return result._replace(digest=digest(pixels, settings.dedup))
+
+
+def with_digests(results: Iterable[Any], settings: Any) -> Iterator[Any]:
+    """Each of ``results`` (in order) with its hash: :func:`with_digest`, and in near mode the
+    thumbnails hashed :data:`HASH_BATCH` records at a time."""
+    if settings.dedup == "exact":
+        yield from (with_digest(r, settings) for r in results)
+        return
+    held: list[Any] = []
+    for result in results:
+        held.append(with_digest(result, settings))
+        if len(held) == HASH_BATCH:
+            yield from _hashed(held)
+            held = []
+    yield from _hashed(held)
+
+
+def _hashed(held: list[Any]) -> list[Any]:
+    thumbnails = [r.digest for r in held if r.digest is not None]
+    if not thumbnails:
+        return held
+    values = iter(phash_many(np.stack(thumbnails)))
+    return [r if r.digest is None else r._replace(digest=next(values)) for r in held]
 
 
 def report_dedup(deduper: Deduper, out: str) -> dict[str, Any]:

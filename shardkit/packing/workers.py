@@ -18,7 +18,7 @@ from typing import Any, Iterator, Sequence
 from ..fileutil import NotRegularFile, open_regular
 from ..urls import is_url
 from . import resize
-from .dedup_run import with_digest
+from .dedup_run import with_digests
 from .encoding import Encoded, encode_data
 from .settings import PackSettings
 
@@ -37,9 +37,10 @@ def encode_file(path: Any, settings: PackSettings) -> Encoded:
 def encode_many(paths: Sequence[Any], settings: PackSettings) -> Iterator[Encoded]:
     """:func:`encode_file` of each source, in order; images at URLs are read a few ahead on
     threads (``url_folder.read_ahead``), so the core decodes while the next are on the wire.
-    With ``settings.dedup`` every record comes with its hash (:func:`.dedup_run.with_digest`)."""
+    With ``settings.dedup`` every record comes with its hash (:func:`.dedup_run.with_digests`:
+    near mode hashes a few records at once, so a record comes once its batch is hashed)."""
     if settings.dedup is not None:
-        return (with_digest(r, settings) for r in _encode_many(paths, settings))
+        return with_digests(_encode_many(paths, settings), settings)
     return _encode_many(paths, settings)
 
 

@@ -65,3 +65,29 @@ def test_an_append_with_dedup_needs_the_stores_hashes(tmp_path):
     _jpeg(src / "a" / "img9.jpg", photo_like(np.random.default_rng([5, 9]), 120, 90))
     with pytest.raises(PackOptionError, match="holds no near hashes of its records"):
         shardkit.pack(src, out, append=True, dedup="near", workers=1, progress=False)
+
+
+def test_a_stores_hashes_are_its_records_phash_across_hash_batches(tmp_path):
+    """Workers hash near mode's records a batch at a time (HASH_BATCH): over more records than
+    one batch, with unusable files among them, each record's kept hash is the pHash of its
+    packed pixels (stored raw, so read back exactly)."""
+    from shardkit.dedup import phash, phash_many, thumbnail
+    from shardkit.packing.dedup_run import HASH_BATCH
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    count = HASH_BATCH + 9
+    for i in range(count):
+        _jpeg(src / "ab"[i % 2] / f"img{i:02d}.jpg",
+              photo_like(np.random.default_rng([4, i]), 64 + i, 48))
+        if i in (5, HASH_BATCH - 1):
+            (src / "ab"[i % 2] / f"img{i:02d}-broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    done = shardkit.pack(src, out, size=40, encoding="raw", shard_size=100_000, dedup="near",
+                         workers=1, progress=False)
+    assert done.count == count and len(done.skipped) == 2
+    entry = json.loads((out / "manifest.json").read_bytes())["dedup"]
+    hashes = np.load(out / entry["file"])
+    ds = shardkit.ShardDataset(out, output="numpy")
+    pixels = [ds[i][0] for i in range(len(ds))]
+    assert hashes.tolist() == [phash(p) for p in pixels]
+    assert len(set(hashes.tolist())) == count  # distinct images: no two hashes alike
+    assert phash_many(np.stack([thumbnail(p) for p in pixels])) == hashes.tolist()
