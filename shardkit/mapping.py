@@ -5,10 +5,14 @@ shard rewritten (:mod:`shardkit.fields.added`).
 The records are read with ``ShardDataset(out, **dataset_options)`` through its loader
 (``batch_size``, ``num_workers=workers``), in the store's order; ``fn(batch)`` returns one value
 per record of the batch (a sequence, or an array whose first axis is the batch). Each batch's
-values are kept in a work folder beside OUT (``.OUT.field-NAME.partial``) as soon as they are
-computed, so a run that is killed resumes where it stopped (the same call again); the version is
-installed once every record has its value. A field already added is computed again only for the
-records packed after it (``append``), unless ``overwrite``.
+values are kept in a work folder beside OUT (``.OUT.field-NAME.partial``; for a store at a URL,
+beside the pack staging folders under ``$SHARDKIT_CACHE_DIR``) as soon as they are computed, so a
+run that is killed resumes where it stopped (the same call again); the version is installed once
+every record has its value. A field already added is computed again only for the records packed
+after it (``append``), unless ``overwrite``. At a URL the column files are uploaded under names
+no version uses and the version switched in as an ``update`` there switches its own
+(:func:`shardkit.packing.nextversion.install`): under the prefix's lock, only if the manifest is
+still the one read.
 """
 
 from __future__ import annotations
@@ -26,9 +30,12 @@ from .fields import DTYPES, Field, FieldError, Ragged, Schema, ShardFields, adde
 from .fileutil import remove, replace_atomic
 from .packing import nextversion
 from .packing.append import load_base, write_array
+from .packing.append_remote import load_remote_base
 from .packing.install import partial_path
+from .packing.staging import staging_path
 from .progress import progress as progress_bar
 from .read.dataset import ShardDataset
+from .urls import is_url
 from .versionmeta import number_of
 
 
@@ -47,13 +54,16 @@ class AddFieldResult:
 def add_field(out: str | os.PathLike, name: str, fn: Callable[[Any], Any], *,
               field: Field | None = None, batch_size: int = 64, workers: int = 0,
               overwrite: bool = False, progress: bool = True,
+              storage_options: dict[str, Any] | None = None,
               **dataset_options: Any) -> AddFieldResult:
     """Compute field ``name`` for every record of the folder store ``out`` with ``fn`` and
     install it as the store's next version; readers then ask for it like any field
     (``ShardDataset(out, fields=[name])``).
 
     Args:
-        out: a local folder store.
+        out: a folder store, local or at a URL (``s3://bucket/prefix``: the records are read
+            through the local cache, the batches kept under ``$SHARDKIT_CACHE_DIR`` and the
+            column uploaded, no shard written).
         name: the field's name (not one the store has, unless it was added before).
         fn: ``fn(batch) -> values``, one value per record of the batch, in order.
         field: its declaration (``shardkit.fields.Array(name, shape, dtype)``, ``Text(name)``,
@@ -61,10 +71,12 @@ def add_field(out: str | os.PathLike, name: str, fn: Callable[[Any], Any], *,
         batch_size, workers: the loader's batch size and worker processes.
         overwrite: compute every record again (else only those without a value).
         progress: show a progress bar on stderr.
+        storage_options: options of the fsspec filesystem of a URL ``out``.
         **dataset_options: for ``ShardDataset`` (``crop=``, ``output=``, ``fields=``...).
     """
     out = os.fspath(out).rstrip("/") or "/"
-    base = load_base(out)
+    remote = is_url(out)
+    base = load_remote_base(out, storage_options, keys=False) if remote else load_base(out)
     old = [e for e in added.entries(base.manifest) if e["field"]["name"] == name]
     packed = Schema.from_json(base.manifest["fields"]) if base.manifest.get("fields") else []
     if name == "label" or name in [f.name for f in packed]:
@@ -80,10 +92,13 @@ def add_field(out: str | os.PathLike, name: str, fn: Callable[[Any], Any], *,
         field, done_rows = declared, old[0]["rows"]
     else:
         done_rows = 0
+    if remote:
+        dataset_options["storage_options"] = storage_options
     ds = ShardDataset(out, version=number_of(base.manifest), **dataset_options)
     places = _places(ds)
     todo = np.flatnonzero(places >= done_rows)
-    work = _Work(out, name, number_of(base.manifest), field)
+    work = _Work(f"{staging_path(out, storage_options)}.field-{name}.partial" if remote else
+                 _beside(out, name), number_of(base.manifest), field)
     # Each computed value by physical place: those a killed run kept, then this run's.
     got = {p: v for where, values in work.load().values()
            for p, v in zip(where.tolist(), values)}
@@ -113,7 +128,7 @@ def add_field(out: str | os.PathLike, name: str, fn: Callable[[Any], Any], *,
             bar.close()
     if field is None:
         raise PackError(f"add_field: {out} has no record to compute {name!r} for")
-    version = _install(base, field, old[0] if old and not overwrite else None, got)
+    version = _install(base, ds, field, old[0] if old and not overwrite else None, got)
     work.remove()
     return AddFieldResult(out, version, field, computed, resumed)
 
@@ -142,10 +157,8 @@ def _filler(field: Field) -> Any:
 class _Work:
     """The computed batches of one field, kept beside OUT until the version is installed."""
 
-    def __init__(self, out: str, name: str, version: int, field: Field | None) -> None:
-        head, tail = os.path.split(partial_path(out))
-        self.folder = os.path.join(head, f"{tail.removesuffix('.partial')}.field-{name}.partial")
-        self.version, self.field = version, field
+    def __init__(self, folder: str, version: int, field: Field | None) -> None:
+        self.folder, self.version, self.field = folder, version, field
 
     def load(self) -> dict[str, tuple[np.ndarray, list[Any]]]:
         """The batches a killed run kept, if it read this same version (else started over)."""
@@ -187,14 +200,21 @@ class _Work:
         remove(self.folder)
 
 
-def _install(base: Any, field: Field, old: dict[str, Any] | None, got: dict[int, Any]) -> int:
+def _beside(out: str, name: str) -> str:
+    """The work folder of field ``name`` of the local store ``out``."""
+    head, tail = os.path.split(partial_path(out))
+    return os.path.join(head, f"{tail.removesuffix('.partial')}.field-{name}.partial")
+
+
+def _install(base: Any, ds: ShardDataset, field: Field, old: dict[str, Any] | None,
+             got: dict[int, Any]) -> int:
     """The version with ``field``'s column over every physical record: the values it had
     (``old``), then ``got`` (physical place -> value)."""
     count = base.manifest["count"]
     values: list[Any] = [None] * count
     if old is not None:  # the values it had (the records packed before it was added)
-        cols = {k: np.load(os.path.join(base.out, v["file"]), mmap_mode="r",
-                           allow_pickle=False) for k, v in old["columns"].items()}
+        cols = {k: ds.store.side_array(v["file"], v["sha256"])  # checked, local or fetched
+                for k, v in old["columns"].items()}
         rows = np.zeros(old["rows"], np.int32)
         kept = ShardFields(Schema([field]), cols, rows, rows, base.out)
         values[:old["rows"]] = [kept.value(field.name, i) for i in range(old["rows"])]

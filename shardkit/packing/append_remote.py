@@ -36,6 +36,7 @@ from .. import metadata, storemeta
 from ..errors import PackError, PackOptionError, StoreError
 from ..fileutil import remove, replace_atomic, sha256_file
 from ..versionmeta import number_of
+from . import added_upload
 from .append import (Base, check_appendable, combine, held_keys, live_records, logical_keys,
                      shard_keys)
 from .staging import staging_path
@@ -56,9 +57,10 @@ class RemoteBase(Base):
 
 
 def load_remote_base(out: str, storage_options: dict[str, Any] | None,
-                     bucketed: bool = False) -> RemoteBase:
+                     bucketed: bool = False, keys: bool = True) -> RemoteBase:
     """The folder store under the URL ``out`` with every record's key (see the module doc).
-    ``bucketed``: a store packed with buckets is taken (an append: :mod:`.bucket_append`)."""
+    ``bucketed``: a store packed with buckets is taken (an append: :mod:`.bucket_append`);
+    ``keys=False``: no key read, no shard downloaded (a change that names no key)."""
     from ..remote import RemoteFolder
     from ..remote.access import read_manifest
 
@@ -82,6 +84,10 @@ def load_remote_base(out: str, storage_options: dict[str, Any] | None,
     for key in metadata.SIDE_FILES:
         if key in manifest:
             _download(remote, manifest[key]["file"], manifest[key]["sha256"], folder)
+    if not keys:
+        return RemoteBase(remote.url, manifest, frozenset(), [],
+                          live_records(folder, manifest, manifest["count"]), folder, raw,
+                          storage_options)
     physical: list[str] = []
     for entry in manifest["shards"]:
         physical.extend(_keys_of(remote, entry, folder))
@@ -128,12 +134,14 @@ def install(partial: str, base: RemoteBase, manifest: dict[str, Any], uploader: 
             os.replace(os.path.join(partial, entry["file"]), os.path.join(partial, name))
             manifest = manifest | {key: entry | {"file": name}}
             sides.append(name)
+        manifest, columns = added_upload.renamed(partial, base.manifest, manifest)
         raw = metadata.dumps(metadata.seal(manifest))
         storemeta.parse_manifest(raw, partial)  # what every reader takes
         replace_atomic(os.path.join(partial, metadata.MANIFEST_NAME), raw)
     except OSError as exc:
         raise PackError(f"cannot write the new version of {base.out}: "
                         f"{exc.strerror or exc}; the store is unchanged") from None
+    sides += added_upload.missing(uploader, partial, columns)
     uploader.publish_version(partial, sides, number_of(base.manifest), base.raw,
                              number_of(manifest))
     remove(base.folder)
