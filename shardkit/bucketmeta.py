@@ -9,8 +9,9 @@ packer (:mod:`shardkit.packing.buckets` sizes the records), checked by every rea
 
 ``sizes`` are the (height, width) of every bucket that holds a record (own-size buckets of small
 sources included), sorted; ``counts`` the records in each, in the same order, summing to the
-shard's (or store's) ``count``. Every record is stored at exactly its bucket's size, so a
-record's bucket is its (height, width) in the index. The other keys repeat
+shard's (or store's) ``count`` (a version that deleted or replaced records: its live records,
+``records["count"]``; a shard keeps counting all of its own). Every record is stored at exactly
+its bucket's size, so a record's bucket is its (height, width) in the index. The other keys repeat
 ``settings["buckets"]``: the rule's name and parameters (:func:`shardkit.bucketing.from_meta`
 reads them back; ``{"rule": "kohya", "side": N}``, what the area rule was first called, reads as
 the area rule), and where ``min_bucket_count`` was given, the buckets ``merged`` into others.
@@ -111,6 +112,8 @@ def check(obj: dict[str, Any], where: str) -> None:
         raise StoreError(f"{bad}: sizes are not sorted and distinct (damaged store)")
     if not all(_int(n, 1) for n in counts):
         raise StoreError(f"{bad}: counts must be positive integers (damaged store)")
-    if sum(counts) != obj.get("count"):
+    # A version that deleted or replaced records counts its live ones (``records``).
+    live = obj["records"]["count"] if isinstance(obj.get("records"), dict) else obj.get("count")
+    if sum(counts) != live:
         raise StoreError(f"{bad}: counts sum to {sum(counts)}, the store holds "
-                         f"{obj.get('count')} records (damaged store)")
+                         f"{live} records (damaged store)")

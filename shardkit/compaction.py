@@ -4,7 +4,8 @@ live records rewritten into new shards, the deleted and superseded ones dropped.
 Records are copied as stored (the encoded bytes, not decoded again: the same pixels), in the
 order the shards held them (so shards keep their mix of classes), with their current labels and
 every field: packed fields as they were and fields added later (``add_field``) written into the
-new shards as packed ones. The version before stays readable until ``shardkit gc`` drops it.
+new shards as packed ones. A bucketed store's records keep their sizes, so their buckets. The
+version before stays readable until ``shardkit gc`` drops it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from . import metadata
+from . import bucketmeta, metadata
 from .errors import PackError
 from .fields import added
 from .formats import SUFFIXES
@@ -68,6 +69,9 @@ def compact(out: str | os.PathLike, *, shard_size: int | None = None,
         manifest["shards"] = entries
         manifest["count"] = count
         manifest["labels"] = write_array(partial, "labels.npy", labels)
+        if bucketmeta.KEY in old:  # the live records' buckets, summed from the new shards
+            manifest[bucketmeta.KEY] = bucketmeta.merge(old["settings"][bucketmeta.KEY],
+                                                        [e[bucketmeta.KEY] for e in entries])
         if schema is not None:
             manifest["fields"] = schema.as_json()
             manifest["format_version"] = metadata.FIELDS_VERSION
@@ -90,6 +94,8 @@ def _write(ds: ShardDataset, store: Any, order: np.ndarray, labels: np.ndarray, 
     settings, extra = old["settings"], ({"annotations": old["annotations"]}
                                         if "annotations" in old else None)
     names = [] if schema is None else schema.names
+    spec = settings.get(bucketmeta.KEY)  # records keep their sizes, so their buckets
+    rule = None if spec is None else bucketmeta.rule(spec, partial)
     bar = progress_bar(len(order), progress, "compact", unit="rec")
     writer, written, start = None, 0, 0
     try:
@@ -102,7 +108,7 @@ def _write(ds: ShardDataset, store: Any, order: np.ndarray, labels: np.ndarray, 
                                      max_pixels=settings["max_pixels"],
                                      class_to_idx=old["class_to_idx"], kind="shard",
                                      install=False, shard_index=len(entries), schema=schema,
-                                     extra_meta=extra)
+                                     extra_meta=extra, buckets=rule)
             k, local = store.locate(i)
             shard = store.shard(k)
             data = ds[i][0]
@@ -127,8 +133,8 @@ def _write(ds: ShardDataset, store: Any, order: np.ndarray, labels: np.ndarray, 
 
 
 def _entry(entry: dict[str, Any], start: int) -> dict[str, Any]:
-    return {k: entry[k] for k in ("file", "format", "count", "bytes", "sha256", "row_markers")
-            if k in entry} | {"start": start, "file": os.path.basename(entry["file"])}
+    return {k: entry[k] for k in ("file", "format", "count", "bytes", "sha256", "row_markers",
+                                  bucketmeta.KEY) if k in entry} | {"start": start, "file": os.path.basename(entry["file"])}
 
 
 __all__ = ["CompactResult", "compact"]

@@ -193,7 +193,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
         base: appending.Base | None = load_remote_base(out, storage_options,
                                                         bucketed=appended is True)
     else:
-        base = appending.load_base(out, bucketed=appended is True) if appended else None
+        base = appending.load_base(out) if appended else None
     if base is not None:  # the store's own image settings and shard size, where not given
         shortcuts = appending.defaults(base, image, shards, shortcuts)
         format = format or base.manifest["settings"]["format"]

@@ -7,7 +7,8 @@ the rest are packed exactly as a fresh pack packs them, with the store's own set
 quality, encoding, format: given ones must match) and its classes: the store's keep their
 indices and classes it has not seen are appended after them, in name order (a fresh pack of the
 union numbers classes in name order instead: ``docs/lifecycle.md``). A store packed with buckets
-is added to by its own rule and merges (:mod:`.bucket_append`).
+is added to by its own rule and merges (:mod:`.bucket_append`), its ``buckets`` counting the
+live records (:mod:`.bucket_update`).
 
 The new version's manifest lists the store's shards as they are (each keeps its file and its own
 number, ``index``, and how many classes it was written with, ``classes``), then the new shards;
@@ -31,7 +32,7 @@ from ..fields import added
 from ..formats import open_reader
 from ..versionmeta import number_of, stamp
 from ..urls import is_url
-from . import bucket_append
+from . import bucket_append, bucket_update
 from .discovery import Discovery
 from .layout import LAYOUT_NAME
 from .plan_store import SourceTable
@@ -63,10 +64,9 @@ class Base:
         return self.out
 
 
-def load_base(out: str, bucketed: bool = False) -> Base:
+def load_base(out: str) -> Base:
     """The local folder store at ``out`` with every record's key (PackOptionError where ``out``
-    is not one an append can add to; a URL: :func:`.append_remote.load_remote_base`).
-    ``bucketed``: a store packed with buckets is taken (an append: :mod:`.bucket_append`)."""
+    is not one an append can add to; a URL: :func:`.append_remote.load_remote_base`)."""
     if is_url(out):
         raise PackOptionError(f"{out}: `append` adds to a folder store, local or at a URL, "
                               "with `pack`")
@@ -77,8 +77,6 @@ def load_base(out: str, bucketed: bool = False) -> Base:
     with open(manifest_path, "rb") as f:
         manifest = storemeta.parse_manifest(f.read(metadata.MAX_MANIFEST_BYTES + 1),
                                             manifest_path)
-    if not bucketed:
-        bucket_append.refuse(out, manifest)
     ordered = logical_keys(out, manifest)
     live = live_records(out, manifest, len(ordered))
     return Base(out, manifest, held_keys(manifest, ordered, live), ordered, live)
@@ -270,6 +268,9 @@ def combine(partial: str, base: Base, replacing: bool = False,
         for j, key in enumerate(new_keys):
             live[place[key]] = n_old + j
         manifest["records"] = records_entry(partial, live)
+        if bucketmeta.KEY in manifest:  # less the records superseded
+            manifest[bucketmeta.KEY] = bucket_update.live_entry(
+                base.local, old, manifest[bucketmeta.KEY], base.live, live)
     elif "records" in old:  # the store's live records, then every new one
         live = np.concatenate([base.live, np.arange(n_old, n_old + new["count"])])
         manifest["records"] = records_entry(partial, live)

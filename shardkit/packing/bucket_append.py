@@ -8,8 +8,9 @@ merges: a bucket the store merged away stays merged however many new images it g
 of the union merges afresh). The new version's ``buckets`` entry counts the union's records.
 
 Bucket options given with the append must be the store's (they are then replaced by the store's
-rule, merges included); an append without them takes the store's. ``update`` (delete, relabel,
-replace), ``add_field`` and ``compact`` still refuse bucketed stores.
+rule, merges included); an append without them takes the store's. ``update``'s replace places
+its images the same way; the ``buckets`` entry of a version that drops records is
+:mod:`.bucket_update`'s. A bucketed store at a URL takes appends only.
 """
 
 from __future__ import annotations
@@ -29,12 +30,11 @@ _UNNAMED = ("area", "merged")
 
 
 def refuse(out: str, manifest: dict[str, Any]) -> None:
-    """PackOptionError for a bucketed store asked for anything but an append."""
+    """PackOptionError for a bucketed store at a URL asked for anything but an append."""
     if manifest["settings"].get(bucketmeta.KEY) is not None:
-        raise PackOptionError(f"{out}: a store packed with buckets takes `pack(..., "
+        raise PackOptionError(f"{out}: a store at a URL packed with buckets takes `pack(..., "
                               "append=True)` but not `update`, `append='replace'`, `add_field` "
-                              "or `compact` (its bucket list counts every record): repack the "
-                              "union")
+                              "or `compact`: copy it to a local folder for those")
 
 
 def store_rule(out: str, manifest: dict[str, Any]) -> BucketRule | None:

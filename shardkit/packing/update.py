@@ -18,11 +18,13 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from .. import bucketmeta
 from ..errors import PackError, PackOptionError
 from ..urls import is_url
 from ..versionmeta import number_of
 from . import nextversion
 from .append import Base, load_base, records_entry, write_array
+from .bucket_update import live_entry
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,9 @@ def _install(base: Base, live: np.ndarray, labels: np.ndarray | None, classes: l
     with nextversion.work_folder(base) as partial:
         manifest = nextversion.carried(base)
         manifest["records"] = records_entry(partial, live)
+        if bucketmeta.KEY in manifest:  # a bucketed store counts its live records
+            manifest[bucketmeta.KEY] = live_entry(base.local, base.manifest,
+                                                  manifest[bucketmeta.KEY], base.live, live)
         if labels is not None:
             manifest["labels"] = write_array(partial, "labels.npy", labels)
             manifest["labels_set"] = True

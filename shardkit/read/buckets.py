@@ -32,6 +32,7 @@ from ..errors import OptionError, StoreError
 from .order import Groups, rng
 from .sampler import OrderedSampler
 from .shardorder import fingerprint, shard_groups
+from .storeview import open_layout
 
 
 def bucket_sizes(store: Any) -> np.ndarray | None:
@@ -42,6 +43,22 @@ def bucket_sizes(store: Any) -> np.ndarray | None:
     if held is None:
         return None
     return np.asarray(held[0], dtype=np.int64).reshape(-1, 2)
+
+
+def live_buckets(store: Any) -> dict[str, Any]:
+    """The ``buckets`` entry a bucketed folder store's version that deleted or replaced
+    records should hold: its live records' (:func:`.storeview.live_records`), from their
+    heights and widths (what ``verify`` checks the manifest's against)."""
+    view = open_layout(store)
+    n = len(view)
+    shards, local = view.locate_many(np.arange(n, dtype=np.int64))
+    hw = np.zeros((n, 2), dtype=np.int64)
+    for k in np.unique(shards).tolist():
+        at = shards == k
+        shard = store.shard(k)
+        hw[at, 0] = np.asarray(shard.heights)[local[at]]
+        hw[at, 1] = np.asarray(shard.widths)[local[at]]
+    return bucketmeta.histogram(store.settings[bucketmeta.KEY], hw[:, 0], hw[:, 1])
 
 
 def _keys(hw: np.ndarray) -> np.ndarray:

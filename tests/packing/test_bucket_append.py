@@ -117,11 +117,6 @@ def test_append_with_other_bucket_options_is_refused(grown, tmp_path):
     with pytest.raises(PackOptionError, match="size"):
         shardkit.pack(grown["src"], out, append=True, size=64, progress=False)
     assert ShardDataset(out).version == 2  # nothing installed
-    # update and append="replace" still refuse a bucketed store, in one line
-    with pytest.raises(PackOptionError, match="takes `pack.*append=True.*not `update`"):
-        shardkit.update(out, delete=["a/a0.png"])
-    with pytest.raises(PackOptionError, match="not `update`"):
-        shardkit.pack(grown["src"], out, append="replace", progress=False)
 
 
 def test_append_to_a_store_without_its_recorded_merges_is_refused(grown, tmp_path):

@@ -5,6 +5,8 @@ server."""
 
 from __future__ import annotations
 
+import os
+
 import boto3
 import numpy as np
 import pytest
@@ -29,14 +31,14 @@ def mean_colour(batch):
     return images.float().mean(dim=(2, 3)).numpy()
 
 
-def twins(server, tmp_path) -> tuple[str, str]:
+def twins(server, tmp_path, local: bool = True) -> tuple[str, str]:
     """A store of 9 records in 2 shards at a new prefix, and the same pack in a local folder."""
     src = tmp_path / "src"
     write_images(src, 0, {"cat": 5, "dog": 4})
-    url, local = f"s3://{server.new_bucket()}/train", str(tmp_path / "local")
-    for out in (url, local):
+    url, folder = f"s3://{server.new_bucket()}/train", str(tmp_path / "local")
+    for out in (url, folder) if local else (url,):
         shardkit.pack(src, out, shard_size=30000, workers=1, progress=False)
-    return url, local
+    return url, folder
 
 
 def values(out: str, name: str = "emb") -> dict[str, np.ndarray]:
@@ -56,7 +58,8 @@ def test_a_field_added_at_a_url_equals_the_local_twin_and_writes_no_shard(server
     assert len([n for n in before if n.startswith("shard-")]) == 2
     opened = ShardDataset(url)
     start = len(server.requests)
-    done = shardkit.add_field(url, "emb", mean_colour, batch_size=4, crop=32, progress=False)
+    done = shardkit.add_field(url, "emb", mean_colour, batch_size=4, workers=1, crop=32,
+                              progress=False)
     shardkit.add_field(local, "emb", mean_colour, batch_size=4, crop=32, progress=False)
     assert (done.version, done.computed, done.resumed) == (2, 9, 0)
     got, want = values(url), values(local)
@@ -118,11 +121,35 @@ def test_a_stopped_run_resumes_computing_only_the_batches_it_had_not_kept(server
     done = shardkit.add_field(url, "emb", counting, batch_size=2, crop=32, progress=False)
     assert (done.version, done.computed, done.resumed) == (2, 5, 4)
     assert sum(rest) == 5
+    staging = os.path.join(os.environ["SHARDKIT_CACHE_DIR"], "pack-staging")
+    assert not [n for n in os.listdir(staging) if "field-emb" in n]  # the kept batches: gone
     shardkit.add_field(local, "emb", mean_colour, batch_size=2, crop=32, progress=False)
     got, want = values(url), values(local)
     assert got.keys() == want.keys()
     for key in want:
         np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_a_store_changed_while_the_field_was_computed_is_never_switched(server, tmp_path):
+    """Another writer installs version 2 while the field is computed for version 1: the install
+    is refused in one line and the store stays version 2; the same call again starts over on
+    version 2."""
+    url, _ = twins(server, tmp_path, local=False)
+    key = ShardDataset(url).key(0)
+
+    def racing(batch):
+        if ShardDataset(url).version == 1:
+            shardkit.update(url, set_labels={key: "eel"})
+        return mean_colour(batch)
+
+    with pytest.raises(PackError, match="changed") as refused:
+        shardkit.add_field(url, "emb", racing, batch_size=4, crop=32, progress=False)
+    assert "\n" not in str(refused.value)
+    ds = ShardDataset(url)
+    assert ds.version == 2 and "added_fields" not in ds.store.meta
+    done = shardkit.add_field(url, "emb", mean_colour, batch_size=4, crop=32, progress=False)
+    assert (done.version, done.computed, done.resumed) == (3, 9, 0)
+    assert ShardDataset(url, fields=["emb"]).classes[ShardDataset(url)[0][1]] == "eel"
 
 
 def test_an_object_at_the_column_name_that_shardkit_did_not_write_is_never_written_over(
