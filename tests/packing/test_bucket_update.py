@@ -93,6 +93,10 @@ def test_delete_and_set_labels_count_live_records(packed, tmp_path):
     assert (done.relabelled, done.version) == (2, 3)
     _same(out, fresh, relabel)
     _sampler_covers_live_once(out)
+    # An append after the delete adds the deleted images again, counted with the live ones.
+    shardkit.pack(packed / "src", out, append=True, workers=0, progress=False)
+    _same(out, packed / "plain", relabel)
+    _sampler_covers_live_once(out)
 
 
 def test_verify_checks_live_bucket_counts(packed, tmp_path):
