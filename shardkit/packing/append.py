@@ -229,11 +229,13 @@ def select_new(scan: Scan, base: Base, folder: str, replacing: bool = False) -> 
 
 def combine(partial: str, base: Base, replacing: bool = False,
             uploaded: bool = False,
-            hashes: Callable[[str, list[str]], dict[str, Any]] | None = None) -> dict[str, Any]:
+            hashes: Callable[[str, list[str]], dict[str, Any]] | None = None,
+            new_keys: list[str] | None = None) -> dict[str, Any]:
     """Turn the finished store of new records in ``partial`` into the store's next version:
     its shards renamed after the store's (``uploaded``: under those names already, by the
     uploader of a URL store), the union's labels and layout written, and its manifest replaced
-    by the version's (returned)."""
+    by the version's (returned). ``new_keys``: the new records' keys in their shards' order,
+    where those shards are no longer in ``partial`` (uploaded)."""
     path = os.path.join(partial, metadata.MANIFEST_NAME)
     with open(path, "rb") as f:
         new = storemeta.parse_manifest(f.read(), path)
@@ -242,12 +244,14 @@ def combine(partial: str, base: Base, replacing: bool = False,
         raise PackError(f"`append`: the new records' fields ({_names(new)}) differ from the "
                         f"store's ({_names(old)}); pack them with the same source and schema")
     n_old, n_shards = old["count"], len(old["shards"])
-    new_keys = logical_keys(partial, new) if replacing or hashes is not None else []
+    new_keys = (logical_keys(partial, new, new_keys) if replacing or hashes is not None
+                else [])
     entries = []
     for k, e in enumerate(old["shards"]):
         written = e.get("index", k)
         entries.append(e | {"index": written, "classes": e.get("classes", len(old["classes"]))})
-    renamed = [_shard_name(n_shards + k, e["file"]) for k, e in enumerate(new["shards"])]
+    first = next_shard(old) if uploaded else n_shards  # a URL store's: after its last name
+    renamed = [_shard_name(first + k, e["file"]) for k, e in enumerate(new["shards"])]
     # Last first: each name moves up, to a name whose file has moved already.
     for e, name in reversed(list(zip(new["shards"], renamed)) if not uploaded else []):
         os.replace(os.path.join(partial, e["file"]), os.path.join(partial, name))
@@ -334,6 +338,20 @@ RECORDS_NAME = "records.npy"
 def _names(manifest: dict[str, Any]) -> str:
     fields = manifest.get("fields")
     return "none" if not fields else metadata.dumps(fields).decode()[:200]
+
+
+def next_shard(manifest: dict[str, Any]) -> int | None:
+    """The number of a store's next new shard (``shard-<n>``): one past its last shard's; None
+    where its shards are not named ``shard-NNNNN`` in increasing order (as packs, appends and
+    compactions name them)."""
+    numbers = []
+    for entry in manifest["shards"]:
+        stem = os.path.splitext(entry["file"])[0]
+        digits = stem.removeprefix("shard-")
+        numbers.append(int(digits) if stem.startswith("shard-") and digits.isdigit() else -1)
+    if any(n < 0 for n in numbers) or numbers != sorted(set(numbers)):
+        return None
+    return numbers[-1] + 1 if numbers else 0
 
 
 def _shard_name(k: int, file: str) -> str:

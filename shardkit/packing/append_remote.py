@@ -38,7 +38,7 @@ from ..fileutil import remove, replace_atomic, sha256_file
 from ..versionmeta import number_of
 from . import added_upload
 from .append import (Base, check_appendable, combine, held_keys, live_records, logical_keys,
-                     shard_keys)
+                     next_shard, shard_keys)
 from .staging import staging_path
 
 
@@ -74,10 +74,9 @@ def load_remote_base(out: str, storage_options: dict[str, Any] | None,
         raise PackError(f"{out}: its manifest changed while it was read; run it again")
     if not bucketed:
         check_appendable(out, manifest)
-    last = max((_number(e["file"]) for e in manifest["shards"]), default=-1)
-    if last != len(manifest["shards"]) - 1:  # the new shards' names follow the store's
-        raise PackOptionError(f"{out}: `append` needs shards named shard-00000.. in order, as "
-                              "a pack names them; this store's are not (repack it)")
+    if next_shard(manifest) is None:  # the new shards' names follow the store's
+        raise PackOptionError(f"{out}: `append` needs shards named shard-NNNNN in increasing "
+                              "order, as a pack names them; this store's are not (repack it)")
     folder = f"{staging_path(remote.url, storage_options)}.base"
     remove(folder)
     os.makedirs(folder)
@@ -101,20 +100,34 @@ def uploader_options(base: Base) -> dict[str, Any]:
     """What the pack's :class:`shardkit.remote.Uploader` is given for an append to ``base``."""
     if not isinstance(base, RemoteBase):
         raise PackOptionError(f"{base.out}: `append` to a URL needs the store there")
-    return {"base": base.raw, "first_shard": len(base.manifest["shards"])}
+    return {"base": base.raw, "first_shard": next_shard(base.manifest)}
 
 
 def publish(partial: str, base: RemoteBase, uploader: Any, replacing: bool) -> None:
     """Install the new records packed (and uploaded) from ``partial`` as the store's next
-    version (see the module doc)."""
-    if replacing:
-        raise PackOptionError(f"{base.out}: `replace` needs a local folder store")
+    version (see the module doc); ``replacing``: each new record supersedes the one with its
+    key."""
+    keys = _new_keys(partial, base, uploader) if replacing else None
     try:
-        sealed = combine(partial, base, uploaded=True)
+        sealed = combine(partial, base, replacing, uploaded=True, new_keys=keys)
     except OSError as exc:
         raise PackError(f"cannot write the new version of {base.out}: "
                         f"{exc.strerror or exc}; the store is unchanged") from None
     install(partial, base, sealed, uploader)
+
+
+def _new_keys(partial: str, base: RemoteBase, uploader: Any) -> list[str]:
+    """The keys of the new records (their shards' order), read from their uploaded shards as a
+    store's are (each downloaded once, checked, its keys kept for the next append here)."""
+    from ..remote import RemoteFolder
+
+    path = os.path.join(partial, metadata.MANIFEST_NAME)
+    with open(path, "rb") as f:
+        new = storemeta.parse_manifest(f.read(), path)
+    remote = RemoteFolder(base.out, base.storage_options)
+    return [key for e in new["shards"]
+            for key in _keys_of(remote, e | {"file": uploader.remote_name(e["file"])},
+                                base.folder)]
 
 
 def install(partial: str, base: RemoteBase, manifest: dict[str, Any], uploader: Any) -> None:
@@ -147,24 +160,21 @@ def install(partial: str, base: RemoteBase, manifest: dict[str, Any], uploader: 
     remove(base.folder)
 
 
-def install_at_url(partial: str, base: Base, manifest: dict[str, Any]) -> None:
-    """The version ``manifest`` made in ``partial`` (``update``) installed in the store at a
-    URL, under the prefix's lock, if the store is still ``base``."""
+def install_at_url(partial: str, base: Base, manifest: dict[str, Any],
+                   uploader: Any = None) -> None:
+    """The version ``manifest`` made in ``partial`` (``update``, ``compact``) installed in the
+    store at a URL, under the prefix's lock (``uploader``'s, if given: it uploaded the
+    version's new shards), if the store is still ``base``."""
     from ..remote import Uploader
 
     if not isinstance(base, RemoteBase):
         raise PackOptionError(f"{base.out}: a new version at a URL needs the store read there")
-    uploader = Uploader(base.out, base.storage_options, base=base.raw)
+    if uploader is None:
+        uploader = Uploader(base.out, base.storage_options, base=base.raw)
     try:
         install(partial, base, manifest, uploader)
     finally:
         uploader.close()
-
-
-def _number(file: str) -> int:
-    stem = os.path.splitext(file)[0]
-    digits = stem.removeprefix("shard-")
-    return int(digits) if stem.startswith("shard-") and digits.isdigit() else -2
 
 
 def _download(remote: Any, name: str, sha256: str, folder: str) -> str:

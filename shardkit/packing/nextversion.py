@@ -46,14 +46,16 @@ def carried(base: Base, drop: tuple[str, ...] = ()) -> dict[str, Any]:
     return manifest
 
 
-def install(base: Base, partial: str, manifest: dict[str, Any], change: dict[str, Any]) -> int:
+def install(base: Base, partial: str, manifest: dict[str, Any], change: dict[str, Any],
+            uploader: Any = None) -> int:
     """``manifest`` as the store's next version, made by ``change``: checked as every reader
-    checks it, written into ``partial`` and installed. Returns its number."""
+    checks it, written into ``partial`` and installed. Returns its number. ``uploader``: the
+    one holding the URL prefix's lock that uploaded the version's new shards."""
     number = number_of(base.manifest) + 1
     if is_url(base.out):
         from .append_remote import install_at_url
 
-        install_at_url(partial, base, stamp(manifest, number, change))
+        install_at_url(partial, base, stamp(manifest, number, change), uploader)
         return number
     raw = metadata.dumps(stamp(manifest, number, change))
     storemeta.parse_manifest(raw, partial)  # never install what a reader would refuse

@@ -49,8 +49,7 @@ def update(out: str | os.PathLike, *, delete: str | os.PathLike | Iterable[str] 
     its images, packed as new shards.
 
     Args:
-        out: a folder store, local or at a URL (``s3://bucket/prefix``: ``delete`` and
-            ``set_labels`` only).
+        out: a folder store, local or at a URL (``s3://bucket/prefix``).
         delete: keys (source paths relative to SRC) to remove: a file with one per line, or an
             iterable of keys. A key the store does not hold is an error.
         set_labels: key -> class name: a CSV/TSV file of ``key,label`` rows (a first row
@@ -66,12 +65,11 @@ def update(out: str | os.PathLike, *, delete: str | os.PathLike | Iterable[str] 
     if delete is None and set_labels is None and replace is None:
         raise PackOptionError("update: give `delete`, `set_labels` or `replace`")
     replaced = 0
-    if replace is not None and is_url(out):
-        raise PackOptionError(f"`replace`: {out}: new pixels for a store's keys need a local "
-                              "folder store")
-    if replace is not None:
+    if replace is not None:  # at a URL: packed and installed as an append there is
         from .api import pack
 
+        if is_url(out):
+            pack_options["storage_options"] = storage_options
         replaced = pack(replace, out, append="replace", **pack_options).count
     if is_url(out):
         from .append_remote import load_remote_base

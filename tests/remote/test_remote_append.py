@@ -160,8 +160,6 @@ def test_update_of_a_url_store_deletes_and_relabels_as_a_new_version(server, tmp
     assert by_key(ds) == {k: (v[0], "eel" if k == moved else v[1]) for k, v in v1.items()
                           if k != gone}
     assert by_key(ShardDataset(url, version=1)) == v1
-    with pytest.raises(shardkit.errors.PackOptionError, match="`replace`"):
-        shardkit.update(url, replace=src)
 
 
 def test_a_killed_append_keeps_the_store_and_resume_finishes_it(server, tmp_path):
