@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--append", action="store_true",
                    help="add the images the folder store OUT lacks (by key: path relative to "
                    "SRC) as its next version")
+    p.add_argument("--relabel", action="store_true",
+                   help="with --append: then number the classes as a fresh pack would (sorted "
+                   "by name), as one more version")
     p.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
                    help="local process pool, or shards as tasks on a Dask cluster [local]")
     p.add_argument("--scheduler", metavar="ADDRESS",
@@ -224,6 +227,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     from .packing.shortcuts import records
     from .packing.sources.imagefolder import has_layout
 
+    cli_versions.check_relabel(args)
     # The flags build the records pack takes (shardkit.Resize, Shards, Local...); an append
     # takes the image flags given and the store's settings for the rest.
     image = {k: v for k, v in (("size", args.size), ("quality", args.quality),
@@ -258,6 +262,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
           f"{result.first_record_seconds:.1f} s), then {result.images_per_second:.0f} "
           "images/s", file=sys.stderr)
     cli_dedup.report_left_out(result)
+    if args.relabel:
+        cli_versions.relabel_after_append(result.out)
     if not args.schema and (args.metadata or args.captions or args.file_list or args.split
                             or args.source_format == "imagefolder" or has_layout(args.src)):
         _report_fields(result.out)

@@ -16,18 +16,23 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p = sub.add_parser("update", help="a folder store's next version with records deleted, "
                        "relabelled or replaced (no shard rewritten)")
-    p.add_argument("store", metavar="STORE", help="a local folder store")
+    p.add_argument("store", metavar="STORE",
+                   help="a folder store, local or at a URL (s3://bucket/prefix)")
     p.add_argument("--delete", metavar="FILE", help="keys to remove, one per line")
     p.add_argument("--set-labels", metavar="FILE",
                    help="CSV (TSV: .tsv) of key,label rows: new class names for those records")
     p.add_argument("--replace", metavar="SRC",
                    help="a source folder: its files with the store's keys replace those records")
+    p.add_argument("--relabel", action="store_true",
+                   help="number the classes as a fresh pack would (sorted by name, as "
+                   "ImageFolder): an append adds new classes after the store's")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p = sub.add_parser("map", help="add a field computed from a folder store's records as its "
                        "next version", description="Compute field NAME with FN (module:function, "
                        "called with each batch; one value per record) and install it as the "
                        "store's next version (shardkit.add_field).")
-    p.add_argument("store", metavar="STORE", help="a local folder store")
+    p.add_argument("store", metavar="STORE",
+                   help="a folder store, local or at a URL (s3://bucket/prefix)")
     p.add_argument("name", metavar="NAME", help="the new field's name")
     p.add_argument("fn", metavar="FN", help="module:function, e.g. mymodels:embed")
     p.add_argument("--batch-size", type=int, default=64, metavar="N", help="records a batch [64]")
@@ -40,7 +45,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p = sub.add_parser("compact", help="rewrite a folder store's live records into new shards "
                        "as its next version (deleted and replaced records dropped)")
-    p.add_argument("store", metavar="STORE", help="a local folder store")
+    p.add_argument("store", metavar="STORE",
+                   help="a folder store, local or at a URL (s3://bucket/prefix)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p = sub.add_parser("gc", help="drop a folder store's old versions and the files only they "
                        "use", description="Keep the newest K versions (the current one always) "
@@ -90,10 +96,33 @@ def cmd_update(args: argparse.Namespace) -> int:
     from .packing.update import update
 
     done = update(args.store, delete=args.delete, set_labels=args.set_labels,
-                  replace=args.replace, **({"progress": False} if args.quiet else {}))
+                  replace=args.replace, relabel=args.relabel,
+                  **({"progress": False} if args.quiet else {}))
     print(f"{done.out}: version {done.version}, {done.count} records ({done.deleted} deleted, "
-          f"{done.relabelled} relabelled, {done.replaced} replaced)", file=sys.stderr)
+          f"{done.relabelled} relabelled, {done.replaced} replaced"
+          + (f", {done.reordered} classes renumbered" if args.relabel else "") + ")",
+          file=sys.stderr)
     return 0
+
+
+def check_relabel(args: argparse.Namespace) -> None:
+    """``shardkit pack --relabel`` comes with ``--append`` (before any work)."""
+    if args.relabel and not args.append:
+        from .errors import OptionError
+
+        raise OptionError("--relabel numbers an appended store's classes afresh: give it with "
+                          "--append (or run `shardkit update OUT --relabel`)")
+
+
+def relabel_after_append(out: str) -> None:
+    """``shardkit pack --append --relabel``: the appended store's classes numbered as a fresh
+    pack would, as its next version (nothing to do when they already are)."""
+    from .packing.update import update
+
+    done = update(out, relabel=True)
+    print(f"{done.out}: " + (f"version {done.version}, {done.reordered} classes renumbered in "
+                             "name order" if done.reordered else "classes already in name order"),
+          file=sys.stderr)
 
 
 def cmd_map(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
-"""``shardkit.update(out, delete=..., set_labels=..., replace=...)``: a folder store's next
-version with records removed, relabelled or superseded, no shard rewritten.
+"""``shardkit.update(out, delete=..., set_labels=..., replace=..., relabel=...)``: a folder
+store's next version with records removed, relabelled or superseded, or its classes put in the
+order a fresh pack gives them, no shard rewritten.
 
 A version names its live records (``records.npy``: logical indices of its shards' records, in
 the store's order), so deleting keys is a shorter list, and replacing them packs the new images
@@ -30,7 +31,8 @@ from .bucket_update import live_entry
 @dataclass(frozen=True)
 class UpdateResult:
     """What :func:`update` changed: the version it installed, and how many records it deleted,
-    relabelled and replaced; ``count`` the live records now."""
+    relabelled and replaced; ``count`` the live records now; ``reordered`` how many classes
+    ``relabel`` gave another index."""
 
     out: str
     version: int
@@ -38,11 +40,12 @@ class UpdateResult:
     relabelled: int
     replaced: int
     count: int
+    reordered: int = 0
 
 
 def update(out: str | os.PathLike, *, delete: str | os.PathLike | Iterable[str] | None = None,
            set_labels: str | os.PathLike | Mapping[str, str] | None = None,
-           replace: str | os.PathLike | None = None,
+           replace: str | os.PathLike | None = None, relabel: bool = False,
            storage_options: dict[str, Any] | None = None, **pack_options: Any) -> UpdateResult:
     """Install the folder store's next version with the records of keys ``delete`` removed,
     the labels of ``set_labels`` set, and the records whose keys ``replace`` holds superseded by
@@ -56,14 +59,19 @@ def update(out: str | os.PathLike, *, delete: str | os.PathLike | Iterable[str] 
             ``key,label`` is a header), or a mapping. A class the store lacks is appended.
         replace: a source folder whose files with the store's keys replace those records (new
             pixels and fields, labels from its folders), packed with the store's settings.
+        relabel: give the classes the indices a fresh pack of the store's images would: sorted
+            by name, as torchvision's ``ImageFolder`` numbers its class folders (an append adds
+            the classes it finds after the store's), every label mapped to its class's new
+            index.
         storage_options: options of the fsspec filesystem of a URL ``out``.
         **pack_options: passed to the pack of ``replace`` (``workers=``, ``progress=``...).
 
-    Each change is its own version, in the order replace, delete, set_labels.
+    ``replace`` installs its own version; ``delete``, ``set_labels`` and ``relabel`` (applied
+    in that order) install one more.
     """
     out = os.fspath(out).rstrip("/") or "/"
-    if delete is None and set_labels is None and replace is None:
-        raise PackOptionError("update: give `delete`, `set_labels` or `replace`")
+    if delete is None and set_labels is None and replace is None and not relabel:
+        raise PackOptionError("update: give `delete`, `set_labels`, `replace` or `relabel`")
     replaced = 0
     if replace is not None:  # at a URL: packed and installed as an append there is
         from .api import pack
@@ -97,20 +105,41 @@ def update(out: str | os.PathLike, *, delete: str | os.PathLike | Iterable[str] 
         if missing:
             raise PackError(f"update: {len(missing)} key{'s' if len(missing) != 1 else ''} to "
                             f"relabel not in {out} (first: {missing[0]!r})")
-        labels = np.load(os.path.join(base.local, base.manifest["labels"]["file"]),
-                         allow_pickle=False).astype("<i8")
+        labels = _labels(base)
         for name in sorted(set(rows.values()) - set(classes)):
             classes.append(name)
         index = {c: i for i, c in enumerate(classes)}
         for key, name in rows.items():
             labels[record[key]] = index[name]
         relabelled = len(rows)
-    if deleted or relabelled:
-        _install(base, live, labels, classes, {"kind": "update", "deleted": deleted,
-                                               "relabelled": relabelled})
+    reordered = 0
+    if relabel and classes != sorted(classes):
+        if labels is None:
+            labels = _labels(base)
+        labels, reordered = _in_name_order(labels, classes)
+        classes = sorted(classes)
+    if deleted or relabelled or reordered:
+        change = {"kind": "update", "deleted": deleted, "relabelled": relabelled}
+        _install(base, live, labels, classes,
+                 change | ({"classes_reordered": reordered} if relabel else {}))
     # The version installed is the next one: nextversion.install checked the store was `base`.
-    return UpdateResult(out, number_of(base.manifest) + bool(deleted or relabelled), deleted,
-                        relabelled, replaced, len(live))
+    return UpdateResult(out, number_of(base.manifest) + bool(deleted or relabelled or reordered),
+                        deleted, relabelled, replaced, len(live), reordered)
+
+
+def _labels(base: Base) -> np.ndarray:
+    """The label of each of the store's records (all of them, in its order)."""
+    return np.load(os.path.join(base.local, base.manifest["labels"]["file"]),
+                   allow_pickle=False).astype("<i8")
+
+
+def _in_name_order(labels: np.ndarray, classes: list[str]) -> tuple[np.ndarray, int]:
+    """``labels`` (indices into ``classes``) as indices into ``sorted(classes)``, and how many
+    classes moved; a label below 0 (a record of no class) stays."""
+    where = {c: i for i, c in enumerate(sorted(classes))}
+    moved = np.array([where[c] for c in classes] or [0], dtype="<i8")
+    return (np.where(labels >= 0, moved[np.maximum(labels, 0)], labels),
+            int(sum(where[c] != i for i, c in enumerate(classes))))
 
 
 def _places(base: Base) -> dict[str, int]:

@@ -43,6 +43,20 @@ class ShardEntry:
                    entry["sha256"], entry.get("index"), entry.get("classes"))
 
 
+def _same_classes(written: Any, expect: dict[str, Any], count: int | None) -> bool:
+    """Whether a shard written with class list ``written`` belongs to a store of ``expect``'s:
+    the store's classes (their first ``count``, where later versions added classes after them).
+    A version whose labels are all in ``labels.npy`` (``labels_set``) may have renumbered the
+    classes (``update(relabel=True)``): there the shard's need only be ``count`` of the
+    store's, in any order."""
+    classes = expect.get("classes")
+    if expect.get("labels_set") and written is not None and classes is not None:
+        return set(written) <= set(classes) and (count is None or len(written) == count)
+    if count is not None and classes is not None:
+        classes = classes[:count]
+    return written == classes
+
+
 class OpenShard:
     """A shard opened in this process: its reader plus memory-mapped index arrays."""
 
@@ -64,10 +78,7 @@ class OpenShard:
                 raise StoreError(f"{where}: shard says it is #{shard['index']} holding "
                                  f"{shard['count']} records; the store expects #{number} "
                                  f"with {entry.count}")
-            classes = expect.get("classes")
-            if entry.classes is not None and classes is not None:
-                classes = classes[:entry.classes]
-            if meta.get("classes") != classes:
+            if not _same_classes(meta.get("classes"), expect, entry.classes):
                 raise StoreError(f"{where}: shard classes differ from the store's (mixed stores)")
             for key in ("settings", "fields"):
                 if meta.get(key) != expect.get(key):

@@ -58,6 +58,48 @@ def test_append_equals_a_fresh_pack_of_the_union(grown):
         assert [old[i][1] for i in range(len(old))] == old.targets.tolist()
 
 
+def _labels_by_key(ds) -> dict[str, int]:
+    return {ds.key(i): int(ds[i][1]) for i in range(len(ds))}
+
+
+def test_relabel_numbers_the_classes_as_a_fresh_pack(grown, tmp_path, capsys):
+    """``update --relabel`` (and ``pack --append --relabel``): a new version whose classes and
+    label indices are a fresh pack's of the same images; the version before keeps its own."""
+    out = tmp_path / "store"
+    shutil.copytree(grown["out"], out)
+    fresh = ShardDataset(grown["fresh"])
+    pinned = ShardDataset(out)
+    v3 = _labels_by_key(pinned)
+    assert main(["pack", str(grown["src"]), str(out), "--relabel"]) != 0
+    assert "--relabel numbers an appended store's classes afresh" in capsys.readouterr().err
+    assert main(["update", str(out), "--relabel"]) == 0
+    assert "4 classes renumbered" in capsys.readouterr().err
+    ds = ShardDataset(out)
+    assert ds.version == 4 and ds.classes == fresh.classes == ["ant", "bee", "cat", "dog"]
+    assert _labels_by_key(ds) == _labels_by_key(fresh)
+    assert by_key(ds) == by_key(fresh) and ds.targets.tolist() == [ds[i][1] for i in
+                                                                    range(len(ds))]
+    assert _labels_by_key(pinned) == v3 and pinned.classes == ["cat", "dog", "ant", "bee"]
+    assert main(["verify", str(out)]) == 0
+    again = shardkit.update(out, relabel=True)
+    assert (again.version, again.reordered) == (4, 0)  # already in name order: no version
+    # An append adds its new class last; --relabel then numbers it in name order.
+    src = tmp_path / "src"
+    shutil.copytree(grown["src"], src)
+    write_images(src, 3, {"bat": 2})
+    capsys.readouterr()
+    assert main(["pack", str(src), str(out), "--append", "--relabel", "--workers", "1",
+                 "--quiet"]) == 0
+    assert "version 6, 4 classes renumbered in name order" in capsys.readouterr().err
+    ds = ShardDataset(out)
+    assert ShardDataset(out, version=5).classes == ["ant", "bee", "cat", "dog", "bat"]
+    assert ds.classes == ["ant", "bat", "bee", "cat", "dog"]
+    union = shardkit.pack(src, tmp_path / "union", shard_size=6000, workers=1, progress=False)
+    assert _labels_by_key(ds) == _labels_by_key(ShardDataset(union.out))
+    assert [v.change.get("classes_reordered") for v in shardkit.storelog.history(str(out))] \
+        == [None, None, None, 4, None, 4]
+
+
 def test_append_refuses_what_it_cannot_add(grown, tmp_path):
     out = tmp_path / "store"
     shutil.copytree(grown["out"], out)

@@ -160,6 +160,15 @@ def test_update_of_a_url_store_deletes_and_relabels_as_a_new_version(server, tmp
     assert by_key(ds) == {k: (v[0], "eel" if k == moved else v[1]) for k, v in v1.items()
                           if k != gone}
     assert by_key(ShardDataset(url, version=1)) == v1
+    # Classes put in name order at a URL: the same records and class names, other indices.
+    renamed = sorted(v1)[2]
+    result = shardkit.update(url, set_labels={renamed: "ant"}, relabel=True)
+    assert (result.version, result.reordered) == (3, 4)  # cat dog eel ant -> ant cat dog eel
+    ds = ShardDataset(url)
+    assert ds.classes == ["ant", "cat", "dog", "eel"]
+    assert by_key(ds) == {k: (v[0], "ant" if k == renamed else v[1])
+                          for k, v in by_key(ShardDataset(url, version=2)).items()}
+    assert [int(ds[i][1]) for i in range(len(ds))] == ds.targets.tolist()
 
 
 def test_a_killed_append_keeps_the_store_and_resume_finishes_it(server, tmp_path):
