@@ -12,10 +12,14 @@ each callable in ``put_hooks`` is called with every PUT's path before it is serv
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
+
+from typing import Callable
 
 from moto.server import ThreadedMotoServer
 
@@ -270,3 +274,32 @@ def folder_files(folder: str) -> dict[str, bytes]:
         with open(os.path.join(folder, name), "rb") as f:
             out[name] = f.read()
     return out
+
+
+def kill_at_put(server: S3Server, held: Callable[[str], bool], args: list[str],
+                what: str, wait: float = 300) -> None:
+    """Run ``python -m shardkit.cli *args`` and SIGKILL it while ``server`` holds its first PUT
+    whose request path ``held`` accepts (that request waits until the kill): the run dies at
+    exactly that point of its work, whatever the machine's speed. ``what``: the failure's
+    words if it never gets there."""
+    reached, go = threading.Event(), threading.Event()
+
+    def hold(path: str) -> None:
+        if held(path):
+            reached.set()
+            go.wait()
+
+    server.put_hooks.append(hold)
+    proc = subprocess.Popen([sys.executable, "-m", "shardkit.cli", *args],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert reached.wait(wait), f"{what} never happened"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        server.put_hooks.remove(hold)
+        go.set()

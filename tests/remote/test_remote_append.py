@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 
 import boto3
 import pytest
 
 import shardkit
-from helpers.s3server import S3Server, bucket_objects
+from helpers.s3server import S3Server, bucket_objects, kill_at_put
 from helpers.versioned import by_key, write_images
 from shardkit import ShardDataset
 from shardkit.cli import main
@@ -185,28 +183,9 @@ def test_a_killed_append_keeps_the_store_and_resume_finishes_it(server, tmp_path
     write_images(src, 6, {"cat": 8, "eel": 8})  # two new shards
     old = len(opened.store.meta["shards"])
     first, second = (f"/{bucket}/train/shard-{old + k:05d}.lmdb" for k in range(2))
-    reached, go = threading.Event(), threading.Event()
-
-    def hold(path: str) -> None:
-        if path == second:  # the append waits here, its first new shard uploaded
-            reached.set()
-            go.wait()
-
-    server.put_hooks.append(hold)
-    proc = subprocess.Popen([sys.executable, "-m", "shardkit.cli", "pack", str(src), url,
-                             "--append", "-q", "--workers", "1"], stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        assert reached.wait(120), "the append never uploaded its second new shard"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
-        server.put_hooks.remove(hold)
-        go.set()
+    kill_at_put(server, lambda path: path == second,  # its first new shard uploaded
+                ["pack", str(src), url, "--append", "-q", "--workers", "1"],
+                "the upload of the append's second new shard", wait=120)
     assert server.count("PUT", first) == 1
     assert ".shardkit-lock.json" in bucket_objects(url)  # the killed append's: taken over
     for ds in (ShardDataset(url), opened):  # version 1, as it was

@@ -9,15 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
-import subprocess
-import sys
-import threading
 
 import pytest
 
 import shardkit
-from helpers.s3server import S3Server, bucket_objects
+from helpers.s3server import S3Server, bucket_objects, kill_at_put
 from helpers.versioned import write_images
 from shardkit import ShardDataset
 from shardkit.storelog import gc
@@ -140,27 +136,8 @@ def test_a_killed_compaction_switches_nothing_and_runs_again(twins, server):
     reader = opened(url)
     n = len(json.loads(before["manifest.json"])["shards"])
     labels = f"/{bucket}/{prefix}/labels-"  # its new labels, under a name no version uses
-    reached, go = threading.Event(), threading.Event()
-
-    def hold(path: str) -> None:
-        if path.startswith(labels):
-            reached.set()
-            go.wait()
-
-    server.put_hooks.append(hold)
-    proc = subprocess.Popen([sys.executable, "-m", "shardkit.cli", "compact", url, "-q"],
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        assert reached.wait(120), "the compaction never uploaded its labels"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
-        server.put_hooks.remove(hold)
-        go.set()
+    kill_at_put(server, lambda path: path.startswith(labels), ["compact", url, "-q"],
+                "the upload of the compaction's labels", wait=120)
     objects = bucket_objects(url)
     assert objects["manifest.json"] == before["manifest.json"]  # nothing switched
     assert f"shard-{n:05d}.lmdb" in objects  # its first new shard, named by no version

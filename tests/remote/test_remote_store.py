@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ from torch.utils.data import DataLoader
 import shardkit
 import shardkit.remote.access
 from helpers import one_line_error, run_cli
-from helpers.s3server import S3Server, use_dummy_credentials
+from helpers.s3server import S3Server, kill_at_put, use_dummy_credentials
 from helpers.s3server import bucket_objects as objects
 from helpers.s3server import folder_files as files
 from shardkit import ShardDataset, metadata
@@ -490,28 +489,9 @@ def test_cli_pack_info_verify_with_a_url(s3, src, local, tmp_path, capsys):
 def test_killed_pack_leaves_no_store_and_resume_finishes_it(s3, src, local):
     url = f"s3://{s3.new_bucket()}/train"
     names = shard_names(local)
-    reached, go = threading.Event(), threading.Event()
-
-    def hold(path: str) -> None:
-        if path == key(url, names[1]):  # the packer waits here, shard 0 being uploaded
-            reached.set()
-            go.wait()
-
-    s3.put_hooks.append(hold)
-    cmd = [sys.executable, "-m", "shardkit.cli", "pack", src, url, "--num-shards", str(SHARDS),
-           "-q", "--workers", "2"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    try:
-        assert reached.wait(300), "the pack never uploaded its second shard"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
-        s3.put_hooks.remove(hold)
-        go.set()
+    kill_at_put(s3, lambda path: path == key(url, names[1]),  # shard 0 being uploaded
+                ["pack", src, url, "--num-shards", str(SHARDS), "-q", "--workers", "2"],
+                "the upload of the pack's second shard")
     with pytest.raises(StoreError, match=f"{url} has no manifest.json"):
         RemoteFolder(url)
     assert s3.count("PUT", key(url, names[0])) == 1
