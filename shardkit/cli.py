@@ -129,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-key", metavar="KEYS",
                    help="member suffixes or column of the image, first present wins "
                    "(e.g. 'jpg;png'; default: the format's conventions)")
-    p.add_argument("--label-key", metavar="KEY",
-                   help="member suffix or column of the label (e.g. cls)")
+    p.add_argument("--label-key", metavar="KEY", help="member suffix or column of the label (cls)")
+    p.add_argument("--id-key", metavar="KEY", help="column or member whose value keys each record")
     p.add_argument("--file-list", metavar="LIST",
                    help="CSV/TSV of path,label or path,class-name instead of class folders "
                    "(with a header row, further columns become typed fields)")
@@ -243,7 +243,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         file_list=args.file_list, coco=args.coco, coco_masks=args.coco_masks,
         metadata_file=args.metadata, captions=args.captions,
         source_format=args.source_format, image_key=args.image_key, label_key=args.label_key,
-        split=args.split, frames=args.frames)
+        id_key=args.id_key, split=args.split, frames=args.frames)
     result = pack(args.src, args.out, source=asked.source,
                   **({"image": asked.image} if not args.append else image),
                   shards=asked.shards, engine=asked.engine, format=args.format,
@@ -403,7 +403,7 @@ def _one_line(exc: BaseException) -> str:
 
 # Library errors name parameters as `name` or `name=value`; the command's users see flags.
 _PARAMETER = re.compile(r"`(size|quality|encoding|format|workers|strict|overwrite|max_pixels|"
-                        r"allow_empty|file_list|source_format|image_key|label_key|to|shard_size|num_shards|resume|engine|scheduler|retries|"
+                        r"allow_empty|file_list|source_format|image_key|label_key|id_key|to|shard_size|num_shards|resume|engine|scheduler|retries|"
                         r"num_nodes|node_rank|order|layout_seed|buckets|bucket_step|bucket_upscale|min_bucket_count|split|frames|append)(?:=('[^'`]*'|True))?`")
 
 

@@ -17,7 +17,8 @@ version names it (:func:`shardkit.swap.collect_garbage`), and versions are dropp
 :func:`gc` (``shardkit gc OUT --keep K``).
 
 Record keys: every record's key is its source path relative to SRC (as ``ds.source_path(i)``
-gives it), which is what ``append`` compares.
+gives it), or, for a store packed with ``id_key``, the value of that column or member of the
+source (kept where the source path is); that is what ``append`` compares.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ VERSIONS_DIR = "versions"
 _NAME = re.compile(r"^(\d{1,9})\.json$")
 #: how a store's records are keyed (``shardkit info`` shows it)
 KEYS = "source path relative to SRC"
+
+
+def keys_rule(settings: dict[str, Any]) -> str:
+    """How the records of a store with these ``settings`` are keyed (``shardkit info``)."""
+    column = settings.get("id_key")
+    return KEYS if column is None else f"column {column} of the source (id_key)"
 
 
 def folder(store: str) -> str:

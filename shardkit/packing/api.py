@@ -209,13 +209,16 @@ def pack(src: str | os.PathLike, out: str | os.PathLike, *,
                           overwrite=overwrite)
     if deduper is not None and base is not None:  # the store's records are kept already
         seed(deduper, base)
+    chosen = combined(asked.source)
+    if base is not None:  # an append keys its records as the store's were, where not given
+        chosen = appending.keyed_as_store(base, chosen)
     settings = PackSettings(0 if buckets is not None else image.size, image.quality,
                             image.encoding, format or format_for_path(out), max_pixels, buckets,
-                            dedup)
+                            dedup, chosen.get("id_key"))
     settings.validate()
     if base is not None:
         appending.check_settings(base, settings.as_meta())
-    options = SourceOptions(**{"src": src, **combined(asked.source), "schema": schema,
+    options = SourceOptions(**{"src": src, **chosen, "schema": schema,
                                "allow_empty": allow_empty})
     found = resolve(options)
     if base is None:

@@ -1,7 +1,8 @@
 """``pack(src, out, append=True)``: pack only the sources whose keys a folder store lacks, as new
 shards, and install the union as the store's next version (:mod:`shardkit.versions`).
 
-A record's key is its source path relative to SRC (what ``ds.source_path(i)`` gives). The
+A record's key is its source path relative to SRC (what ``ds.source_path(i)`` gives), or the
+value of the source column or member ``id_key`` names (the store's ``settings``). The
 sources the store holds, and those it skipped before (an unusable file stays one), are left out;
 the rest are packed exactly as a fresh pack packs them, with the store's own settings (size,
 quality, encoding, format: given ones must match) and its classes: the store's keep their
@@ -138,6 +139,13 @@ def check_settings(base: Base, settings: dict[str, Any]) -> None:
         shown = ", ".join(f"{k}={settings.get(k)!r} (the store: {have.get(k)!r})" for k in differ)
         raise PackOptionError(f"`append`: the store was packed with other settings: {shown}; "
                               "give the store's, or leave them out")
+
+
+def keyed_as_store(base: Base, options: dict[str, Any]) -> dict[str, Any]:
+    """The source options with the store's ``id_key`` where none is given (a differing one is
+    refused by :func:`check_settings`)."""
+    have = base.manifest["settings"].get("id_key")
+    return options if have is None or "id_key" in options else options | {"id_key": have}
 
 
 def union_classes(have: list[str], found: list[str]) -> list[str]:

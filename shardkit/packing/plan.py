@@ -122,7 +122,7 @@ class PackPlan:
                            skipped=() if self.sharded else self.discovery_skipped,
                            schema=self.fields.schema if self.fields else None,
                            extra_meta=self.fields.meta() if self.fields else None,
-                           buckets=s.buckets)
+                           buckets=s.buckets, id_key=s.id_key)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The folder, not the arrays: a task's payload stays O(1) in sources.

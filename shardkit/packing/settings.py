@@ -34,12 +34,16 @@ class PackSettings:
     buckets: BucketSpec | None = None
     #: The hash each worker computes for ``pack(dedup=...)`` ("exact", "near"), or None.
     dedup: str | None = None
+    #: The source column or member whose value is each record's key (``id_key``), or None:
+    #: keys are source paths. Recorded, so an append keys its records the same way.
+    id_key: str | None = None
 
     def as_meta(self) -> dict[str, Any]:
         meta = {"size": self.size, "quality": self.quality, "encoding": self.encoding,
                 "format": self.format, "max_pixels": self.max_pixels, "resample": "bicubic",
                 "alpha_background": "white", "chroma_subsampling": "4:2:0"}
-        return meta | ({"buckets": self.buckets.as_meta()} if self.buckets is not None else {})
+        meta |= {"buckets": self.buckets.as_meta()} if self.buckets is not None else {}
+        return meta | ({"id_key": self.id_key} if self.id_key is not None else {})
 
     def validate(self) -> None:
         """Raise PackOptionError (a PackError and ValueError) naming the parameter that is out

@@ -57,6 +57,9 @@ class Shortcuts(TypedDict, total=False):
     source_format: str | None
     image_key: str | None
     label_key: str | None
+    #: ``WebDataset(id_key=...)``/``Parquet(id_key=...)``: the member or column holding each
+    #: record's key (docs/lifecycle.md "Keys")
+    id_key: str | None
     split: str | None
     #: ``Video(frames)``: the frames of each video to pack (``'fps=2'``, ``'every=N'``...)
     frames: Any
@@ -86,6 +89,7 @@ SHORTCUT_OF = {
     "Metadata.path": "metadata_file", "FileList.path": "file_list",
     **{f"{c}.{k}": k for c in ("Detect", "WebDataset", "Parquet", "MDS", "LitData")
        for k in ("image_key", "label_key")},
+    **{f"{c}.id_key": "id_key" for c in ("Detect", "WebDataset", "Parquet")},
     "Detect.split": "split", "HFImageFolder.split": "split", "Video.frames": "frames"}
 
 
@@ -193,7 +197,7 @@ def _engine(engine: Any, values: dict[str, Any]) -> EngineChoice:
 
 
 SOURCE_SHORTCUTS = ("coco", "coco_masks", "metadata_file", "captions", "file_list",
-                    "source_format", "image_key", "label_key", "split", "frames")
+                    "source_format", "image_key", "label_key", "id_key", "split", "frames")
 
 
 def _source(source: Any, values: dict[str, Any]) -> SourceChoice | None:
@@ -215,7 +219,7 @@ def _source(source: Any, values: dict[str, Any]) -> SourceChoice | None:
         specs.append(FileList(given["file_list"]))
     if "frames" in given:
         specs.append(Video(given["frames"]))
-    keys = {k: given[k] for k in ("image_key", "label_key", "split") if k in given}
+    keys = {k: given[k] for k in ("image_key", "label_key", "id_key", "split") if k in given}
     name = given.get("source_format")
     if name is not None:
         if name not in SOURCE_FORMATS:

@@ -104,6 +104,8 @@ class StoreWriter:
         buckets: the :class:`shardkit.packing.buckets.BucketSpec` the records were sized with
             (the packer's); the metadata then lists the buckets the records' sizes fill
             (``buckets``: :mod:`shardkit.bucketmeta`).
+        id_key: the source column or member the records' keys (their source paths) were read
+            from (``pack(id_key=...)``), recorded in the metadata; None: source paths.
     """
 
     def __init__(self, path: str | os.PathLike, classes: Iterable[str], *,
@@ -113,11 +115,12 @@ class StoreWriter:
                  kind: Kind = "single", overwrite: bool = False, install: bool = True,
                  shard_index: int = 0, first_source: int = 0,
                  skipped: Iterable[Skipped | dict[str, str]] = (), schema: Any = None,
-                 extra_meta: dict[str, Any] | None = None, buckets: Any = None) -> None:
+                 extra_meta: dict[str, Any] | None = None, buckets: Any = None,
+                 id_key: str | None = None) -> None:
         self.path = os.fspath(path)
         self.classes = list(classes)
         self.settings = PackSettings(size, quality, encoding, format or format_for_path(self.path),
-                                     max_pixels, buckets)
+                                     max_pixels, buckets, id_key=id_key)
         self.settings.validate()
         if kind not in KINDS:
             raise PackOptionError(f"`kind` must be {' or '.join(map(repr, KINDS))}, not {kind!r}")

@@ -57,8 +57,8 @@ class StoreAttributes:
         return self.store.version
 
     def key(self, index: int) -> str:
-        """Record ``index``'s key: its source path relative to SRC (what ``append`` compares;
-        ``docs/lifecycle.md``)."""
+        """Record ``index``'s key: its source path relative to SRC, or the value of the source
+        column ``id_key`` named at pack time (what ``append`` compares; ``docs/lifecycle.md``)."""
         return self.source_path(index)
 
     def index_of(self, key: str) -> int:

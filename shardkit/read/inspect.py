@@ -13,7 +13,7 @@ from ..errors import StoreError
 from ..fileutil import sha256_file
 from ..progress import progress as progress_bar
 from ..urls import is_url
-from ..versions import KEYS
+from ..versions import keys_rule
 from .buckets import live_buckets
 from .decode import Decoder, shard_name
 from .store import Store, disk_bytes
@@ -48,7 +48,7 @@ def info(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
         "count": store.count,
         # the store version (1: never changed; `shardkit log` lists them) and its record keys
         "version": store.version,
-        "keys": KEYS,
+        "keys": keys_rule(settings),
         "num_classes": len(store.classes),
         "classes": store.classes,
         # A COCO store's category ids and names (its records' labels are in the fields)

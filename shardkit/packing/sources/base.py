@@ -60,6 +60,8 @@ class SourceOptions:
     #: which members/columns hold the image and the label (``None``: the format's defaults)
     image_key: str | None = None
     label_key: str | None = None
+    #: the member/column whose value is each record's key (None: keys are source paths)
+    id_key: str | None = None
     file_list: str | None = None
     coco: str | None = None
     coco_masks: bool | None = None
@@ -171,6 +173,8 @@ class Source:
     remote: ClassVar[bool] = False
     #: whether the source has splits (``split`` chooses one)
     splits: ClassVar[bool] = False
+    #: whether a column or member of the source can key its records (``id_key``)
+    keyed: ClassVar[bool] = False
 
     def asked(self, options: SourceOptions) -> bool:
         """Whether the options ask for this source (an :attr:`option` source)."""
@@ -185,6 +189,10 @@ class Source:
         if not self.remote and is_url(options.src):
             raise PackOptionError(f"{options.src}: the source folder must be a local path (only "
                                   "OUT may be a URL)")
+        if options.id_key is not None and not self.keyed:
+            raise PackOptionError(
+                "`id_key` names the column or member holding each record's key in a parquet or "
+                f"WebDataset source, and SRC is read as {self.name!r}")
         if options.split is not None and not self.splits:
             raise PackOptionError(
                 "`split` chooses a split of a Hugging Face imagefolder layout, and SRC is read as "

@@ -23,6 +23,7 @@ import numpy as np
 from ...errors import PackError
 from .base import ContainerIndex, MemberError, Scan, Source, SourceOptions
 from .fields import ContainerFields
+from .keyed import apply_keys
 
 _INT = re.compile(r"\s*-?[0-9]+\s*")
 
@@ -37,6 +38,7 @@ class Shard:
     refs: list[tuple[int, int]] = field(default_factory=list)
     labels: list[Any] = field(default_factory=list)   # raw: int, str or None
     fields: list[dict[str, Any]] = field(default_factory=list)  # typed field values, if any
+    keys: list[Any] = field(default_factory=list)  # raw ``id_key`` values, if asked
 
 
 @dataclass
@@ -238,6 +240,8 @@ class ContainerSource(Source):
     def scan(self, options: SourceOptions) -> Scan:
         src = os.fspath(options.src)
         scanned = self.scan_shards(src, options)
+        if options.id_key is not None:
+            apply_keys(scanned, options.id_key)
         labels = Labels([v for s in scanned.shards for v in s.labels], scanned.names)
         samples: list[tuple[str, int]] = []
         shard_col: list[int] = []

@@ -133,9 +133,23 @@ def _label_values(pa: Any, array: Any, column: str, path: str) -> list[Any]:
     return array.to_pylist()
 
 
+def _key_column(pa: Any, schema: Any, column: str, path: str) -> None:
+    """Refuse an ``id_key`` column that is missing or holds no integers or strings."""
+    if column not in schema.names:
+        raise PackError(f"{path}: no key column {column!r} for `id_key` (columns: "
+                        f"{', '.join(schema.names)})")
+    t = schema.field(column).type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)):
+        raise PackError(f"{path}: key column {column!r} (`id_key`) is {t}, not integers or "
+                        "strings")
+
+
 class ParquetSource(ContainerSource):
     name = "parquet"
     summary = "Hugging Face parquet or Arrow (a file, a folder of them, a save_to_disk folder)"
+    keyed = True
 
     def detect(self, src: str) -> bool:
         if os.path.isfile(src):
@@ -173,15 +187,23 @@ class ParquetSource(ContainerSource):
             # travel in the plan.
             others = [n for n in schema.names if n not in (image, label)
                       and not _binary(pa, schema.field(n).type)]
+            key = options.id_key
+            if key is not None:
+                _key_column(pa, schema, key, path)
+            read = [label, *others] + ([key] if key not in (None, label, *others) else [])
             try:
-                for g, (values, *columns) in enumerate(batches.columns([label, *others])):
+                for g, (values, *columns) in enumerate(batches.columns(read)):
                     extra = [c.to_pylist() for c in columns]
+                    keys = None if key is None else values.to_pylist() if key == label \
+                        else extra[read.index(key) - 1]
                     for row, value in enumerate(_label_values(pa, values, label, path)):
                         shard.members.append(member_name(shard.name, f"{g}:{row}"))
                         shard.refs.append((g, row))
                         shard.labels.append(value)
                         shard.fields.append({n: col[row] for n, col in zip(others, extra)
                                              if col[row] is not None})
+                        if keys is not None:
+                            shard.keys.append(keys[row])
             except pa.ArrowException as exc:
                 raise PackError(f"{path}: cannot read columns {[label, *others]} ({exc})"
                                 ) from None

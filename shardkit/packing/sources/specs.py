@@ -46,7 +46,7 @@ class SourceSpec:
         object.__setattr__(self, name, os.fspath(value))
 
     def _keys(self) -> None:
-        for name in ("image_key", "label_key"):
+        for name in ("image_key", "label_key", "id_key"):
             value = getattr(self, name, None)
             if value is not None and not isinstance(value, str):
                 self._refuse(name, f"must be a string, not {value!r}")
@@ -59,12 +59,13 @@ def _option(name: str) -> Any:
 @dataclass(frozen=True)
 class Detect(SourceSpec):
     """Whatever SRC is, detected from its content (docs/sources.md): the default. The keys
-    choose a container's image and label members or columns; ``split`` a Hugging Face
-    imagefolder layout's split."""
+    choose a container's image and label members or columns (and ``id_key`` the one holding
+    each record's key); ``split`` a Hugging Face imagefolder layout's split."""
 
     image_key: str | None = None
     label_key: str | None = None
     split: str | None = None
+    id_key: str | None = None
 
     def __post_init__(self) -> None:
         self._keys()
@@ -103,16 +104,22 @@ class _Container(SourceSpec):
 class WebDataset(_Container):
     """WebDataset tar shards: a tar, a brace pattern, a folder of tars (also at a URL).
     ``image_key``: member suffixes, the first present (``'jpg;png'``); ``label_key``: the
-    label's suffix (``'cls'``)."""
+    label's suffix (``'cls'``); ``id_key``: ``'__key__'`` (the sample's own key) or the suffix
+    of a short text member whose content is the record's key (None: keys are
+    ``tar#member`` paths)."""
 
     format: ClassVar[str | None] = "webdataset"
+    id_key: str | None = None
 
 
 @dataclass(frozen=True)
 class Parquet(_Container):
-    """Hugging Face parquet or Arrow files; the keys name the image and label columns."""
+    """Hugging Face parquet or Arrow files; the keys name the image and label columns, and
+    ``id_key`` a column (integers or strings: ``'id'``) whose value is each record's key
+    (None: keys are ``file#<row group>:<row>`` paths)."""
 
     format: ClassVar[str | None] = "parquet"
+    id_key: str | None = None
 
 
 @dataclass(frozen=True)

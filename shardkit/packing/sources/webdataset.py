@@ -23,6 +23,7 @@ import os
 import re
 import tarfile
 import zlib
+from typing import Any
 from pathlib import PurePosixPath
 
 from ...errors import PackError, ShardkitError, StoreError
@@ -146,6 +147,7 @@ def _url_classes(folder: str) -> list[str] | None:
 class WebDatasetSource(ContainerSource):
     name = "webdataset"
     summary = "WebDataset tar shards (a tar, a brace pattern, or a folder of tars)"
+    keyed = True
 
     def detect(self, src: str) -> bool:
         if is_url(src):  # a folder URL holding no tars is an image folder's (sources.folder)
@@ -180,13 +182,14 @@ class WebDatasetSource(ContainerSource):
             try:
                 scanned.shards.append(self._scan_tar(
                     path if is_url(path) else os.path.abspath(path), root, image_keys,
-                    label_keys, scanned.skipped))
+                    label_keys, scanned.skipped, options.id_key))
             except TransferFailed as exc:  # a request for a tar at a URL: never a skip
                 raise PackError(str(exc)) from None
         return scanned
 
     def _scan_tar(self, path: str, root: str, image_keys: tuple[str, ...],
-                  label_keys: tuple[str, ...], skipped: list[dict[str, str]]) -> Shard:
+                  label_keys: tuple[str, ...], skipped: list[dict[str, str]],
+                  id_key: str | None = None) -> Shard:
         rel = path[len(root) + 1:] if is_url(path) and path.startswith(root + "/") else \
             os.path.relpath(path, root)
         shard = Shard(path, rel)
@@ -225,7 +228,7 @@ class WebDatasetSource(ContainerSource):
             def flush() -> None:
                 if key is None:
                     return
-                self._add_sample(shard, key, sample, small, image_keys, label_keys, skip)
+                self._add_sample(shard, key, sample, small, image_keys, label_keys, skip, id_key)
 
             while True:
                 try:
@@ -274,7 +277,7 @@ class WebDatasetSource(ContainerSource):
                             small[suffix] = tar.extractfile(info).read()
                         except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
                             skip(name, f"cannot read field member: {exc}")
-                if suffix in label_keys and info.size <= LABEL_BYTES:
+                if (suffix in label_keys or suffix == id_key) and info.size <= LABEL_BYTES:
                     try:
                         small[suffix] = tar.extractfile(info).read()
                     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
@@ -285,7 +288,7 @@ class WebDatasetSource(ContainerSource):
     @staticmethod
     def _add_sample(shard: Shard, key: str, sample: dict[str, tuple[str, int, int]],
                     small: dict[str, bytes], image_keys: tuple[str, ...],
-                    label_keys: tuple[str, ...], skip) -> None:
+                    label_keys: tuple[str, ...], skip, id_key: str | None = None) -> None:
         for suffix, (name, _, _) in sample.items():
             if suffix.rsplit(".", 1)[-1] in PICKLED:
                 skip(name, "pickled member refused (never loaded)")
@@ -307,6 +310,16 @@ class WebDatasetSource(ContainerSource):
         except UnicodeDecodeError:
             skip(name, f"label member {sample[label_key][0]!r} is not UTF-8 text")
             return
+        record_key: Any = key
+        if id_key not in (None, "__key__"):
+            if id_key not in small:
+                skip(name, f"sample {key!r} has no short key member {id_key!r} (`id_key`)")
+                return
+            try:
+                record_key = small[id_key].decode("utf-8").strip()
+            except UnicodeDecodeError:
+                skip(name, f"key member {sample[id_key][0]!r} is not UTF-8 text")
+                return
         values = {}
         for suffix, data in small.items():
             field = wds_field(suffix)
@@ -320,6 +333,8 @@ class WebDatasetSource(ContainerSource):
         shard.refs.append((offset, size))
         shard.labels.append(label)
         shard.fields.append(values)
+        if id_key is not None:
+            shard.keys.append(record_key)
 
     @staticmethod
     def read(file: str, a: int, b: int, limit: int | None) -> bytes:
