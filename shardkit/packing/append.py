@@ -89,7 +89,7 @@ def check_appendable(out: str, manifest: dict[str, Any]) -> None:
 
 def live_records(folder: str, manifest: dict[str, Any], count: int) -> np.ndarray:
     """The live records (logical indices) of a store whose side files are in ``folder``."""
-    return (_npy(folder, manifest["records"]).astype(np.int64) if "records" in manifest
+    return (load_array(folder, manifest["records"]).astype(np.int64) if "records" in manifest
             else np.arange(count, dtype=np.int64))
 
 
@@ -128,7 +128,7 @@ def logical_keys(folder: str, manifest: dict[str, Any],
     physical = shard_keys(folder, manifest) if physical is None else physical
     if "layout" not in manifest:
         return physical
-    return [physical[p] for p in _npy(folder, manifest["layout"])[0].tolist()]
+    return [physical[p] for p in load_array(folder, manifest["layout"])[0].tolist()]
 
 
 def check_settings(base: Base, settings: dict[str, Any]) -> None:
@@ -265,7 +265,7 @@ def combine(partial: str, base: Base, replacing: bool = False,
         os.replace(os.path.join(partial, e["file"]), os.path.join(partial, name))
     for k, (e, name) in enumerate(zip(new["shards"], renamed)):
         entries.append(e | {"file": name, "start": n_old + e["start"], "index": k})
-    labels = np.concatenate([_npy(base.local, old["labels"]), _npy(partial, new["labels"])])
+    labels = np.concatenate([load_array(base.local, old["labels"]), load_array(partial, new["labels"])])
     manifest = {k: v for k, v in new.items() if k not in ("layout", versions.KEY)}
     manifest |= {"shards": entries, "count": n_old + new["count"],
                  "classes": new["classes"], "class_to_idx": new["class_to_idx"],
@@ -366,14 +366,16 @@ def _shard_name(k: int, file: str) -> str:
     return f"shard-{k:05d}{os.path.splitext(file)[1]}"
 
 
-def _npy(folder: str, info: dict[str, Any]) -> np.ndarray:
+def load_array(folder: str, info: dict[str, Any]) -> np.ndarray:
+    """The ``.npy`` a manifest entry ``info`` names (file, sha256), from ``folder``: what
+    :func:`write_array` wrote."""
     return np.load(os.path.join(folder, info["file"]), allow_pickle=False)
 
 
 def _layout(folder: str, manifest: dict[str, Any]) -> np.ndarray:
     """The ``(2, N)`` logical/physical map (identity for a store in the sources' order)."""
     if "layout" in manifest:
-        return _npy(folder, manifest["layout"])
+        return load_array(folder, manifest["layout"])
     ident = np.arange(manifest["count"], dtype=np.int64)
     return np.stack([ident, ident])
 

@@ -24,7 +24,7 @@ from ..errors import PackError, PackOptionError
 from ..urls import is_url
 from ..versionmeta import number_of
 from . import nextversion
-from .append import Base, load_base, records_entry, write_array
+from .append import Base, load_array, load_base, records_entry, write_array
 from .bucket_update import live_entry
 
 
@@ -129,8 +129,7 @@ def update(out: str | os.PathLike, *, delete: str | os.PathLike | Iterable[str] 
 
 def _labels(base: Base) -> np.ndarray:
     """The label of each of the store's records (all of them, in its order)."""
-    return np.load(os.path.join(base.local, base.manifest["labels"]["file"]),
-                   allow_pickle=False).astype("<i8")
+    return load_array(base.local, base.manifest["labels"]).astype("<i8")
 
 
 def _in_name_order(labels: np.ndarray, classes: list[str]) -> tuple[np.ndarray, int]:
