@@ -8,7 +8,7 @@ import re
 import sys
 from typing import Sequence
 
-from . import cli_dedup, cli_versions, formats
+from . import cli_dedup, cli_exit, cli_versions, formats
 from ._version import __version__
 from .codec import ENCODINGS
 from .errors import Interrupted, ShardkitError
@@ -447,4 +447,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli_exit.end(main())

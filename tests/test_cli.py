@@ -66,6 +66,24 @@ def test_usage_errors_exit_2(args):
     assert "usage" in proc.stderr.lower() and "Traceback" not in proc.stderr
 
 
+def test_program_ends_without_the_interpreter_teardown():
+    """How the program ends once its command is done (``shardkit.cli_exit.end``, after
+    ``main``): with the command's status, its atexit hooks run and its buffered output written,
+    but without the interpreter's teardown (0.5-1 s once a pack has imported torch): an object
+    left in a module is never finalized."""
+    script = ("import atexit, sys\n"
+              "from shardkit.cli_exit import end\n"
+              "class Left:\n"
+              "    def __del__(self, write=sys.stderr.write): write('finalized')\n"
+              "left = Left()\n"
+              "atexit.register(print, 'hook')\n"
+              "print('buffered', end=' ')\n"  # stdout is a pipe: held in the buffer
+              "end(3)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (3, "buffered hook\n", "")
+
+
 # -- pack -----------------------------------------------------------------------------------------
 
 def test_pack_reports_skipped_and_writes_store(tiny_src, tmp_path):
