@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """What restart markers cost the pack: CPU per image of the pack's per-image work with row
-markers (``codec.encode``, as ``shardkit pack`` encodes) against the same work without them
-(``codec.encode(..., row_markers=False)``), and, for the encode alone, the one-pass encoder that
-could write the markers instead (Pillow's ``restart_marker_rows=1``) with its pixels compared.
+markers (``codec.encode``, as ``shardkit pack`` encodes: one libjpeg-turbo pass where
+``shardkit.libjpeg`` finds the library) against the same work without them
+(``codec.encode(..., row_markers=False)``), and, for the encode alone, the rows encoded one by one
+(``jpegrows.encode_each_row``, the fallback) and Pillow's one-pass ``restart_marker_rows=1``
+(accurate DCT) with its pixels compared.
 
 One process pinned to one CPU (``os.sched_setaffinity``), one torch thread; the configurations
 alternate within each round and the figures are this process's CPU seconds (``time.process_time``),
@@ -34,7 +36,7 @@ try:
 except ImportError:  # run from a source checkout without installing
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import shardkit
-from shardkit import codec, jpegrows
+from shardkit import codec, jpegrows, libjpeg
 from shardkit.bench.sample import image_size, photo_like
 from shardkit.packing.imaging import load_rgb
 
@@ -88,6 +90,8 @@ def main() -> None:
         "pack, no markers": lambda: pack(False),
         "encode, row markers (codec.encode)":
             lambda: encode_only(lambda p: codec.encode(p, "jpeg", QUALITY)),
+        "encode, row markers row by row (encode_each_row)":
+            lambda: encode_only(lambda p: jpegrows.encode_each_row(p, QUALITY)),
         "encode, no markers (simplejpeg)":
             lambda: encode_only(lambda p: codec.encode(p, "jpeg", QUALITY, row_markers=False)),
         "encode, Pillow one pass, restart_marker_rows=1":
@@ -106,13 +110,14 @@ def main() -> None:
 
     # Pixels: the marked records against the unmarked encode (must be equal), and what Pillow's
     # one-pass records would store instead.
-    marked_same = pillow_same = 0
+    marked_same = pillow_same = same_bytes = 0
     pillow_diff = []
     row_index_ok = 0
     for image in pixels:
         marked = codec.encode(image, "jpeg", QUALITY)
         plain = simplejpeg.decode_jpeg(codec.encode(image, "jpeg", QUALITY, row_markers=False))
         marked_same += np.array_equal(simplejpeg.decode_jpeg(marked), plain)
+        same_bytes += marked == jpegrows.encode_each_row(image, QUALITY)
         starts = jpegrows.row_starts(marked)
         row_index_ok += starts is not None and len(starts) == -(-image.shape[0] // 16) + 1
         one_pass = simplejpeg.decode_jpeg(pillow_one_pass(image, True))
@@ -126,6 +131,8 @@ def main() -> None:
           f"Pillow {Image.__version__}, torch {torch.__version__}, {platform.machine()}, "
           f"{os.cpu_count()} CPUs, pinned to CPU {cpu}; load average "
           f"{load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} at the end")
+    one_pass = libjpeg.one_pass_encoder(jpegrows.encode_each_row)
+    print(f"# row markers written {'in one libjpeg-turbo pass' if one_pass else 'row by row'}")
     print(f"# {n} photo-like sources, shorter side {args.size}, quality {QUALITY}, 4:2:0; "
           f"{args.rounds} alternating rounds, CPU seconds of this process")
     print(f"{'configuration':50s} {'us/img (min)':>12s} {'us/img (sum)':>12s}")
@@ -139,13 +146,15 @@ def main() -> None:
 
     print(f"pack CPU with row markers / without: {ratio(names[0], names[1]):.3f} "
           f"(+{(per[names[0]] - per[names[1]]) / per[names[1]] * 100:.1f} %; the encode's extra "
-          f"{per[names[2]] - per[names[3]]:.0f} us over a {per[names[1]]:.0f} us pack image)")
-    print(f"encode CPU, row markers / no markers: {ratio(names[2], names[3]):.3f}; "
-          f"Pillow one pass with markers / simplejpeg without: {ratio(names[4], names[3]):.3f}; "
-          f"Pillow with markers / Pillow without: {ratio(names[4], names[5]):.3f}")
+          f"{per[names[2]] - per[names[4]]:.0f} us over a {per[names[1]]:.0f} us pack image)")
+    print(f"encode CPU, row markers / no markers: {ratio(names[2], names[4]):.3f}; "
+          f"row by row / no markers: {ratio(names[3], names[4]):.3f}; "
+          f"Pillow one pass with markers / simplejpeg without: {ratio(names[5], names[4]):.3f}; "
+          f"Pillow with markers / Pillow without: {ratio(names[5], names[6]):.3f}")
     diff = np.concatenate([d.ravel() for d in pillow_diff])
     print(f"pixels: records with row markers equal the unmarked encode in {marked_same}/{n} "
-          f"images, row index found in {row_index_ok}/{n}; Pillow's one-pass records in "
+          f"images, the same bytes as row by row in {same_bytes}/{n}, "
+          f"row index found in {row_index_ok}/{n}; Pillow's one-pass records in "
           f"{pillow_same}/{n} (mean |diff| {diff.mean():.3f}, max {diff.max():.0f}, "
           f"{(diff > 0).mean() * 100:.1f} % of samples differ)")
 

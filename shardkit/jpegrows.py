@@ -4,17 +4,18 @@ A baseline JPEG whose restart interval (DRI) is one MCU row has an RSTn marker (
 cycling) before each row's entropy-coded data, and its DC predictions start again from zero
 there: any run of rows decodes on its own (``shardkit.read.partial`` builds that JPEG).
 
-:func:`encode_rows` makes such records with the encoder shardkit has always used (simplejpeg's
-libjpeg-turbo, fast DCT): each MCU row is encoded as a JPEG of its own and the rows' entropy data
-joined with markers between them. Every DCT block depends only on its own pixels (the 4:2:0
-chroma is averaged inside 2x2 pixel cells, which never straddle an MCU row), and a JPEG starts
-its DC prediction from zero, as a restart does: the coefficients, so the decoded pixels, are
-exactly those of the same image encoded whole; only the entropy stream is split (a marker and a
-padded byte per row, ~0.1 % of a 256-pixel record). No one-pass encoder at hand writes the markers
-with these coefficients: simplejpeg has no restart setting, and Pillow's ``restart_marker_rows``
-encodes with libjpeg's accurate integer DCT, whose coefficients (so pixels) differ from the fast
-DCT's. The rows cost one encoder call each: about 1.5x a whole-image encode, +7-10 % pack CPU
-(``benchmarks/results/row_markers_pack.txt``).
+:func:`encode_rows` makes such records with the coefficients of the encoder shardkit has always
+used (simplejpeg's libjpeg-turbo, fast DCT below quality 96). Where :mod:`shardkit.libjpeg` can
+reach libjpeg-turbo's own API (Pillow's wheels bundle it) the markers are written in one pass,
+about 1.1x a whole-image encode. Otherwise :func:`encode_each_row` encodes each MCU row as a JPEG
+of its own and joins the rows' entropy data with markers between them (about 1.4x): every DCT
+block depends only on its own pixels (the 4:2:0 chroma is averaged inside 2x2 pixel cells, which
+never straddle an MCU row), and a JPEG starts its DC prediction from zero, as a restart does, so
+the coefficients, and the decoded pixels, are exactly those of the same image encoded whole; only
+the entropy stream is split (a marker and a padded byte per row, ~0.1 % of a 256-pixel record).
+Both write the same bytes (the one-pass encoder is used only after it wrote them on a probe).
+Pillow's own ``restart_marker_rows`` is no substitute: it encodes with libjpeg's accurate integer
+DCT, whose coefficients (so pixels) differ from the fast DCT's.
 
 :func:`row_starts` finds the rows of any such JPEG (ours, or one saved by Pillow with
 ``restart_marker_rows=1``): the packer stores them in the shard index (``row_offsets`` /
@@ -27,6 +28,8 @@ import struct
 
 import numpy as np
 import simplejpeg
+
+from .libjpeg import one_pass_encoder
 
 #: The index arrays holding each record's row starts: ``row_starts[row_offsets[i]:
 #: row_offsets[i + 1]]`` are record i's (empty: no row markers, decoded whole).
@@ -42,8 +45,19 @@ RST_MARKERS = [bytes([0xFF, 0xD0 + k]) for k in range(8)]
 def encode_rows(pixels: np.ndarray, quality: int) -> bytes:
     """HxWx3 uint8 RGB as a 4:2:0 baseline JPEG with a restart marker before every MCU row.
 
-    Decodes to exactly the pixels of ``simplejpeg.encode_jpeg(pixels, quality, "RGB", "420")``.
+    Decodes to exactly the pixels of ``simplejpeg.encode_jpeg(pixels, quality, "RGB", "420")``;
+    written in one libjpeg-turbo pass where :mod:`shardkit.libjpeg` can, else row by row
+    (:func:`encode_each_row`), the same bytes either way.
     """
+    one_pass = one_pass_encoder(encode_each_row)
+    if one_pass is not None and pixels.shape[0] > MCU_HEIGHT_420:  # one row: no marker to write
+        return one_pass(pixels, quality)
+    return encode_each_row(pixels, quality)
+
+
+def encode_each_row(pixels: np.ndarray, quality: int) -> bytes:
+    """:func:`encode_rows` by simplejpeg alone: each MCU row encoded as a JPEG of its own and the
+    rows' entropy data joined with restart markers between them."""
     height = pixels.shape[0]
     mh = MCU_HEIGHT_420
     if height <= mh:  # one row: nothing to split

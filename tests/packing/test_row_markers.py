@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import simplejpeg
 from helpers import image_tree, noise
 
 import shardkit
-from shardkit import jpegrows
+from shardkit import jpegrows, libjpeg
 from shardkit.codec import encode
 from shardkit.packing.imaging import load_rgb
 from shardkit.read import partial
@@ -48,6 +49,28 @@ def test_records_are_the_rows_encoded_one_by_one() -> None:
             assert encode(arr, "jpeg", 90) == _rows_one_by_one(arr, 90), (h, w)
     arr = noise(rng, 70, 45)
     assert encode(arr, "jpeg", 75) == _rows_one_by_one(arr, 75)
+
+
+def test_one_pass_records_are_the_rows_encoded_one_by_one() -> None:
+    """Where libjpeg-turbo is at hand (every Linux Pillow wheel bundles it) the markers are written
+    in one pass: the same bytes as the reference on both sides of the quality where TurboJPEG
+    turns to the accurate DCT, for an image whose output outgrows the encoder's buffer, and from
+    threads encoding at once; the row-by-row fallback too."""
+    one_pass = libjpeg.one_pass_encoder(jpegrows.encode_each_row)
+    assert one_pass is not None
+    rng = np.random.default_rng(22)
+    images = [noise(rng, h, w) for h, w in [(17, 33), (49, 9), (161, 40)]]
+    for arr in images:
+        for quality in (50, 95, 96, 100):
+            expected = _rows_one_by_one(arr, quality)
+            assert one_pass(arr, quality) == expected, (arr.shape, quality)
+            assert jpegrows.encode_each_row(arr, quality) == expected
+    large = rng.integers(0, 256, (420, 400, 3), dtype=np.uint8)  # more than 256 KiB at 100
+    assert len(one_pass(large, 100)) > 1 << 18
+    assert one_pass(large, 100) == _rows_one_by_one(large, 100)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda a: encode(a, "jpeg", 90), images * 4))
+    assert got == [_rows_one_by_one(a, 90) for a in images] * 4
 
 
 def test_packed_records_decode_to_the_unmarked_pixels(tmp_path) -> None:
