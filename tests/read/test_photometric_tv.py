@@ -1,7 +1,8 @@
 """Each photometric kernel of ``shardkit.recipes`` (brightness, contrast, saturation, hue,
 grayscale, solarize, blur, normalize) is torchvision v2's functional kernel pixel for pixel
 (``torch.equal``) on batches of odd sizes, channels-last and NCHW, on every sample and on a
-scattered subset (the rest untouched), blur kernels 1 to 23 over more than one convolution group;
+scattered subset (the rest untouched), blur kernels 1 to 23 over more than one convolution group
+and in bands of rows down to one;
 hue on every one of the 2**24 uint8 colours. The probe ``tests/helpers/programs/tv_kernels.py``
 runs in ``.venv-tv``."""
 
@@ -20,4 +21,5 @@ def test_kernels_equal_torchvision_v2(tv_python):
     per_step = [79, 0]
     assert got == {"brightness": per_step, "contrast": per_step, "saturation": per_step,
                    "hue": per_step, "grayscale": per_step, "solarize": per_step,
-                   "blur": [395, 0], "normalize": per_step, "hue_colours": [8, 0]}
+                   "blur": [395, 0], "blur_rows": per_step, "normalize": per_step,
+                   "hue_colours": [8, 0]}

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ... import codec
 from ...errors import OptionError
 from .. import augment
 from .crops import CROPS, CenterCrop, RandomCrop, RandomResizedCrop, Views, Whole
@@ -104,8 +105,22 @@ def finish_one(img: Any, plan: Any, then: Then | None) -> torch.Tensor | None:
     image when it ends with ``Normalize``, else None)."""
     if then is None:
         return None
-    out = then.apply(torch.from_numpy(img).permute(2, 0, 1)[None], [plan.steps])
-    return None if out.dtype == torch.uint8 else out[0]
+    x = torch.from_numpy(img).permute(2, 0, 1)[None]
+    out = _apply(then, x, [plan.steps])
+    return None if out is x else out[0]
+
+
+def _apply(then: Then, x: torch.Tensor, steps: list) -> torch.Tensor:
+    """``then`` on the N x 3 x H x W view ``x`` of channels-last memory: on a planar copy (each
+    channel a dense plane: the steps' per-pixel arithmetic runs as vector loops, 2-5x faster than
+    on interleaved channels), written back into ``x`` (returned) when the steps end uint8. The
+    copy is this thread's scratch memory (a fresh one per batch costs its page faults)."""
+    planar = torch.from_numpy(codec.scratch(x.numel(), slot=4)[:x.numel()]).view(x.shape)
+    out = then.apply(planar.copy_(x), steps)
+    if out.dtype != torch.uint8:
+        return out
+    x.copy_(out)
+    return x
 
 
 def finish_batch(thens: tuple | None, blocks: Sequence[torch.Tensor],
@@ -117,5 +132,5 @@ def finish_batch(thens: tuple | None, blocks: Sequence[torch.Tensor],
     images = []
     for v, (block, then) in enumerate(zip(blocks, thens)):
         x = block.permute(0, 3, 1, 2)
-        images.append(x if then is None else then.apply(x, [p[v].steps for p in plans]))
+        images.append(x if then is None else _apply(then, x, [p[v].steps for p in plans]))
     return images

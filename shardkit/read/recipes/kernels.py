@@ -21,6 +21,8 @@ from typing import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
+from ... import codec
+
 CHUNK = 1 << 16
 """Pixels one piece holds: a 224 x 224 sample, or seven 96 x 96 ones."""
 
@@ -53,8 +55,15 @@ def _take(x: torch.Tensor, ids: list[int]) -> torch.Tensor:
     return x[torch.tensor(ids)]
 
 
+def _bytes(y: torch.Tensor) -> torch.Tensor:
+    """Float ``y`` (every value in [0, 256)) ready to be copied into uint8: through int32, two
+    vectorised casts that truncate as the one cast to uint8 does, 3-4x faster than it."""
+    return y.to(torch.int32) if y.is_floating_point() else y
+
+
 def _put(x: torch.Tensor, ids: list[int], y: torch.Tensor) -> None:
-    """``x[ids] = y`` (cast to uint8 as ``Tensor.to`` casts)."""
+    """``x[ids] = y`` (cast to uint8 as ``Tensor.to`` casts; float values in [0, 256))."""
+    y = _bytes(y)
     a = ids[0]
     if ids == list(range(a, a + len(ids))):
         x[a:a + len(ids)].copy_(y)
@@ -77,7 +86,7 @@ def _gray(x: torch.Tensor) -> torch.Tensor:
 def _blend(x: torch.Tensor, other: torch.Tensor, f: float) -> None:
     """v2's ``_blend(x, other, f)`` for one sample, written back into ``x``."""
     f = float(f)
-    x.copy_(x.mul(f).add_(other, alpha=1.0 - f).clamp_(0, 255))
+    x.copy_(_bytes(x.mul(f).add_(other, alpha=1.0 - f).clamp_(0, 255)))
 
 
 def brightness(x: torch.Tensor, idx: Sequence[int], factors: Sequence[float]) -> None:
@@ -100,7 +109,7 @@ def grayscale(x: torch.Tensor, idx: Sequence[int]) -> None:
     """``rgb_to_grayscale(x, num_output_channels=3)``."""
     for _, ids in _runs(idx, CHUNK // (x.shape[-2] * x.shape[-1])):
         xs = _take(x, ids)
-        _put(x, ids, _gray(xs).to(torch.uint8).expand(xs.shape))
+        _put(x, ids, _bytes(_gray(xs)).expand(xs.shape))
 
 
 def solarize(x: torch.Tensor, idx: Sequence[int], threshold: float) -> None:
@@ -110,18 +119,25 @@ def solarize(x: torch.Tensor, idx: Sequence[int], threshold: float) -> None:
 
 
 # adjust_hue. v2's HSV round trip, each arithmetic operation as v2 does it in float32, with
-# three exact rewrites that spare its slow passes (the reduction over channels, the int64
-# gather, fmod / remainder):
+# exact rewrites that spare its slow passes (the reduction over channels, the int64 gather,
+# fmod / remainder):
 # - max / min of three channels by torch.maximum / torch.minimum (the same values);
-# - v2's masks (bool tensors multiplied in) and its final gather (a selection) by 0 / 1 float
-#   masks: a value times 1 is itself, times 0 is 0, and a sum with only zeros beside one value is
-#   that value; the masks come from differences that are either 0 or at least 1 / 255 (uint8
-#   input), scaled by _BIG and clamped to 1;
+# - v2's masks (bool tensors multiplied in) by 0 / 1 float masks: a value times 1 is itself,
+#   times 0 is 0, and a sum with only zeros beside one value is that value; the masks come from
+#   differences that are either 0 or at least 1 / 255 (uint8 input), scaled by _BIG and clamped
+#   to 1;
 # - v2's divisions by ``where(max == min, 1, d)`` as divisions by ``max(d, _TINY)``: where they
 #   differ the numerator is 0, and 0 divided by either is 0;
 # - ``fmod(y, 1)`` (y in [5/6, 11/6]) and ``remainder(z, 1)`` (z in [-1/2, 3/2)) as
-#   ``y - floor(y)``: exact by Sterbenz's lemma, or y itself, or z + 1 where remainder is too.
+#   ``y - floor(y)``: exact by Sterbenz's lemma, or y itself, or z + 1 where remainder is too;
+# - the final gather (v, p, q or t per channel, by sector) by min / max with 0 / 1 masks, which
+#   pick exactly one of them because 0 <= p <= q, t <= v <= 1 (below).
 # tests/read/test_photometric_tv.py compares every colour of uint8 RGB with v2's.
+# Why 0 <= p <= q, t <= v <= 1 in float32 (each clamped to [0, 1]; s, f in [0, 1]): sxf =
+# fl(s * f) <= s, so fl(1 - sxf) >= fl(1 - s) = oms and fl(sxf + oms) >= oms: p <= q and p <= t
+# (rounding is monotonic); fl(1 - sxf) <= 1: q <= v. And fl(sxf + oms) <= 1: for s >= 1/2, 1 - s
+# is exact and sxf + oms <= 1; below, fl(1 - s) <= 1 - s + 2**-25, so sxf + oms <= 1 + 2**-25,
+# which rounds to 1 (the next float is 1 + 2**-23): t <= v.
 _TINY = 1e-30
 _BIG = 1e4
 _PLANES = 18
@@ -173,14 +189,18 @@ def _hue_piece(x: torch.Tensor, factor: torch.Tensor, work: torch.Tensor) -> tor
                               zip(range(1, 7), (cr, s, *D.unbind(dim=1), s5, s6)))
     odd = torch.sub(s1, s2, out=m1).add_(s3).sub_(s4).add_(s5).sub_(s6)
     mid = q.mul_(odd).addcmul_(t, odd.neg_().add_(1.0))  # q in odd sectors, t in even ones
-    # channel c is v in the sectors [v_from, v_to) (mod 6), p in [p_from, p_to), else mid
-    for c, (va, vb, v_wrap, pa, pb, p_wrap) in enumerate(((s5, s1, 1, s2, s4, 0),
-                                                          (s1, s3, 0, s4, s6, 0),
-                                                          (s3, s5, 0, s6, s2, 1))):
-        torch.sub(va, vb, out=m1).add_(v_wrap)
-        torch.sub(pa, pb, out=m2).add_(p_wrap)
-        torch.add(m1, m2, out=m3).neg_().add_(1.0)
-        torch.mul(v, m1, out=X[:, c]).addcmul_(p, m2).addcmul_(mid, m3)
+    # Channel c is v in the sectors [v_from, v_to) (mod 6), p in [p_from, p_to), else mid:
+    # min(max(mid, min(v, is_v)), max(p, 1 - is_p)), exact since 0 <= p <= mid <= v <= 1.
+    for c, (va, vb, v_wrap, pa, pb, p_wrap) in enumerate(((s5, s1, 1, s4, s2, 1),
+                                                          (s1, s3, 0, s6, s4, 1),
+                                                          (s3, s5, 0, s2, s6, 0))):
+        is_v, not_p = torch.sub(va, vb, out=m2), torch.sub(pa, pb, out=m3)
+        if v_wrap:
+            is_v.add_(1.0)
+        if p_wrap:
+            not_p.add_(1.0)
+        torch.maximum(mid, torch.minimum(v, is_v, out=is_v), out=X[:, c])
+        torch.minimum(X[:, c], torch.maximum(p, not_p, out=not_p), out=X[:, c])
     return X.mul_(255 + 1.0 - 1e-3)
 
 
@@ -194,11 +214,12 @@ def hue(x: torch.Tensor, idx: Sequence[int], factors: Sequence[float]) -> None:
     else:
         pieces = [(k, ids, 0, height) for k, ids in _pieces(idx, CHUNK // (height * width))]
     most = max(len(ids) * (r1 - r0) for _, ids, r0, r1 in pieces) * width
-    work = torch.empty(_PLANES * most, dtype=torch.float32)
+    # this thread's scratch memory: a fresh buffer for each call costs its page faults again
+    work = torch.from_numpy(codec.scratch(_PLANES * most * 4, slot=3)).view(torch.float32)
     for k, ids, r0, r1 in pieces:
         if r1 - r0 < height:
             xs = x[ids[0]:ids[0] + 1, :, r0:r1]
-            xs.copy_(_hue_piece(xs, _factors(factors, k, 1).view(-1, 1, 1), work))
+            xs.copy_(_bytes(_hue_piece(xs, _factors(factors, k, 1).view(-1, 1, 1), work)))
         else:
             _put(x, ids, _hue_piece(_take(x, ids), _factors(factors, k, len(ids)).view(-1, 1, 1),
                                     work))
@@ -215,6 +236,9 @@ def gaussian_kernel(size: int, sigma: float) -> torch.Tensor:
 BLUR_GROUP = 16
 """Samples one convolution blurs: 48 channels, whole 16-wide vector blocks."""
 
+BLUR_BAND = 1 << 19
+"""Floats one convolution reads at most: a band of rows of ``BLUR_GROUP`` samples (2 MiB)."""
+
 
 def blur(x: torch.Tensor, idx: Sequence[int], size: int, sigmas: Sequence[float]) -> None:
     """``gaussian_blur(x[i], [size, size], [sigma, sigma])`` for each sample (reflect padding).
@@ -223,16 +247,26 @@ def blur(x: torch.Tensor, idx: Sequence[int], size: int, sigmas: Sequence[float]
     channels go into one grouped convolution, each channel with its sample's kernel. A grouped
     (depthwise) convolution computes each output channel from its own input channel alone, in the
     same order of kernel taps, so the pixels are v2's; three channels fill 3 of the CPU's 8 or 16
-    vector lanes, 48 fill them all (about four times the speed)."""
+    vector lanes, 48 fill them all (about four times the speed). The padding is done on the uint8
+    pixels (the same values v2 pads in float), and the convolution runs on bands of rows (each
+    output row from the same ``size`` input rows and taps as over the whole image): float
+    buffers of a few MiB instead of three copies of the whole group, which cost more in page
+    faults and cache misses than the convolution saves."""
     half = size // 2
     height, width = x.shape[-2:]
     weights = torch.stack([gaussian_kernel(size, float(s)) for s in sigmas])
     for k, ids in _pieces(idx, BLUR_GROUP):
         n = len(ids)
-        image = _take(x, ids).to(torch.float32, memory_format=torch.contiguous_format)
-        image = F.pad(image.view(1, 3 * n, height, width), [half] * 4, mode="reflect")
+        image = _take(x, ids).reshape(1, 3 * n, height, width)
+        image = F.pad(image, [half] * 4, mode="reflect")
         weight = weights[k:k + n].repeat_interleave(3, dim=0).unsqueeze(1)
-        _put(x, ids, F.conv2d(image, weight, groups=3 * n).round_().view(n, 3, height, width))
+        out = torch.empty((n, 3, height, width), dtype=torch.uint8)
+        rows = max(1, BLUR_BAND // (3 * n * (width + 2 * half)) - 2 * half)
+        for r in range(0, height, rows):
+            band = image[:, :, r:r + rows + 2 * half].to(torch.float32)
+            done = F.conv2d(band, weight, groups=3 * n).round_()
+            out[:, :, r:r + rows].copy_(_bytes(done.view(n, 3, -1, width)))
+        _put(x, ids, out)
 
 
 def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:

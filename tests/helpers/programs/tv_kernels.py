@@ -5,8 +5,10 @@ Prints one JSON object: for each of ``shardkit.recipes.kernels``' steps, how man
 compared with torchvision v2's functional kernel on the same uint8 image and how many differ
 (``torch.equal``). The batches: 19 samples of odd sizes (more than one blur group), channels-last
 as a decoded batch is and NCHW, the step on every sample and on a scattered subset (the others
-must stay as they were), factors across v2's whole range; blur kernels 1 to 23. ``hue_colours``:
-every one of the 2**24 uint8 RGB colours, in 8 samples with hue factors from -0.5 to 0.5.
+must stay as they were), factors across v2's whole range; blur kernels 1 to 23, and 13 convolved
+one output row at a time (``blur_rows``: bands of rows give the whole image's pixels).
+``hue_colours``: every one of the 2**24 uint8 RGB colours, in 8 samples with hue factors from
+-0.5 to 0.5.
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ def main() -> None:
             if size // 2 < min(h, w):
                 check("blur", lambda y: K.blur(y, idx, size, [sigma[i] for i in idx]),
                       lambda im, i: TF.gaussian_blur(im, [size, size], [sigma[i], sigma[i]]))
+        band, K.BLUR_BAND = K.BLUR_BAND, 1  # one output row per convolution
+        check("blur_rows", lambda y: K.blur(y, idx, 13, [sigma[i] for i in idx]),
+              lambda im, i: TF.gaussian_blur(im, [13, 13], [sigma[i], sigma[i]]))
+        K.BLUR_BAND = band
         mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
         ref = torch.stack([TF.normalize(TF.to_dtype(im, torch.float32, scale=True), mean, std)
                            for im in x])
