@@ -82,3 +82,40 @@ def test_the_client_holds_little_per_shard_and_nothing_per_source(trees, schedul
     # 16,384 sources (plan_store.CHUNK) a pass's chunk grows with them: about 15 bytes a source.
     assert per_shard < 512, per_shard
     assert per_source < 24, per_source
+
+
+def test_installing_a_new_store_does_not_parse_its_manifest(trees, tmp_path):
+    """The install's clean-up of a killed writer's files (``swap.collect_garbage``) reads the
+    manifest's every shard record as objects only when a file of ours is not named in it: a
+    fresh store's are all named (the records as objects, about 1.5 KB a shard at the end of a
+    pack, were the client's largest growth per shard in its resident set)."""
+    from shardkit import swap
+
+    out = str(tmp_path / "out")
+    shardkit.pack(trees[MANY], out, num_shards=MANY, size=0, progress=False)
+    stray = os.path.join(out, "shard-99999.lmdb")  # a name of ours the manifest does not give
+    mine = os.path.join(out, "notes.txt")
+    for path in (stray, mine):
+        with open(path, "wb") as f:
+            f.write(b"x")
+    names = sorted(os.listdir(out))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        swap.collect_garbage(out)  # the stray file: the manifest parsed, the file deleted
+        parsed = tracemalloc.get_traced_memory()[1]
+        assert sorted(os.listdir(out)) == sorted(set(names) - {"shard-99999.lmdb"})
+        lean = []
+        for _ in range(2):  # the least of two: another thread's allocation only adds
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            swap.collect_garbage(out)  # nothing to delete
+            lean.append(tracemalloc.get_traced_memory()[1] - base)
+        lean = min(lean)
+    finally:
+        tracemalloc.stop()
+    assert sorted(os.listdir(out)) == sorted(set(names) - {"shard-99999.lmdb"})
+    print(f"collect_garbage: {parsed / MANY:.0f} bytes a shard parsing, {lean / MANY:.0f} not")
+    assert parsed > 1000 * MANY  # what the lean check avoids (a manifest's records as objects)
+    assert lean < 600 * MANY, lean / MANY
+    assert len(shardkit.ShardDataset(out)) == MANY
