@@ -94,15 +94,23 @@ def brightness(x: torch.Tensor, idx: Sequence[int], factors: Sequence[float]) ->
         _put(x, ids, _take(x, ids).mul(_factors(factors, k, len(ids))).clamp_(0, 255))
 
 
+def _grays(x: torch.Tensor, idx: Sequence[int]) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(k, gray)``: sample ``idx[k]``'s floored luma ``[1, H, W]``, computed a piece of
+    samples at a time (elementwise: each sample's values are its own)."""
+    for k, ids in _pieces(idx, CHUNK // (x.shape[-2] * x.shape[-1])):
+        gray = _gray(_take(x, ids)).floor_()
+        for j in range(len(ids)):
+            yield k + j, gray[j]
+
+
 def contrast(x: torch.Tensor, idx: Sequence[int], factors: Sequence[float]) -> None:
-    for i, f in zip(idx, factors):
-        gray = _gray(x[i]).floor_()
-        _blend(x[i], torch.mean(gray, dim=(-3, -2, -1), keepdim=True), f)
+    for k, gray in _grays(x, idx):
+        _blend(x[idx[k]], torch.mean(gray, dim=(-3, -2, -1), keepdim=True), factors[k])
 
 
 def saturation(x: torch.Tensor, idx: Sequence[int], factors: Sequence[float]) -> None:
-    for i, f in zip(idx, factors):
-        _blend(x[i], _gray(x[i]).floor_(), f)
+    for k, gray in _grays(x, idx):
+        _blend(x[idx[k]], gray, factors[k])
 
 
 def grayscale(x: torch.Tensor, idx: Sequence[int]) -> None:
@@ -251,14 +259,17 @@ def blur(x: torch.Tensor, idx: Sequence[int], size: int, sigmas: Sequence[float]
     pixels (the same values v2 pads in float), and the convolution runs on bands of rows (each
     output row from the same ``size`` input rows and taps as over the whole image): float
     buffers of a few MiB instead of three copies of the whole group, which cost more in page
-    faults and cache misses than the convolution saves."""
+    faults and cache misses than the convolution saves. The bands are channels-last (each
+    pixel's channels side by side), the layout the depthwise kernel computes in: 1.5x faster
+    than planar bands, which it converts there and back; each output is the same sum."""
     half = size // 2
     height, width = x.shape[-2:]
     weights = torch.stack([gaussian_kernel(size, float(s)) for s in sigmas])
     for k, ids in _pieces(idx, BLUR_GROUP):
         n = len(ids)
         image = _take(x, ids).reshape(1, 3 * n, height, width)
-        image = F.pad(image, [half] * 4, mode="reflect")
+        image = F.pad(image, [half] * 4, mode="reflect").contiguous(
+            memory_format=torch.channels_last)
         weight = weights[k:k + n].repeat_interleave(3, dim=0).unsqueeze(1)
         out = torch.empty((n, 3, height, width), dtype=torch.uint8)
         rows = max(1, BLUR_BAND // (3 * n * (width + 2 * half)) - 2 * half)
