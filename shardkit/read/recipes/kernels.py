@@ -147,6 +147,7 @@ def solarize(x: torch.Tensor, idx: Sequence[int], threshold: float) -> None:
 # is exact and sxf + oms <= 1; below, fl(1 - s) <= 1 - s + 2**-25, so sxf + oms <= 1 + 2**-25,
 # which rounds to 1 (the next float is 1 + 2**-23): t <= v.
 _TINY = 1e-30
+_ONE = torch.ones(())  # 1 - x as one operation: torch.sub(_ONE, x, out=...)
 _BIG = 1e4
 _PLANES = 18
 
@@ -173,11 +174,11 @@ def _hue_piece(x: torch.Tensor, factor: torch.Tensor, work: torch.Tensor) -> tor
     d0, d1, _ = D.unbind(dim=1)
     torch.mul(d0, _BIG, out=nr).clamp_(max=1.0)  # max != r
     torch.mul(d1, _BIG, out=nb).clamp_(max=1.0).mul_(nr)  # max != r and max != g
-    torch.neg(nr, out=i).add_(1.0)
+    torch.sub(_ONE, nr, out=i)
     nr.sub_(nb)  # max != r and max == g
     torch.sub(bc, gc, out=h).mul_(i)
-    h.add_(torch.add(rc, 2.0, out=d0).sub_(bc).mul_(nr))
-    h.add_(gc.add_(4.0).sub_(rc).mul_(nb))
+    h.addcmul_(torch.add(rc, 2.0, out=d0).sub_(bc), nr)  # h is 0 where nr is 1
+    h.addcmul_(gc.add_(4.0).sub_(rc), nb)
     h.mul_(1.0 / 6.0).add_(1.0)
     h.sub_(torch.floor(h, out=i))
     h.add_(factor)
@@ -188,15 +189,15 @@ def _hue_piece(x: torch.Tensor, factor: torch.Tensor, work: torch.Tensor) -> tor
     f = h.sub_(i)
     sxf, oms = nr, nb
     torch.mul(s, f, out=sxf)
-    torch.neg(s, out=oms).add_(1.0)
-    q = torch.neg(sxf, out=f).add_(1.0).mul_(v).clamp_(0.0, 1.0)
+    torch.sub(_ONE, s, out=oms)
+    q = torch.sub(_ONE, sxf, out=f).mul_(v).clamp_(0.0, 1.0)
     t = sxf.add_(oms).mul_(v).clamp_(0.0, 1.0)
     p = oms.mul_(v).clamp_(0.0, 1.0)
     # the sector i in 0..6 (6 is 0) as steps s_k = [i >= k]
     s1, s2, s3, s4, s5, s6 = (torch.sub(i, k - 1, out=o).clamp_(0.0, 1.0) for k, o in
                               zip(range(1, 7), (cr, s, *D.unbind(dim=1), s5, s6)))
     odd = torch.sub(s1, s2, out=m1).add_(s3).sub_(s4).add_(s5).sub_(s6)
-    mid = q.mul_(odd).addcmul_(t, odd.neg_().add_(1.0))  # q in odd sectors, t in even ones
+    mid = q.mul_(odd).addcmul_(t, torch.sub(_ONE, odd, out=odd))  # q in odd sectors, t in even
     # Channel c is v in the sectors [v_from, v_to) (mod 6), p in [p_from, p_to), else mid:
     # min(max(mid, min(v, is_v)), max(p, 1 - is_p)), exact since 0 <= p <= mid <= v <= 1.
     for c, (va, vb, v_wrap, pa, pb, p_wrap) in enumerate(((s5, s1, 1, s4, s2, 1),
