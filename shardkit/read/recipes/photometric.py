@@ -18,21 +18,25 @@ import numpy as np
 import torch
 
 from ...errors import OptionError
+from ..augment import DRAWS
 from . import kernels
 
 
 class Draws:
     """Random numbers as v2's transforms take them: from torch's global RNG (``generator``
-    None) or a sample's seeded generator."""
+    None) or a sample's seeded generator. ``torch.rand(1)`` and ``torch.empty(1).uniform_`` are
+    ``uniform_`` on a new one-element tensor: drawn into this thread's reused one (the same
+    numbers, without an allocation each)."""
 
     def __init__(self, generator: torch.Generator | None) -> None:
         self.generator = generator
+        self.real = DRAWS.reals()
 
     def rand(self) -> float:
-        return torch.rand(1, generator=self.generator).item()
+        return self.real.uniform_(0.0, 1.0, generator=self.generator).item()
 
     def uniform(self, low: float, high: float) -> float:
-        return float(torch.empty(1).uniform_(low, high, generator=self.generator).item())
+        return float(self.real.uniform_(low, high, generator=self.generator).item())
 
     def randperm(self, n: int) -> list[int]:
         return torch.randperm(n, generator=self.generator).tolist()
