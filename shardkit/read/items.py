@@ -192,7 +192,10 @@ class Items:
                                                       mode, size)
                     for pos, target in zip(positions.tolist(), built):
                         target_lists[v][pos] = target
-        finished = recipes.finish_batch(self._thens, blocks, plans)  # the recipe's steps
+        # the recipe's steps; float views into the pool's memory where no worker ships them
+        finished = recipes.finish_batch(
+            self._thens, blocks, plans,
+            None if get_worker_info() is not None else batchpool.pool(False).take)
         batch = Batch()
         if self.output == "tensor":
             images = finished or [block.permute(0, 3, 1, 2) for block in blocks]

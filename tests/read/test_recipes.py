@@ -13,6 +13,7 @@ from helpers import image_tree
 import shardkit
 from shardkit import recipes as R
 from shardkit.errors import OptionError
+from shardkit.read import batchpool
 
 RECIPE = R.Views([R.RandomResizedCrop(24, (0.2, 1.0), flip=0.5, interpolation="bicubic", then=[
     R.ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8), R.RandomGrayscale(0.2),
@@ -67,6 +68,14 @@ def test_photometric_draws_are_the_same_for_any_worker_count_engine_and_resume(s
                                                 shardkit.View(16, flip=0.0)])
     assert not same([b[1:] for b in stream(lambda: plain.loader(batch_size=4, shuffle=True))],
                     [b[1:] for b in inline])
+    # In the consuming process a batch's float views lie in the batch pool's reused buffers
+    # (no fresh pages to fault in per batch), as its uint8 blocks do.
+    for batch in ([0, 1, 2, 3], [4, 5, 6, 7]):  # the second after the first is dropped
+        images, _ = shardkit.collate(ds.__getitems__(batch))
+        where = images[0].data_ptr()
+        assert any(s.array.ctypes.data <= where < s.array.ctypes.data + s.nbytes
+                   for s in batchpool.pool(False).slots)
+        del images
     ds.close()
     plain.close()
 

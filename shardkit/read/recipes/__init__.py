@@ -15,7 +15,7 @@ the crop's draws, the flip's, then each step's, from the same per-sample seed as
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -110,27 +110,40 @@ def finish_one(img: Any, plan: Any, then: Then | None) -> torch.Tensor | None:
     return None if out is x else out[0]
 
 
-def _apply(then: Then, x: torch.Tensor, steps: list) -> torch.Tensor:
+def _apply(then: Then, x: torch.Tensor, steps: list,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """``then`` on the N x 3 x H x W view ``x`` of channels-last memory: on a planar copy (each
     channel a dense plane: the steps' per-pixel arithmetic runs as vector loops, 2-5x faster than
     on interleaved channels), written back into ``x`` (returned) when the steps end uint8. The
-    copy is this thread's scratch memory (a fresh one per batch costs its page faults)."""
+    copy is this thread's scratch memory (a fresh one per batch costs its page faults). ``out``:
+    where the float batch goes (None: new memory)."""
     planar = torch.from_numpy(codec.scratch(x.numel(), slot=4)[:x.numel()]).view(x.shape)
-    out = then.apply(planar.copy_(x), steps)
-    if out.dtype != torch.uint8:
-        return out
-    x.copy_(out)
+    done = then.apply(planar.copy_(x), steps, out)
+    if done.dtype != torch.uint8:
+        return done
+    x.copy_(done)
     return x
 
 
 def finish_batch(thens: tuple | None, blocks: Sequence[torch.Tensor],
-                 plans: Sequence[Sequence[Any]]) -> list[torch.Tensor] | None:
+                 plans: Sequence[Sequence[Any]],
+                 take: Callable[[tuple[int]], tuple[torch.Tensor, Any]] | None = None
+                 ) -> list[torch.Tensor] | None:
     """Each view's N x H x W x 3 uint8 block through its steps, in place; the per-view
-    N x C x H x W images (float where a view ends with ``Normalize``), or None without steps."""
+    N x C x H x W images (float where a view ends with ``Normalize``), or None without steps.
+    ``take``: a batch pool's ``take`` (a uint8 buffer of a shape, and its slot), the memory the
+    float views go to, one buffer for all of them (None: new memory per view)."""
     if thens is None:
         return None
-    images = []
+    floats = [t is not None and t.normalize is not None for t in thens]
+    sizes = [block.numel() * 4 if f else 0 for block, f in zip(blocks, floats)]
+    flat = take((sum(sizes),))[0] if take is not None and sum(sizes) else None
+    images, start = [], 0
     for v, (block, then) in enumerate(zip(blocks, thens)):
         x = block.permute(0, 3, 1, 2)
-        images.append(x if then is None else _apply(then, x, [p[v].steps for p in plans]))
+        out = None
+        if flat is not None and floats[v]:
+            out = flat[start:start + sizes[v]].view(torch.float32).view(x.shape)
+            start += sizes[v]
+        images.append(x if then is None else _apply(then, x, [p[v].steps for p in plans], out))
     return images

@@ -281,13 +281,14 @@ def blur(x: torch.Tensor, idx: Sequence[int], size: int, sigmas: Sequence[float]
         _put(x, ids, out)
 
 
-def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float],
+              out: torch.Tensor | None = None) -> torch.Tensor:
     """``to_dtype(x, float32, scale=True)`` then ``normalize(mean, std)``: float32 NCHW,
-    contiguous."""
+    contiguous (in ``out`` where given: contiguous float32 of ``x``'s shape)."""
     m = torch.as_tensor(mean, dtype=torch.float32).view(-1, 1, 1)
     s = torch.as_tensor(std, dtype=torch.float32).view(-1, 1, 1)
     x4 = x.reshape(-1, *x.shape[-3:])
-    out = torch.empty(x4.shape, dtype=torch.float32)
+    out = torch.empty(x4.shape, dtype=torch.float32) if out is None else out.view(x4.shape)
     for a in range(0, len(x4), max(1, CHUNK // (x.shape[-2] * x.shape[-1]))):
         b = a + max(1, CHUNK // (x.shape[-2] * x.shape[-1]))
         out[a:b].copy_(x4[a:b]).mul_(1.0 / 255).sub_(m).div_(s)

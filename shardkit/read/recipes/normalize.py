@@ -38,6 +38,6 @@ class Normalize:
         object.__setattr__(self, "mean", _three(self.mean, "mean", False))
         object.__setattr__(self, "std", _three(self.std, "std", True))
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """uint8 ``[..., 3, H, W]`` to float32, contiguous."""
-        return kernels.normalize(x, self.mean, self.std).contiguous()
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 ``[..., 3, H, W]`` to float32, contiguous (into ``out``, where given)."""
+        return kernels.normalize(x, self.mean, self.std, out).contiguous()

@@ -33,12 +33,13 @@ class Then:
         draws = Draws(generator)
         return tuple(step.draw(draws) for step in self.steps)
 
-    def apply(self, x: torch.Tensor, params: Sequence[tuple | None]) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, params: Sequence[tuple | None],
+              out: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` (uint8 ``[B, 3, H, W]``, each sample's drawn ``params``) changed in place; the
-        float batch when the steps end with ``Normalize``."""
+        float batch when the steps end with ``Normalize`` (in ``out``, where given)."""
         for k, step in enumerate(self.steps):
             step.apply(x, [None if p is None else p[k] for p in params])
-        return x if self.normalize is None else self.normalize(x)
+        return x if self.normalize is None else self.normalize(x, out)
 
 
 def check_then(then: Any, owner: str) -> tuple:
