@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Iterator, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -252,6 +253,15 @@ BLUR_BAND = 1 << 19
 """Floats one convolution reads at most: a band of rows of ``BLUR_GROUP`` samples (2 MiB)."""
 
 
+def _channels_last(image: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[1, C, H, W]`` copied channels-last, by numpy's strided copy: about 2x faster than
+    ``contiguous(memory_format=torch.channels_last)`` for dozens of channels."""
+    _, c, height, width = image.shape
+    out = torch.empty((1, height, width, c), dtype=torch.uint8)
+    np.copyto(out.numpy()[0], image.numpy()[0].transpose(1, 2, 0))
+    return out.permute(0, 3, 1, 2)
+
+
 def blur(x: torch.Tensor, idx: Sequence[int], size: int, sigmas: Sequence[float]) -> None:
     """``gaussian_blur(x[i], [size, size], [sigma, sigma])`` for each sample (reflect padding).
 
@@ -272,8 +282,7 @@ def blur(x: torch.Tensor, idx: Sequence[int], size: int, sigmas: Sequence[float]
     for k, ids in _pieces(idx, BLUR_GROUP):
         n = len(ids)
         image = _take(x, ids).reshape(1, 3 * n, height, width)
-        image = F.pad(image, [half] * 4, mode="reflect").contiguous(
-            memory_format=torch.channels_last)
+        image = _channels_last(F.pad(image, [half] * 4, mode="reflect"))
         weight = weights[k:k + n].repeat_interleave(3, dim=0).unsqueeze(1)
         out = torch.empty((n, 3, height, width), dtype=torch.uint8)
         rows = max(1, BLUR_BAND // (3 * n * (width + 2 * half)) - 2 * half)
