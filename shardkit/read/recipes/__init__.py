@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from ... import codec
@@ -115,13 +116,15 @@ def _apply(then: Then, x: torch.Tensor, steps: list,
     """``then`` on the N x 3 x H x W view ``x`` of channels-last memory: on a planar copy (each
     channel a dense plane: the steps' per-pixel arithmetic runs as vector loops, 2-5x faster than
     on interleaved channels), written back into ``x`` (returned) when the steps end uint8. The
-    copy is this thread's scratch memory (a fresh one per batch costs its page faults). ``out``:
-    where the float batch goes (None: new memory)."""
-    planar = torch.from_numpy(codec.scratch(x.numel(), slot=4)[:x.numel()]).view(x.shape)
-    done = then.apply(planar.copy_(x), steps, out)
+    copy is this thread's scratch memory (a fresh one per batch costs its page faults), both
+    copies numpy's (twice as fast as torch's for this transposition). ``out``: where the float
+    batch goes (None: new memory)."""
+    planar = codec.scratch(x.numel(), slot=4)[:x.numel()].reshape(x.shape)
+    np.copyto(planar, x.numpy())
+    done = then.apply(torch.from_numpy(planar), steps, out)
     if done.dtype != torch.uint8:
         return done
-    x.copy_(done)
+    np.copyto(x.numpy(), done.numpy())
     return x
 
 
