@@ -135,9 +135,8 @@ def solarize(x: torch.Tensor, idx: Sequence[int], threshold: float) -> None:
 # fmod / remainder):
 # - max / min of three channels by torch.maximum / torch.minimum (the same values);
 # - v2's masks (bool tensors multiplied in) by 0 / 1 float masks: a value times 1 is itself,
-#   times 0 is 0, and a sum with only zeros beside one value is that value; the masks come from
-#   differences that are either 0 or at least 1 / 255 (uint8 input), scaled by _BIG and clamped
-#   to 1;
+#   times 0 is 0, and a sum with only zeros beside one value is that value; the masks are the
+#   sign of max - channel, a difference that is +0 (x - x) or positive;
 # - v2's divisions by ``where(max == min, 1, d)`` as divisions by ``max(d, _TINY)``: where they
 #   differ the numerator is 0, and 0 divided by either is 0;
 # - ``fmod(y, 1)`` (y in [5/6, 11/6]) and ``remainder(z, 1)`` (z in [-1/2, 3/2)) as
@@ -152,7 +151,6 @@ def solarize(x: torch.Tensor, idx: Sequence[int], threshold: float) -> None:
 # which rounds to 1 (the next float is 1 + 2**-23): t <= v.
 _TINY = 1e-30
 _ONE = torch.ones(())  # 1 - x as one operation: torch.sub(_ONE, x, out=...)
-_BIG = 1e4
 _PLANES = 18
 
 
@@ -176,8 +174,8 @@ def _hue_piece(x: torch.Tensor, factor: torch.Tensor, work: torch.Tensor) -> tor
     torch.div(D, cr.clamp_(min=_TINY).unsqueeze(1), out=X)
     rc, gc, bc = X.unbind(dim=1)
     d0, d1, _ = D.unbind(dim=1)
-    torch.mul(d0, _BIG, out=nr).clamp_(max=1.0)  # max != r
-    torch.mul(d1, _BIG, out=nb).clamp_(max=1.0).mul_(nr)  # max != r and max != g
+    torch.sign(d0, out=nr)  # max != r
+    torch.sign(d1, out=nb).mul_(nr)  # max != r and max != g
     torch.sub(_ONE, nr, out=i)
     nr.sub_(nb)  # max != r and max == g
     torch.sub(bc, gc, out=h).mul_(i)
