@@ -10,7 +10,7 @@ pieces change no pixel. What must stay whole stays whole: the blend of contrast 
 runs one sample at a time with its factor as a number (``x * f + other * (1 - f)``, which torch
 computes as one fused multiply-add where the CPU has one: a per-sample ``f`` as a tensor would be
 two roundings), contrast's mean is a reduction over the sample (its summation order is the
-kernel's), and the blur convolves whole images (below).
+kernel's), and the blur's every output row sums its whole ``size`` x ``size`` window (below).
 """
 
 from __future__ import annotations
