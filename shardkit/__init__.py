@@ -32,10 +32,10 @@ _EXPORTS = {
     "OptionError": "errors",
 }
 
-__all__ = ["__version__", *_EXPORTS, "fields", "sources", "storelog"]
+__all__ = ["__version__", *_EXPORTS, "fields", "recipes", "sources", "storelog"]
 
 
-_SUBPACKAGES = ("fields", "sources", "storelog")  # shardkit.fields.Boxes etc. without an import of their own
+_SUBPACKAGES = ("fields", "recipes", "sources", "storelog")  # shardkit.fields.Boxes etc. without an import of their own
 
 
 def __getattr__(name: str) -> Any:

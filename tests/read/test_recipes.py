@@ -110,7 +110,10 @@ def test_options_build_a_recipe_and_a_conflicting_option_is_refused(store):
 
 def test_dino_is_main_dinos_augmentation():
     """2 global crops of 224 at (0.4, 1), 8 local of 96 at (0.05, 0.4), bicubic; blur p 1.0 /
-    0.1 / 0.5; solarize on global 2 only; ImageNet normalisation at the end of each view."""
+    0.1 / 0.5; solarize on global 2 only; ImageNet normalisation at the end of each view.
+    ``shardkit.recipes.dino`` as the docs write it works after a bare ``import shardkit``: the
+    package's lazy ``__getattr__`` finds the subpackage whether or not anything imported it."""
+    assert shardkit.__getattr__("recipes").dino is R.dino and "recipes" in dir(shardkit)
     views = R.dino((0.4, 1.0), (0.05, 0.4), 8).views
     assert [v.size for v in views] == [(224, 224)] * 2 + [(96, 96)] * 8
     assert [v.scale for v in views] == [(0.4, 1.0)] * 2 + [(0.05, 0.4)] * 8
