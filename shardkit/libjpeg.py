@@ -173,8 +173,8 @@ class OnePassEncoder:
                 or not 0 < height <= MAX_SIDE or not 0 < width <= MAX_SIDE):
             raise ValueError(f"pixels must be HxWx3 uint8 with sides 1..{MAX_SIDE}, "
                              f"got {pixels.dtype} {pixels.shape}")
-        if not 1 <= quality <= 100:
-            raise ValueError(f"quality must be 1..100, got {quality}")
+        if not 0 <= quality <= 100:  # 0 encodes as 1, as simplejpeg does
+            raise ValueError(f"quality must be 0..100, got {quality}")
         compressor = getattr(self._threads, "compressor", None)
         if compressor is None:
             compressor = self._threads.compressor = _Compressor(self._lib)

@@ -61,7 +61,7 @@ def test_one_pass_records_are_the_rows_encoded_one_by_one() -> None:
     rng = np.random.default_rng(22)
     images = [noise(rng, h, w) for h, w in [(17, 33), (49, 9), (161, 40)]]
     for arr in images:
-        for quality in (50, 95, 96, 100):
+        for quality in (0, 50, 95, 96, 100):
             expected = _rows_one_by_one(arr, quality)
             assert one_pass(arr, quality) == expected, (arr.shape, quality)
             assert jpegrows.encode_each_row(arr, quality) == expected
