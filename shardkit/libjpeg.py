@@ -2,9 +2,10 @@
 
 simplejpeg, shardkit's codec, has no restart setting, so :mod:`shardkit.jpegrows` encodes each
 MCU row as a JPEG of its own (about 1.4x a whole-image encode). libjpeg-turbo's own libjpeg API
-writes the markers in one pass (``restart_in_rows = 1``) with the same fast integer DCT
-(``JDCT_IFAST``, as simplejpeg below quality 96, the accurate one from there), the same quality scaling and 4:2:0 sampling, so the same
-coefficients: its bytes are those of the row-by-row encoder. That API is reached here with
+writes the markers in one pass (``restart_in_rows = 1``) with the same DCT (the fast integer one,
+``JDCT_IFAST``, below quality 96 and the accurate one from there, as simplejpeg), the same quality
+scaling and 4:2:0 sampling, so the same coefficients: its bytes are those of the row-by-row
+encoder. That API is reached here with
 :mod:`ctypes` through the libjpeg that Pillow already loaded (its wheels bundle libjpeg-turbo),
 or the system's ``libjpeg.so.62``: no compiler, no new dependency.
 
@@ -78,9 +79,6 @@ class _CompressStruct(ctypes.Structure):
 #: passes its address, so room to spare is all it needs.
 _ERROR_MGR_BYTES = 256
 
-_free = ctypes.CDLL(None).free
-_free.argtypes = [_ptr]
-
 
 def _loaded_libjpeg() -> str | None:
     """The libjpeg file Pillow's ``_imaging`` loaded, else the system's, else None."""
@@ -88,7 +86,8 @@ def _loaded_libjpeg() -> str | None:
         from PIL import Image  # noqa: F401  (loads _imaging, so its libjpeg)
         with open("/proc/self/maps") as maps:
             for line in maps:
-                path = line.rsplit(" ", 1)[-1].strip()
+                fields = line.split(maxsplit=5)  # address, perms, offset, dev, inode, path
+                path = fields[5].strip() if len(fields) == 6 else ""
                 if os.path.basename(path).startswith("libjpeg") and ".so.62" in path:
                     return path
     except OSError:
@@ -100,8 +99,8 @@ class _Compressor:
     """One thread's libjpeg compressor and output buffer, kept from image to image: creating a
     compressor costs libjpeg-turbo 3 about 20 us, 8 % of a 256-pixel image's encode."""
 
-    def __init__(self, lib: ctypes.CDLL):
-        self.lib = lib
+    def __init__(self, lib: ctypes.CDLL, free):
+        self.lib, self.free = lib, free
         self.cinfo = _CompressStruct()
         self.err = ctypes.create_string_buffer(_ERROR_MGR_BYTES)
         self.cinfo.err = lib.jpeg_std_error(self.err)
@@ -144,7 +143,7 @@ class _Compressor:
             if not done:  # interrupted (KeyboardInterrupt): ready for the next image again
                 lib.jpeg_abort_compress(ref)
             if self.out.value != room:
-                _free(self.out)
+                self.free(self.out)
 
 
 class OnePassEncoder:
@@ -165,6 +164,10 @@ class OnePassEncoder:
         lib.jpeg_write_scanlines.restype = _uint
         for name in ("jpeg_finish_compress", "jpeg_abort_compress", "jpeg_destroy_compress"):
             getattr(lib, name).argtypes = [_ptr]
+        # libc's free, for output libjpeg moved to memory of its own (looked up here, on Linux
+        # only: CDLL(None) is not available everywhere)
+        self._free = ctypes.CDLL(None).free
+        self._free.argtypes = [_ptr]
         self._threads = threading.local()
 
     def __call__(self, pixels: np.ndarray, quality: int) -> bytes:
@@ -177,7 +180,7 @@ class OnePassEncoder:
             raise ValueError(f"quality must be 0..100, got {quality}")
         compressor = getattr(self._threads, "compressor", None)
         if compressor is None:
-            compressor = self._threads.compressor = _Compressor(self._lib)
+            compressor = self._threads.compressor = _Compressor(self._lib, self._free)
         return compressor.encode(np.ascontiguousarray(pixels), quality)
 
 
