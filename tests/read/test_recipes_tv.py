@@ -1,7 +1,8 @@
 """Every recipe of ``shardkit.recipes`` is torchvision v2's pipeline of the same name, pixel for
-pixel (``torch.equal``; ``Normalize``'s floats too): on odd-sized JPEGs (4:2:0, 4:4:4, grayscale),
-three seeds, in items and a batch (torch's global RNG), in a ``ds.loader`` with two worker
-processes and on the thread engine (per-sample seeds). The probe
+pixel (``torch.equal``; ``Normalize``'s floats too): on nine odd-sized JPEGs (4:2:0, 4:4:4,
+grayscale), eight seeds on every read path: items and a batch (torch's global RNG), a
+``ds.loader`` with two worker processes, the thread engine, and a loader resumed mid-epoch from
+another's state (per-sample seeds). The probe
 ``tests/helpers/programs/tv_recipes.py`` runs in ``.venv-tv``."""
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def probe(tv_python, tmp_path_factory) -> dict:
 
     path = str(tmp_path_factory.mktemp("tv-recipes") / "r.lmdb")
     rng = np.random.default_rng(5)
-    sizes = [(97, 131), (130, 77), (203, 157), (61, 45), (149, 149), (48, 90), (121, 199)]
+    sizes = [(97, 131), (130, 77), (203, 157), (61, 45), (149, 149), (48, 90), (121, 199),
+             (77, 255), (255, 63)]
     with shardkit.StoreWriter(path, ["a"]) as w:
         for i, (h, wd) in enumerate(sizes):
             img = photo_like(rng, wd, h)
@@ -42,10 +44,15 @@ def probe(tv_python, tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_recipe_equals_torchvision_v2_in_items_batches_workers_and_threads(probe, case):
+def test_recipe_equals_torchvision_v2_on_every_read_path(probe, case):
     views = {"views": 2, "dino": 4}.get(case, 1)
-    expected = {"items": [21 * views, 0], "batch": [21 * views, 0],
-                "workers": [7 * views, 0], "threads": [7 * views, 0]}
+    n, seeds = 9, 8
+    expected = {"items": [n * seeds * views, 0], "batch": [n * seeds * views, 0],
+                "workers": [n * seeds * views, 0], "threads": [n * seeds * views, 0],
+                "resume": [(n - 4) * seeds * views, 0]}  # resumed at the second batch of 4
     if case == "whole":  # whole images of many sizes: items only
-        expected.update(batch=[0, 0], workers=[0, 0], threads=[0, 0])
+        expected.update(batch=[0, 0], workers=[0, 0], threads=[0, 0], resume=[0, 0])
+    else:  # eight distinct draw streams on each loader path
+        assert probe[case].pop("streams") == {"workers": seeds, "threads": seeds,
+                                               "resume": seeds}
     assert probe[case] == expected

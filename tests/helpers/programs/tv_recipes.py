@@ -1,11 +1,13 @@
 """Probe run under the torchvision environment (``.venv-tv``) by tests/read/test_recipes_tv.py.
 
-argv: STORE; prints one JSON object: for each recipe of ``shardkit.recipes`` and each path
-(items, a batch, a ``ds.loader`` with two worker processes, the thread engine), how many samples
-(views) it compared with torchvision v2's pipeline of the same name and how many differ
-(``torch.equal``; float steps included). Items and batches draw from torch's global RNG under
+argv: STORE; prints one JSON object: for each recipe of ``shardkit.recipes`` and each read path
+(items, a batch, a ``ds.loader`` with two worker processes, the thread engine, and a loader that
+resumed mid-epoch from another's state), how many samples (views) it compared with torchvision
+v2's pipeline of the same name and how many differ (``torch.equal``; float steps included), over
+eight seeds on every path. Items and batches draw from torch's global RNG under
 ``torch.manual_seed(seed)``; a loader's sample ``k`` is v2's after
-``torch.manual_seed(shardkit.sample_seed(seed, 0, k))``.
+``torch.manual_seed(shardkit.sample_seed(seed, epoch, k))`` with the seed and epoch its
+``state_dict()["draws"]`` names for the epoch (two generator seeds, four epochs each).
 """
 
 from __future__ import annotations
@@ -75,7 +77,9 @@ CASES = {
                       shardkit.View(32, flip=1.0)]),
     "dino": R.dino(local_crops_number=2, global_size=64, local_size=32),
 }
-SEEDS = (0, 1, 2)
+SEEDS = range(8)  # items and batches
+LOADER_SEEDS, EPOCHS = (7, 8), 4  # loaders: eight draw streams a path
+BATCH = 4
 
 
 class Tally:
@@ -91,46 +95,78 @@ class Tally:
                                    and torch.equal(a, b))
 
 
+def probe_recipe(path: str, full: ShardDataset, recipe) -> dict:
+    """The tallies of one recipe on every read path (and its loaders' draw streams)."""
+    n = len(full)
+    out: dict = {}
+    ds = ShardDataset(path, recipe=recipe)
+    tvs = reference(recipe)
+    several = isinstance(recipe, R.Views)
+
+    def ref(i: int) -> list:
+        img = full[i][0]
+        return [t(img) for t in tvs] if several else tvs[0](img)
+
+    tallies = {k: Tally() for k in ("items", "batch", "workers", "threads", "resume")}
+    for seed in SEEDS:
+        torch.manual_seed(seed)
+        refs = [ref(i) for i in range(n)]
+        torch.manual_seed(seed)
+        for i in range(n):
+            tallies["items"].add(ds[i][0], refs[i])
+        if not isinstance(recipe, R.Whole):  # whole images of many sizes: no batch
+            torch.manual_seed(seed)
+            for i, (img, _) in enumerate(ds.__getitems__(list(range(n)))):
+                tallies["batch"].add(img, refs[i])
+    if not isinstance(recipe, R.Whole):
+        def split(images) -> list:
+            return [list(v) for v in zip(*images)] if several else list(images)
+
+        streams: dict = {"workers": set(), "threads": set(), "resume": set()}
+
+        def check(key: str, got: list, draws: dict, first: int = 0) -> None:
+            assert len(got) == n - first, (len(got), n, first)
+            streams[key].add((draws["seed"], draws["epoch"]))
+            tally = tallies[key]
+            for k, sample in enumerate(got, start=first):
+                torch.manual_seed(shardkit.sample_seed(draws["seed"], draws["epoch"], k))
+                tally.add(sample, ref(k))
+
+        states = []  # (state after the first batch, its draws) of each worker epoch
+        for engine, key in (("processes", "workers"), ("threads", "threads")):
+            extra = ({"num_workers": 2} if engine == "processes"
+                     else {"engine": "threads", "num_threads": 2})
+            for seed in LOADER_SEEDS:
+                loader = ds.loader(batch_size=BATCH, sampler=range(n),
+                                   generator=torch.Generator().manual_seed(seed), **extra)
+                for _ in range(EPOCHS):
+                    draws = loader.state_dict()["draws"]
+                    got = []
+                    for images, _ in loader:
+                        got += split(images)
+                        if engine == "processes" and len(got) == BATCH:
+                            states.append((loader.state_dict(), draws))
+                    check(key, got, draws)
+        # A fresh loader (another generator, its own workers) resumes each saved state at the
+        # second batch: the rest of that epoch, drawn as the saved one drew it.
+        resumed = ds.loader(batch_size=BATCH, sampler=range(n), num_workers=2,
+                            generator=torch.Generator().manual_seed(99))
+        for state, draws in states:
+            resumed.load_state_dict(state)
+            got = []
+            for images, _ in resumed:
+                got += split(images)
+            check("resume", got, draws, first=BATCH)
+        out["streams"] = {k: len(v) for k, v in streams.items()}
+    out.update({k: [t.samples, t.differing] for k, t in tallies.items()})
+    ds.close()
+    return out
+
+
 def main() -> None:
     path = sys.argv[1]
     full = ShardDataset(path)
-    n = len(full)
-    out = {}
-    for name, recipe in CASES.items():
-        ds = ShardDataset(path, recipe=recipe)
-        tvs = reference(recipe)
-        several = isinstance(recipe, R.Views)
-
-        def ref(i: int) -> list:
-            img = full[i][0]
-            return [t(img) for t in tvs] if several else tvs[0](img)
-
-        tallies = {k: Tally() for k in ("items", "batch", "workers", "threads")}
-        for seed in SEEDS:
-            torch.manual_seed(seed)
-            refs = [ref(i) for i in range(n)]
-            torch.manual_seed(seed)
-            for i in range(n):
-                tallies["items"].add(ds[i][0], refs[i])
-            if not isinstance(recipe, R.Whole):  # whole images of many sizes: no batch
-                torch.manual_seed(seed)
-                for i, (img, _) in enumerate(ds.__getitems__(list(range(n)))):
-                    tallies["batch"].add(img, refs[i])
-        if not isinstance(recipe, R.Whole):
-            for engine, key in (("processes", "workers"), ("threads", "threads")):
-                extra = ({"num_workers": 2} if engine == "processes"
-                         else {"engine": "threads", "num_threads": 2})
-                loader = ds.loader(batch_size=4, sampler=range(n),
-                                   generator=torch.Generator().manual_seed(7), **extra)
-                got = []
-                for images, _ in loader:
-                    got += ([list(v) for v in zip(*images)] if several else list(images))
-                for k in range(n):
-                    torch.manual_seed(shardkit.sample_seed(7, 0, k))
-                    tallies[key].add(got[k], ref(k))
-        out[name] = {k: [t.samples, t.differing] for k, t in tallies.items()}
-        ds.close()
-    print(json.dumps(out))
+    print(json.dumps({name: probe_recipe(path, full, recipe) for name, recipe in CASES.items()}))
 
 
 if __name__ == "__main__":
