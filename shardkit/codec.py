@@ -77,8 +77,9 @@ def decode(data, encoding: str, height: int, width: int, fast: bool = False,
 _scratch = threading.local()
 
 
-def scratch(nbytes: int, slot: int = 0) -> np.ndarray:
-    """This thread's reusable buffer number ``slot`` (0: decoding), at least ``nbytes`` long.
+def scratch(nbytes: int, slot: str = "decode") -> np.ndarray:
+    """This thread's reusable buffer named ``slot`` (each user names its own: ``"decode"`` for
+    decoded images), at least ``nbytes`` long.
 
     Decoding into the same memory every time saves an allocation and its page faults per image.
     """

@@ -44,7 +44,7 @@ def resize_into(out: np.ndarray, src: np.ndarray, interpolation: str = "bilinear
     if not src.flags.c_contiguous or not src.flags.writeable:
         # A crop (or a raw record's read-only memory): copy it here, in this thread, rather than
         # let torch copy it with its intra-op threads, which costs far more than the copy.
-        dense = codec.scratch(src.nbytes, slot=1)[:src.nbytes].reshape(src.shape)
+        dense = codec.scratch(src.nbytes, slot="box")[:src.nbytes].reshape(src.shape)
         np.copyto(dense, src)
         src = dense
     size = out.shape[:2]
@@ -121,7 +121,7 @@ def cut_into(out: np.ndarray, src: Decoded, plan: Plan) -> None:
             raise ValueError("a BGR decode serves flipped plans only")
         # Resized BGR, then each row's bytes reversed into ``out``: the mirror image in RGB
         # (the kernel treats channels alike).
-        resized = codec.scratch(out.nbytes, slot=2)[:out.nbytes].reshape(out.shape)
+        resized = codec.scratch(out.nbytes, slot="resized")[:out.nbytes].reshape(out.shape)
         resize_into(resized, box, plan.interpolation)
         _reverse_rows(out, resized)
         return

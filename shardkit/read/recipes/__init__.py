@@ -119,7 +119,7 @@ def _apply(then: Then, x: torch.Tensor, steps: list,
     copy is this thread's scratch memory (a fresh one per batch costs its page faults), both
     copies numpy's (twice as fast as torch's for this transposition). ``out``: where the float
     batch goes (None: new memory)."""
-    planar = codec.scratch(x.numel(), slot=4)[:x.numel()].reshape(x.shape)
+    planar = codec.scratch(x.numel(), slot="planar")[:x.numel()].reshape(x.shape)
     np.copyto(planar, x.numpy())
     done = then.apply(torch.from_numpy(planar), steps, out)
     if done.dtype != torch.uint8:

@@ -226,7 +226,7 @@ def hue(x: torch.Tensor, idx: Sequence[int], factors: Sequence[float]) -> None:
         pieces = [(k, ids, 0, height) for k, ids in _pieces(idx, CHUNK // (height * width))]
     most = max(len(ids) * (r1 - r0) for _, ids, r0, r1 in pieces) * width
     # this thread's scratch memory: a fresh buffer for each call costs its page faults again
-    work = torch.from_numpy(codec.scratch(_PLANES * most * 4, slot=3)).view(torch.float32)
+    work = torch.from_numpy(codec.scratch(_PLANES * most * 4, slot="hue")).view(torch.float32)
     for k, ids, r0, r1 in pieces:
         if r1 - r0 < height:
             xs = x[ids[0]:ids[0] + 1, :, r0:r1]
