@@ -149,6 +149,11 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
                 made[k] for k in ("crop", "crop_mode", "scale", "ratio", "flip", "views"))
         if output not in OUTPUTS:
             raise OptionError(f"output must be one of {OUTPUTS}, got {output!r}")
+        if output == "bytes" and (flip or recipe not in (None, recipes.Whole())):
+            # The stored record is returned undecoded: a flip or a step would be dropped.
+            what = f"flip={flip!r}" if recipe is None else f"recipe={type(recipe).__name__}(...)"
+            raise OptionError(f"output='bytes' returns each stored record as it is and cannot be "
+                              f"used with {what}: pass output='tensor' (or 'numpy', 'pil')")
         if crop_mode not in codec.CROP_MODES:
             raise OptionError(f"crop_mode must be one of {codec.CROP_MODES}, got {crop_mode!r}")
         if crop_mode == "random" and crop is None:

@@ -105,6 +105,14 @@ def test_options_build_a_recipe_and_a_conflicting_option_is_refused(store):
         R.GaussianBlur(4)
     with pytest.raises(OptionError, match="interpolation must be one of"):
         R.RandomResizedCrop(16, interpolation="lanczos")
+    with pytest.raises(OptionError, match="^RandomResizedCrop scale must be"):  # the name written
+        R.RandomResizedCrop(16, scale=(1.0, 0.5))
+    # output='bytes' is the stored record undecoded: a recipe's steps or flip would be dropped.
+    for option in (dict(recipe=R.Whole(then=[R.RandomSolarize(0, p=1.0)])), dict(flip=0.5),
+                   dict(recipe=R.RandomResizedCrop(16))):
+        what = "recipe=" if "recipe" in option else "flip="
+        with pytest.raises(OptionError, match=f"^output='bytes' .* with {what}"):
+            shardkit.ShardDataset(store, output="bytes", **option)
     assert shardkit.View is R.View  # the view recipe's old name and import path
 
 
@@ -116,6 +124,9 @@ def test_dino_is_main_dinos_augmentation():
     assert shardkit.__getattr__("recipes").dino is R.dino and "recipes" in dir(shardkit)
     views = R.dino((0.4, 1.0), (0.05, 0.4), 8).views
     assert [v.size for v in views] == [(224, 224)] * 2 + [(96, 96)] * 8
+    for number in (2.5, -1):
+        with pytest.raises(OptionError, match="^dino local_crops_number must be an int >= 0"):
+            R.dino(local_crops_number=number)
     assert [v.scale for v in views] == [(0.4, 1.0)] * 2 + [(0.05, 0.4)] * 8
     assert {v.interpolation for v in views} == {"bicubic"} and {v.flip for v in views} == {0.5}
     blur = [next(s.p for s in v.then if isinstance(s, R.GaussianBlur)) for v in views]
