@@ -99,7 +99,8 @@ def _pair(value: Any, name: str) -> tuple[float, float]:
     return low, high
 
 
-def _size(value: Any) -> tuple[int, int]:
+def _size(value: Any, owner: str) -> tuple[int, int]:
+    given = value
     if isinstance(value, (bool, np.bool_)):
         value = None
     if isinstance(value, (int, np.integer)):
@@ -110,9 +111,15 @@ def _size(value: Any) -> tuple[int, int]:
         h = w = None
     if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v > 0
                for v in (h, w)):
-        raise OptionError(f"View size must be a positive int or a pair (height, width) of them, "
-                          f"got {value!r}")
+        raise OptionError(f"{owner} size must be a positive int or a pair (height, width) of "
+                          f"them, got {given!r}")
     return int(h), int(w)
+
+
+def check_box(size: Any, scale: Any, ratio: Any, owner: str) -> tuple:
+    """A random-resized crop's ``size`` as (height, width), ``scale`` and ``ratio`` as (min,
+    max); an ``OptionError`` naming ``owner`` (the class the user wrote) otherwise."""
+    return _size(size, owner), _pair(scale, f"{owner} scale"), _pair(ratio, f"{owner} ratio")
 
 
 @dataclass(frozen=True)
@@ -128,9 +135,10 @@ class View:
     flip: float = 0.5
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", _size(self.size))
-        object.__setattr__(self, "scale", _pair(self.scale, "View scale"))
-        object.__setattr__(self, "ratio", _pair(self.ratio, "View ratio"))
+        size, scale, ratio = check_box(self.size, self.scale, self.ratio, "View")
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "ratio", ratio)
         flip = self.flip
         if isinstance(flip, (bool, np.bool_)) or not isinstance(flip, (int, float)) \
                 or not 0 <= flip <= 1:

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from ...errors import OptionError
-from ..augment import View
+from ..augment import View, check_box
 from .steps import Then, check_then
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
@@ -37,8 +37,9 @@ def _side(value: Any, owner: str) -> int:
         value = value[0]
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
             or value <= 0:
-        raise OptionError(f"{owner} size must be a positive int, got {value!r} (a (height, "
-                          "width) crop: Views([RandomResizedCrop((h, w))]))")
+        hint = (" (a (height, width) crop is a random-resized view only: "
+                "Views([RandomResizedCrop((h, w))]))") if isinstance(value, (list, tuple)) else ""
+        raise OptionError(f"{owner} size must be a positive int, got {value!r}{hint}")
     return int(value)
 
 
@@ -130,10 +131,10 @@ class RandomResizedCrop(_Crop):
         if self.interpolation not in INTERPOLATIONS:
             raise OptionError(f"RandomResizedCrop interpolation must be one of "
                               f"{INTERPOLATIONS}, got {self.interpolation!r}")
-        view = View(self.size, self.scale, self.ratio, 0.0)  # checks size, scale and ratio
-        object.__setattr__(self, "size", view.size)
-        object.__setattr__(self, "scale", view.scale)
-        object.__setattr__(self, "ratio", view.ratio)
+        size, scale, ratio = check_box(self.size, self.scale, self.ratio, "RandomResizedCrop")
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "ratio", ratio)
         object.__setattr__(self, "flip", _flip(self.flip, "RandomResizedCrop"))
         self._check_then()
 

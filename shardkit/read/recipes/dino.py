@@ -16,8 +16,10 @@ come from torch (per-sample seeds) instead of Python's ``random``.
 
 from __future__ import annotations
 
+import numbers
 from typing import Sequence
 
+from ...errors import OptionError
 from .crops import RandomResizedCrop, Views
 from .normalize import Normalize
 from .photometric import ColorJitter, GaussianBlur, RandomGrayscale, RandomSolarize
@@ -32,6 +34,10 @@ def dino(global_crops_scale: Sequence[float] = (0.4, 1.0),
     """``DataAugmentationDINO(global_crops_scale, local_crops_scale, local_crops_number)`` as a
     ``Views`` recipe (main_dino.py's defaults). ``blur_kernel``: the Gaussian's side (13 covers
     three sigmas of the largest, 2.0). ``normalize=False`` leaves the views uint8."""
+    if isinstance(local_crops_number, bool) \
+            or not isinstance(local_crops_number, numbers.Integral) or local_crops_number < 0:
+        raise OptionError(f"dino local_crops_number must be an int >= 0, got "
+                          f"{local_crops_number!r}")
     jitter = [ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8), RandomGrayscale(0.2)]
     tail = [Normalize(IMAGENET_MEAN, IMAGENET_STD)] if normalize else []
 
