@@ -170,6 +170,13 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
                     or not _default(ratio, (3.0 / 4.0, 4.0 / 3.0)):
                 raise OptionError("views cannot be used with crop, crop_mode, scale, ratio, "
                                   "flip (each View has its own) or output='bytes'")
+        elif crop_mode != "random_resized":  # another crop would ignore them
+            for name, value, default in (("scale", scale, (0.08, 1.0)),
+                                         ("ratio", ratio, (3.0 / 4.0, 4.0 / 3.0))):
+                if not _default(value, default):
+                    raise OptionError(f"{name} is the random-resized crop's: it needs crop_mode="
+                                      f"'random_resized', got crop_mode={crop_mode!r} "
+                                      f"({name}={value!r})")
         fields = Fields.of(fields, sanitize=sanitize, tv_tensors=tv_tensors,
                            multi_hot=multi_hot, ragged=ragged)
         fanout = Fanout(threads)

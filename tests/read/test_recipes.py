@@ -107,6 +107,12 @@ def test_options_build_a_recipe_and_a_conflicting_option_is_refused(store):
         R.RandomResizedCrop(16, interpolation="lanczos")
     with pytest.raises(OptionError, match="^RandomResizedCrop scale must be"):  # the name written
         R.RandomResizedCrop(16, scale=(1.0, 0.5))
+    # scale and ratio only shape a random-resized crop: next to another they are refused.
+    for option in (dict(crop=20, scale=(0.5, 1.0)), dict(crop=20, crop_mode="random",
+                                                          ratio=(0.5, 2.0))):
+        name = list(option)[-1]
+        with pytest.raises(OptionError, match=f"^{name} is the random-resized crop's"):
+            shardkit.ShardDataset(store, **option)
     # output='bytes' is the stored record undecoded: a recipe's steps or flip would be dropped.
     for option in (dict(recipe=R.Whole(then=[R.RandomSolarize(0, p=1.0)])), dict(flip=0.5),
                    dict(recipe=R.RandomResizedCrop(16))):
