@@ -99,6 +99,9 @@ def test_options_build_a_recipe_and_a_conflicting_option_is_refused(store):
     with pytest.raises(OptionError, match="output must be 'tensor'"):
         shardkit.ShardDataset(store, recipe=R.CenterCrop(16, then=[R.Normalize()]),
                               output="numpy")
+    with pytest.raises(OptionError, match="^normalize is given and the dataset's recipe already"):
+        shardkit.ShardDataset(store, recipe=R.CenterCrop(16, then=[R.Normalize()])).loader(
+            batch_size=2, normalize=((0.5,) * 3, (0.5,) * 3))  # at once, not at the first batch
     with pytest.raises(OptionError, match="Normalize must be the last step"):
         R.CenterCrop(16, then=[R.Normalize(), R.RandomGrayscale()])
     with pytest.raises(OptionError, match="GaussianBlur kernel must be an odd"):

@@ -230,6 +230,8 @@ class ShardLoader(DataLoader):
         draws.check_carried(dataset)  # the draw seeds reach every dataset that draws
         super().__init__(dataset, batch_size, *args, **kwargs)
         self._output = BatchOutput.make(normalize, device, dtype, memory_format)
+        if self._output is not None:
+            self._output.check(dataset)
         self._loop_output = self._output  # what the loop applies to each batch it receives
         if self._output is not None and self._output.in_workers(dataset) \
                 and self._auto_collation:

@@ -81,6 +81,15 @@ class BatchOutput(NamedTuple):
         return cls(mean, std, None if device is None else torch.device(device), dtype,
                    memory_format)
 
+    def check(self, dataset: Any) -> None:
+        """Refuses a ``dataset`` whose recipe (``shardkit.recipes``) already ends with
+        ``Normalize``: its batches are float, and normalising them twice is never meant."""
+        parts = getattr(getattr(dataset, "recipe", None), "parts", None)
+        if callable(parts) and any(getattr(p.then, "normalize", None) is not None
+                                   for p in parts()):
+            raise OptionError("normalize is given and the dataset's recipe already ends with "
+                              "Normalize (float batches): normalise in one of them")
+
     def in_workers(self, dataset: Any) -> bool:
         """Whether the batches are normalised where they are made (workers or threads) rather
         than in the loop: a dataset's ``views`` on the CPU (ten views normalised in the loop
