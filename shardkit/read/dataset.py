@@ -159,9 +159,11 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
         if crop_mode == "random" and crop is None:
             raise OptionError("crop_mode='random' needs crop (the size of the square to cut)")
         if crop is not None and (isinstance(crop, bool) or not isinstance(crop, numbers.Integral)
-                                 or crop <= 0 or output == "bytes"):
-            raise OptionError("crop must be a positive integer size and cannot be used with "
-                              f"output='bytes', got crop={crop!r}")
+                                 or crop <= 0):
+            raise OptionError(f"crop must be a positive integer size, got crop={crop!r}")
+        if crop is not None and output == "bytes":
+            raise OptionError(f"crop cannot be used with output='bytes' (each stored record as "
+                              f"it is), got crop={crop!r}")
         crop = None if crop is None else int(crop)
         if views is not None:
             views = augment.check_views(views)

@@ -110,6 +110,8 @@ def test_options_build_a_recipe_and_a_conflicting_option_is_refused(store):
         R.RandomResizedCrop(16, interpolation="lanczos")
     with pytest.raises(OptionError, match="^RandomResizedCrop scale must be"):  # the name written
         R.RandomResizedCrop(16, scale=(1.0, 0.5))
+    with pytest.raises(OptionError, match=r"^crop must be a positive integer size, got crop=-1$"):
+        shardkit.ShardDataset(store, crop=-1)  # no word of output='bytes', which was not given
     # scale and ratio only shape a random-resized crop: next to another they are refused.
     for option in (dict(crop=20, scale=(0.5, 1.0)), dict(crop=20, crop_mode="random",
                                                           ratio=(0.5, 2.0))):
