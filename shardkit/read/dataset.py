@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import numbers
 import os
 from typing import Any, Callable, Literal, Sequence, get_args
 
@@ -19,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .. import codec
 from ..errors import OptionError
-from . import augment, lifetime, recipes
+from . import augment, cropoptions, lifetime, recipes
 from . import targets as targetmod
 from .attributes import StoreAttributes
 from .batching import Batch, collate  # noqa: F401  (Batch: shardkit.Batch is read here)
@@ -34,14 +33,6 @@ from .workers import OpenedInWorkers, worker_init_fn
 
 Output = Literal["tensor", "numpy", "pil", "bytes"]
 OUTPUTS: tuple[str, ...] = get_args(Output)
-
-
-def _default(value: Any, default: tuple[float, float]) -> bool:
-    """``value`` is the pair ``default`` (a list or tuple of the same numbers)."""
-    try:
-        return tuple(value) == default
-    except TypeError:
-        return False
 
 
 def _forward(part: str, name: str) -> property:
@@ -142,43 +133,10 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
                  ragged: targetmod.RaggedMode | dict[str, targetmod.RaggedMode] = "list",
                  views: Sequence[augment.View] | None = None, recipe: Any = None,
                  version: int | None = None) -> None:
-        if recipe is not None:  # the options it stands for (refused next to its own options)
-            made = recipes.resolve(recipe, dict(crop=crop, crop_mode=crop_mode, scale=scale,
-                                                ratio=ratio, flip=flip, views=views))
-            crop, crop_mode, scale, ratio, flip, views = (
-                made[k] for k in ("crop", "crop_mode", "scale", "ratio", "flip", "views"))
         if output not in OUTPUTS:
             raise OptionError(f"output must be one of {OUTPUTS}, got {output!r}")
-        if output == "bytes" and (flip or recipe not in (None, recipes.Whole())):
-            # The stored record is returned undecoded: a flip or a step would be dropped.
-            what = f"flip={flip!r}" if recipe is None else f"recipe={type(recipe).__name__}(...)"
-            raise OptionError(f"output='bytes' returns each stored record as it is and cannot be "
-                              f"used with {what}: pass output='tensor' (or 'numpy', 'pil')")
-        if crop_mode not in codec.CROP_MODES:
-            raise OptionError(f"crop_mode must be one of {codec.CROP_MODES}, got {crop_mode!r}")
-        if crop_mode == "random" and crop is None:
-            raise OptionError("crop_mode='random' needs crop (the size of the square to cut)")
-        if crop is not None and (isinstance(crop, bool) or not isinstance(crop, numbers.Integral)
-                                 or crop <= 0):
-            raise OptionError(f"crop must be a positive integer size, got crop={crop!r}")
-        if crop is not None and output == "bytes":
-            raise OptionError(f"crop cannot be used with output='bytes' (each stored record as "
-                              f"it is), got crop={crop!r}")
-        crop = None if crop is None else int(crop)
-        if views is not None:
-            views = augment.check_views(views)
-            if crop is not None or crop_mode != "center" or flip or output == "bytes" \
-                    or not _default(scale, (0.08, 1.0)) \
-                    or not _default(ratio, (3.0 / 4.0, 4.0 / 3.0)):
-                raise OptionError("views cannot be used with crop, crop_mode, scale, ratio, "
-                                  "flip (each View has its own) or output='bytes'")
-        elif crop_mode != "random_resized":  # another crop would ignore them
-            for name, value, default in (("scale", scale, (0.08, 1.0)),
-                                         ("ratio", ratio, (3.0 / 4.0, 4.0 / 3.0))):
-                if not _default(value, default):
-                    raise OptionError(f"{name} is the random-resized crop's: it needs crop_mode="
-                                      f"'random_resized', got crop_mode={crop_mode!r} "
-                                      f"({name}={value!r})")
+        crop, crop_mode, scale, ratio, flip, views = cropoptions.check(
+            recipe, output, crop, crop_mode, scale, ratio, flip, views)
         fields = Fields.of(fields, sanitize=sanitize, tv_tensors=tv_tensors,
                            multi_hot=multi_hot, ragged=ragged)
         fanout = Fanout(threads)
@@ -279,6 +237,12 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
                               f"output='bytes', got crop={crop!r}, output={self.output!r}")
         if self.views is not None:
             raise OptionError("with_recipe: this dataset makes views; create one without")
+        if self._thens is not None or any(
+                getattr(r, "interpolation", "bilinear") != "bilinear" for r in self._recipes or ()):
+            # the new crop is bilinear and has no steps: the recipe's would be dropped
+            raise OptionError(f"with_recipe: this dataset's recipe {self.recipe!r} has steps "
+                              "or an interpolation a new crop would drop; create the dataset "
+                              "with the recipe you want")
         twin = copy.copy(self)
         twin.crop, twin.crop_mode, twin.flip = crop, crop_mode, flip
         twin._set_recipes(augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale), None,

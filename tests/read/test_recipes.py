@@ -124,6 +124,14 @@ def test_options_build_a_recipe_and_a_conflicting_option_is_refused(store):
         what = "recipe=" if "recipe" in option else "flip="
         with pytest.raises(OptionError, match=f"^output='bytes' .* with {what}"):
             shardkit.ShardDataset(store, output="bytes", **option)
+    # with_recipe (timm's integration) puts a plain bilinear crop in place of the recipe's: a
+    # recipe with steps or another interpolation is refused rather than dropped.
+    for recipe in (R.CenterCrop(16, then=[R.RandomGrayscale(1.0)]),
+                   R.RandomResizedCrop(16, interpolation="bicubic")):
+        with pytest.raises(OptionError, match="^with_recipe: this dataset's recipe .* would drop"):
+            shardkit.ShardDataset(store, recipe=recipe).with_recipe(16, "center")
+    assert shardkit.ShardDataset(store, recipe=R.CenterCrop(20)).with_recipe(16).recipe \
+        == R.CenterCrop(16)
     assert shardkit.View is R.View  # the view recipe's old name and import path
 
 
