@@ -6,6 +6,8 @@ torchvision v2's are checked in ``test_recipes_tv.py``."""
 
 from __future__ import annotations
 
+import enum
+
 import pytest
 import torch
 from helpers import image_tree
@@ -108,6 +110,14 @@ def test_options_build_a_recipe_and_a_conflicting_option_is_refused(store):
         R.GaussianBlur(4)
     with pytest.raises(OptionError, match="interpolation must be one of"):
         R.RandomResizedCrop(16, interpolation="lanczos")
+    # torchvision's InterpolationMode is an Enum of the names (the probe of test_recipes_tv.py
+    # passes the real one); a jitter range given as a list keeps the recipe hashable.
+    mode = enum.Enum("InterpolationMode", {"BICUBIC": "bicubic", "LANCZOS": "lanczos"})
+    assert R.RandomResizedCrop(16, interpolation=mode.BICUBIC) \
+        == R.RandomResizedCrop(16, interpolation="bicubic")
+    with pytest.raises(OptionError, match="interpolation must be one of"):
+        R.RandomResizedCrop(16, interpolation=mode.LANCZOS)
+    assert hash(R.ColorJitter(brightness=[0.5, 1.5])) == hash(R.ColorJitter(brightness=(0.5, 1.5)))
     with pytest.raises(OptionError, match="^RandomResizedCrop scale must be"):  # the name written
         R.RandomResizedCrop(16, scale=(1.0, 0.5))
     with pytest.raises(OptionError, match=r"^crop must be a positive integer size, got crop=-1$"):

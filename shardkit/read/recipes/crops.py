@@ -10,6 +10,7 @@ use (:mod:`shardkit.read.augment`): ``flags()`` says which options it is.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
@@ -117,7 +118,8 @@ class RandomCrop(_Crop):
 @dataclass(frozen=True)
 class RandomResizedCrop(_Crop):
     """v2's ``RandomResizedCrop(size, scale, ratio, interpolation, antialias=True)``.
-    ``interpolation``: ``"bilinear"``, ``"bicubic"`` or ``"nearest"``. ``size``: an int, or
+    ``interpolation``: ``"bilinear"``, ``"bicubic"`` or ``"nearest"`` (or v2's
+    ``InterpolationMode`` of one). ``size``: an int, or
     (height, width) inside ``Views``."""
 
     size: Any
@@ -128,9 +130,14 @@ class RandomResizedCrop(_Crop):
     then: Sequence[Any] = ()
 
     def __post_init__(self) -> None:
-        if self.interpolation not in INTERPOLATIONS:
+        # torchvision's InterpolationMode is an Enum of these names: kept as its name
+        interpolation = getattr(self.interpolation, "value", self.interpolation) \
+            if isinstance(self.interpolation, enum.Enum) else self.interpolation
+        if interpolation not in INTERPOLATIONS:
             raise OptionError(f"RandomResizedCrop interpolation must be one of "
-                              f"{INTERPOLATIONS}, got {self.interpolation!r}")
+                              f"{INTERPOLATIONS} (or torchvision's InterpolationMode of one), "
+                              f"got {self.interpolation!r}")
+        object.__setattr__(self, "interpolation", interpolation)
         size, scale, ratio = check_box(self.size, self.scale, self.ratio, "RandomResizedCrop")
         object.__setattr__(self, "size", size)
         object.__setattr__(self, "scale", scale)

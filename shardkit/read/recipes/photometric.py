@@ -93,6 +93,9 @@ class ColorJitter:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "p", _probability(self.p, "ColorJitter", allow_none=True))
+        for name in ("brightness", "contrast", "saturation", "hue"):  # a list kept hashable
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         ranges = (_jitter_range(self.brightness, "brightness"),
                   _jitter_range(self.contrast, "contrast"),
                   _jitter_range(self.saturation, "saturation"),

@@ -69,7 +69,7 @@ CASES = {
     "whole": R.Whole(then=[R.ColorJitter(*JITTER, p=0.8), R.RandomGrayscale(0.3)]),
     "center": R.CenterCrop(48, flip=0.5, then=[R.RandomSolarize(128, p=0.5)]),
     "random": R.RandomCrop(40, then=[R.GaussianBlur(5, (0.1, 2.0), p=0.7)]),
-    "rrc_bicubic": R.RandomResizedCrop(56, (0.2, 1.0), flip=0.5, interpolation="bicubic",
+    "rrc_bicubic": R.RandomResizedCrop(56, (0.2, 1.0), flip=0.5, interpolation=I.BICUBIC,
                                        then=[R.ColorJitter(*JITTER), R.Normalize()]),
     "rrc_nearest": R.RandomResizedCrop(44, interpolation="nearest", then=[
         R.ColorJitter(brightness=(0.5, 1.5), hue=0.3, p=0.6), R.GaussianBlur(3, 1.0)]),
