@@ -103,6 +103,8 @@ def _size(value: Any, owner: str) -> tuple[int, int]:
     given = value
     if isinstance(value, (bool, np.bool_)):
         value = None
+    if isinstance(value, (list, tuple)) and len(value) == 1:  # v2: a sequence of one is square
+        value = value[0]
     if isinstance(value, (int, np.integer)):
         value = (value, value)
     try:

@@ -118,6 +118,12 @@ def test_options_build_a_recipe_and_a_conflicting_option_is_refused(store):
     with pytest.raises(OptionError, match="interpolation must be one of"):
         R.RandomResizedCrop(16, interpolation=mode.LANCZOS)
     assert hash(R.ColorJitter(brightness=[0.5, 1.5])) == hash(R.ColorJitter(brightness=(0.5, 1.5)))
+    # v2's sizes as sequences: one side is square, a square kernel is its side
+    assert R.CenterCrop([16]) == R.CenterCrop(16) and R.RandomCrop((16, 16)) == R.RandomCrop(16)
+    assert R.RandomResizedCrop([16]) == R.RandomResizedCrop(16)
+    assert R.GaussianBlur((5, 5)) == R.GaussianBlur(5) == R.GaussianBlur([5])
+    with pytest.raises(OptionError, match=r"^GaussianBlur kernel .* got \(5, 3\)$"):
+        R.GaussianBlur((5, 3))
     with pytest.raises(OptionError, match="^RandomResizedCrop scale must be"):  # the name written
         R.RandomResizedCrop(16, scale=(1.0, 0.5))
     with pytest.raises(OptionError, match=r"^crop must be a positive integer size, got crop=-1$"):

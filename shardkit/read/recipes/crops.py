@@ -34,7 +34,8 @@ class Part(NamedTuple):
 
 
 def _side(value: Any, owner: str) -> int:
-    if isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == value[1]:
+    # v2's sizes: an int, or a sequence of one or two (here square) of them
+    if isinstance(value, (list, tuple)) and len(value) in (1, 2) and value[0] == value[-1]:
         value = value[0]
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
             or value <= 0:

@@ -174,8 +174,12 @@ class GaussianBlur:
 
     def __post_init__(self) -> None:
         k = self.kernel
+        if isinstance(k, (list, tuple)) and len(k) in (1, 2) and k[0] == k[-1]:
+            k = k[0]  # v2's kernel_size as a sequence: square here
         if isinstance(k, bool) or not isinstance(k, int) or k <= 0 or k % 2 == 0:
-            raise OptionError(f"GaussianBlur kernel must be an odd positive int, got {k!r}")
+            raise OptionError(f"GaussianBlur kernel must be an odd positive int (or a square "
+                              f"(k, k)), got {self.kernel!r}")
+        object.__setattr__(self, "kernel", k)
         sigma = self.sigma
         if isinstance(sigma, (int, float)) and not isinstance(sigma, bool):
             sigma = (float(sigma), float(sigma))
