@@ -204,15 +204,19 @@ def recipe_dataset(dataset: ShardDataset, size: int, o: dict[str, Any],
     refusals = Refusals() if own else refusals
     packed = int(dataset.store.settings.get("size") or 0)
     if o["is_training"] and not o["no_aug"]:
-        if o["interpolation"] != "bilinear":
-            refusals.add("interpolation", o["interpolation"], "pass 'bilinear' (shardkit "
-                         "resizes as torchvision's RandomResizedCrop does, anti-aliased bilinear)")
+        interpolation = o["interpolation"]
+        if interpolation not in ("bilinear", "bicubic"):  # refused below or by the caller
+            interpolation = "bilinear"
+            refusals.add("interpolation", o["interpolation"], "pass 'bilinear' or 'bicubic' "
+                         "(shardkit resizes as torchvision's RandomResizedCrop does, "
+                         "anti-aliased; timm's 'random' picks one per sample)")
         scale = o["scale"] if o["scale"] is not None else (0.08, 1.0)
         ratio = o["ratio"] if o["ratio"] is not None else (3.0 / 4.0, 4.0 / 3.0)
         if own:
             refusals.raise_any()
         return dataset.with_recipe(size, "random_resized", scale=tuple(scale),
-                                   ratio=tuple(ratio), flip=float(o["hflip"]))
+                                   ratio=tuple(ratio), flip=float(o["hflip"]),
+                                   interpolation=interpolation)
     # Evaluation (and no_aug training): Resize(size / crop_pct) + CenterCrop(size); the resize
     # is the one the store was packed with (bicubic, anti-aliased).
     crop_pct = 1.0 if o["is_training"] else (o["crop_pct"] or 0.875)

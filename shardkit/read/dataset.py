@@ -10,6 +10,7 @@ batch buffer (shared memory inside a worker) that ``shardkit.collate`` hands on 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import os
 from typing import Any, Callable, Literal, Sequence, get_args
@@ -224,10 +225,16 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
     def with_recipe(self, crop: int, crop_mode: codec.CropMode = "center",
                     scale: Sequence[float] = (0.08, 1.0),
                     ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip: float = 0.0,
-                    dct_scale: bool = False) -> "ShardDataset":
+                    dct_scale: bool = False, interpolation: str = "bilinear") -> "ShardDataset":
         """This dataset (same store, output, options), cropping at decode with another recipe:
         what ``ShardDataset(path, crop=crop, crop_mode=..., ...)`` with the same other arguments
-        gives. The copy shares the store's handles (``close()`` on either closes both)."""
+        gives (``interpolation``: a random-resized crop's, as ``RandomResizedCrop``'s). The copy
+        shares the store's handles (``close()`` on either closes both)."""
+        if interpolation != "bilinear" and (crop_mode != "random_resized" or interpolation
+                                            not in recipes.INTERPOLATIONS):
+            raise OptionError(f"with_recipe: interpolation is a random-resized crop's, one of "
+                              f"{recipes.INTERPOLATIONS}; got {interpolation!r} with crop_mode="
+                              f"{crop_mode!r}")
         if self._transform is not None:
             raise OptionError("with_recipe: this dataset has a transform; a decode crop under it "
                               "would crop before the transform does (create one without)")
@@ -245,10 +252,14 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
                               "with the recipe you want")
         twin = copy.copy(self)
         twin.crop, twin.crop_mode, twin.flip = crop, crop_mode, flip
-        twin._set_recipes(augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale), None,
-                          dct_scale)
+        made = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale)
+        if made is not None:  # None: a plain centre crop, no resize
+            made.interpolation = interpolation
+        twin._set_recipes(made, None, dct_scale)
         twin._thens = None
         twin.recipe = recipes.from_flags(crop, crop_mode, scale, ratio, flip, None)
+        if interpolation != "bilinear":
+            twin.recipe = dataclasses.replace(twin.recipe, interpolation=interpolation)
         return twin
 
     # -- process-local state --------------------------------------------------------------------

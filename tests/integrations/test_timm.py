@@ -110,6 +110,8 @@ def test_timm_trains_evaluates_and_refuses_what_it_cannot_match(out, root):
     assert out["prefetch_type"] == "PrefetchLoader"
     assert out["recipe"] == [32, "random_resized", 0.5]
     assert out["same_pixels"]
+    # --train-interpolation bicubic: the bicubic recipe, its pixels, not the bilinear ones
+    assert out["bicubic"] == [True, True, False]
     for run in ("prefetch_steps", "plain_steps"):
         assert len(out[run]) == 3
         for step in out[run]:
@@ -118,8 +120,8 @@ def test_timm_trains_evaluates_and_refuses_what_it_cannot_match(out, root):
     assert out["eval_count"] == IMAGES and out["eval_recipe"] == [32, "center"]
     refused = out["refused"]
     assert "--color-jitter" in refused["color_jitter"]
-    assert "--train-interpolation" in refused["interpolation"] and "'bilinear'" in refused[
-        "interpolation"]
+    assert "--train-interpolation" in refused["interpolation"] and "'bilinear' or 'bicubic'" in \
+        refused["interpolation"]
     assert "--crop-pct" in refused["crop_pct"] and "--size 33" in refused["crop_pct"]
     assert "--vflip" in refused["vflip"]
     # Several at once: one message names each, with what to pass instead.

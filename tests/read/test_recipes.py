@@ -146,8 +146,17 @@ def test_options_build_a_recipe_and_a_conflicting_option_is_refused(store):
                    R.RandomResizedCrop(16, interpolation="bicubic")):
         with pytest.raises(OptionError, match="^with_recipe: this dataset's recipe .* would drop"):
             shardkit.ShardDataset(store, recipe=recipe).with_recipe(16, "center")
-    assert shardkit.ShardDataset(store, recipe=R.CenterCrop(20)).with_recipe(16).recipe \
-        == R.CenterCrop(16)
+    plain = shardkit.ShardDataset(store, recipe=R.CenterCrop(20))
+    assert plain.with_recipe(16).recipe == R.CenterCrop(16)
+    bicubic = plain.with_recipe(16, "random_resized", interpolation="bicubic")
+    assert bicubic.recipe == R.RandomResizedCrop(16, interpolation="bicubic")
+    torch.manual_seed(4)
+    a = [x for x, _ in bicubic.__getitems__([0, 1, 2])]
+    torch.manual_seed(4)
+    b = [x for x, _ in shardkit.ShardDataset(store, recipe=bicubic.recipe).__getitems__([0, 1, 2])]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(OptionError, match="^with_recipe: interpolation is a random-resized"):
+        plain.with_recipe(16, "center", interpolation="bicubic")
     assert shardkit.View is R.View  # the view recipe's old name and import path
 
 

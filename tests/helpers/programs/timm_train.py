@@ -146,6 +146,18 @@ def main() -> None:
     got = ds.__getitems__(list(range(BATCH))).images.clone()
     torch.manual_seed(5)
     out["same_pixels"] = bool(torch.equal(got, own.__getitems__(list(range(BATCH))).images))
+    # --train-interpolation bicubic: v2's bicubic RandomResizedCrop, the recipe object's pixels.
+    loader = create_loader(train, (3, SIZE, SIZE), BATCH, use_prefetcher=True,
+                           **{**TRAIN, "interpolation": "bicubic"})
+    bicubic = loader.loader.dataset
+    own = shardkit.ShardDataset(train.root, recipe=shardkit.recipes.RandomResizedCrop(
+        SIZE, (0.08, 1.0), (3 / 4, 4 / 3), flip=0.5, interpolation="bicubic"))
+    torch.manual_seed(5)
+    got = bicubic.__getitems__(list(range(BATCH))).images.clone()
+    torch.manual_seed(5)
+    out["bicubic"] = [repr(bicubic.recipe) == repr(own.recipe), bool(torch.equal(
+        got, own.__getitems__(list(range(BATCH))).images)), bool(torch.equal(got, (
+            torch.manual_seed(5), ds.__getitems__(list(range(BATCH))).images)[1]))]
 
     # --no-prefetcher: normalised float batches the model takes directly, mixup on them.
     loader = create_loader(train, (3, SIZE, SIZE), BATCH, use_prefetcher=False,
