@@ -11,8 +11,9 @@ Both delegate to timm's own functions for every other dataset. For ``--dataset s
   store or with a store suffix (``.lmdb``, ``.h5``, ...), trying timm's synonyms (``train`` /
   ``training``; ``validation``, ``val``, ``valid``, ``eval``, ``evaluation``).
 - ``create_loader`` builds the decode recipe from timm's arguments (``input_size``, ``scale``,
-  ``ratio``, ``hflip``, the interpolation, ``crop_pct``), instead of assigning
-  ``dataset.transform`` (which would crop twice), and refuses anything it cannot do at
+  ``ratio``, ``hflip``, the interpolation, ``crop_pct``, and for training ``color_jitter``,
+  ``color_jitter_prob``, ``grayscale_prob``, ``gaussian_blur_prob`` as recipe steps), instead
+  of assigning ``dataset.transform`` (which would crop twice), and refuses anything it cannot do at
   decode: one message names every such argument, its ``train.py`` flag and what to pass. Training batches draw from a
   ``ShardSampler`` under ``distributed=True``. With timm's prefetcher (the default) the uint8
   batches go to timm's ``PrefetchLoader``, which normalises and random-erases on the device;
@@ -43,6 +44,7 @@ from timm.data.loader import PrefetchLoader, _worker_init
 
 from ..errors import OptionError
 from ..formats import SUFFIXES
+from ..read import recipes
 from ..read.dataset import ShardDataset, collate
 from ..read.sampler import ShardSampler
 
@@ -65,16 +67,14 @@ FLAGS = {"vflip": "--vflip", "color_jitter": "--color-jitter", "auto_augment": "
 HANDLED = {"is_training", "no_aug", "scale", "ratio", "hflip", "interpolation", "mean", "std",
            "num_workers", "distributed", "crop_pct", "collate_fn", "pin_memory", "fp16",
            "img_dtype", "device", "use_prefetcher", "persistent_workers", "re_prob", "re_mode",
-           "re_count", "re_split", "color_jitter", "train_crop_mode", "crop_mode",
-           "worker_seeding"}
+           "re_count", "re_split", "color_jitter", "color_jitter_prob", "grayscale_prob",
+           "gaussian_blur_prob", "train_crop_mode", "crop_mode", "worker_seeding"}
 # Values that do nothing at decode whatever timm's default is.
-NEUTRAL = {"color_jitter": (0, 0.0, None), "train_crop_mode": (None, "rrc"),
-           "crop_mode": (None, "center")}
+NEUTRAL = {"train_crop_mode": (None, "rrc"), "crop_mode": (None, "center")}
 # Values that mean "off" to timm besides its default (its transforms test them for truth or
 # None): train.py (timm 1.0.20 on) passes None for the SimCLR-style probabilities, whose
 # create_loader defaults are 0.0.
-OFF = {"color_jitter_prob": (None, 0), "grayscale_prob": (None, 0),
-       "gaussian_blur_prob": (None, 0), "auto_augment": (None, ""), "vflip": (0,),
+OFF = {"auto_augment": (None, ""), "vflip": (0,),
        "num_aug_repeats": (0,), "num_aug_splits": (0,), "crop_border_pixels": (None, 0)}
 # timm's per-batch input size schedule (train.py --train-img-sizes, timm 1.0.29 on): its other
 # arguments (train.py passes batch_choice_seed=--seed) are unused while it is off.
@@ -190,10 +190,37 @@ def _check_defaults(options: dict[str, Any], defaults: dict[str, Any],
             refusals.add(name, value, f"pass timm's default {defaults[name]!r}")
     for name, neutral in NEUTRAL.items():
         if name in options and options[name] not in neutral:
-            if name == "color_jitter" and not options.get("is_training"):
-                continue  # timm applies colour jitter to training only
             choices = " or ".join(repr(v) for v in neutral if v is not None)
             refusals.add(name, options[name], f"pass {choices}")
+
+
+def photometric_steps(o: dict[str, Any], refusals: Refusals) -> list:
+    """timm's training colour steps (``transforms_imagenet_train``: ``ColorJitter`` of
+    ``color_jitter`` (a number: brightness, contrast and saturation; or 3-4 factors) in a
+    ``RandomApply`` of ``color_jitter_prob`` when set, ``RandomGrayscale(grayscale_prob)``,
+    ``GaussianBlur(23)`` in a ``RandomApply`` of ``gaussian_blur_prob``) as recipe steps: the
+    same steps in the same order, as torchvision v2 computes them on the decoded uint8 batch."""
+    steps: list = []
+    jitter = o["color_jitter"]
+    factors = (float(jitter),) * 3 if isinstance(jitter, (int, float)) else jitter
+    if jitter is not None and (not isinstance(factors, (list, tuple))
+                               or len(factors) not in (3, 4)):
+        refusals.add("color_jitter", jitter, "pass a number or 3 or 4 factors")
+    made = {}
+    if isinstance(factors, (list, tuple)) and len(factors) in (3, 4) and any(factors):
+        # (timm's all-zero ColorJitter changes no pixel)
+        made["color_jitter"] = lambda: recipes.ColorJitter(*factors, p=o["color_jitter_prob"])
+    if o["grayscale_prob"]:
+        made["grayscale_prob"] = lambda: recipes.RandomGrayscale(o["grayscale_prob"])
+    if o["gaussian_blur_prob"]:  # timm's kernel 23, torchvision's sigma (0.1, 2.0)
+        made["gaussian_blur_prob"] = lambda: recipes.GaussianBlur(23, (0.1, 2.0),
+                                                                  p=o["gaussian_blur_prob"])
+    for name, make in made.items():
+        try:
+            steps.append(make())
+        except OptionError as e:
+            refusals.add(name, o[name], str(e))
+    return steps
 
 
 def recipe_dataset(dataset: ShardDataset, size: int, o: dict[str, Any],
@@ -212,11 +239,12 @@ def recipe_dataset(dataset: ShardDataset, size: int, o: dict[str, Any],
                          "anti-aliased; timm's 'random' picks one per sample)")
         scale = o["scale"] if o["scale"] is not None else (0.08, 1.0)
         ratio = o["ratio"] if o["ratio"] is not None else (3.0 / 4.0, 4.0 / 3.0)
+        steps = photometric_steps(o, refusals)
         if own:
             refusals.raise_any()
         return dataset.with_recipe(size, "random_resized", scale=tuple(scale),
                                    ratio=tuple(ratio), flip=float(o["hflip"]),
-                                   interpolation=interpolation)
+                                   interpolation=interpolation, then=steps)
     # Evaluation (and no_aug training): Resize(size / crop_pct) + CenterCrop(size); the resize
     # is the one the store was packed with (bicubic, anti-aliased).
     crop_pct = 1.0 if o["is_training"] else (o["crop_pct"] or 0.875)

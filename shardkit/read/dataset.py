@@ -225,11 +225,13 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
     def with_recipe(self, crop: int, crop_mode: codec.CropMode = "center",
                     scale: Sequence[float] = (0.08, 1.0),
                     ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip: float = 0.0,
-                    dct_scale: bool = False, interpolation: str = "bilinear") -> "ShardDataset":
+                    dct_scale: bool = False, interpolation: str = "bilinear",
+                    then: Sequence[Any] = ()) -> "ShardDataset":
         """This dataset (same store, output, options), cropping at decode with another recipe:
         what ``ShardDataset(path, crop=crop, crop_mode=..., ...)`` with the same other arguments
-        gives (``interpolation``: a random-resized crop's, as ``RandomResizedCrop``'s). The copy
-        shares the store's handles (``close()`` on either closes both)."""
+        gives (``interpolation`` and ``then``: a random-resized crop's, as in
+        ``RandomResizedCrop``). The copy shares the store's handles (``close()`` on either
+        closes both)."""
         if interpolation != "bilinear" and (crop_mode != "random_resized" or interpolation
                                             not in recipes.INTERPOLATIONS):
             raise OptionError(f"with_recipe: interpolation is a random-resized crop's, one of "
@@ -252,14 +254,22 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
                               "with the recipe you want")
         twin = copy.copy(self)
         twin.crop, twin.crop_mode, twin.flip = crop, crop_mode, flip
-        made = augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale)
-        if made is not None:  # None: a plain centre crop, no resize
-            made.interpolation = interpolation
-        twin._set_recipes(made, None, dct_scale)
-        twin._thens = None
+        if then and crop_mode != "random_resized":
+            raise OptionError(f"with_recipe: then is a random-resized crop's steps here, got "
+                              f"crop_mode={crop_mode!r}")
+        twin._set_recipes(augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale), None,
+                          dct_scale)
         twin.recipe = recipes.from_flags(crop, crop_mode, scale, ratio, flip, None)
-        if interpolation != "bilinear":
-            twin.recipe = dataclasses.replace(twin.recipe, interpolation=interpolation)
+        twin._thens = None
+        if interpolation != "bilinear" or then:  # as ShardDataset(recipe=...) attaches them
+            twin.recipe = dataclasses.replace(twin.recipe, interpolation=interpolation,
+                                              then=tuple(then))
+            twin._recipes, twin._thens = recipes.attach(
+                twin.recipe, twin._recipes, dict(crop=crop, crop_mode=crop_mode, scale=scale,
+                                                 ratio=ratio, flip=flip), dct_scale)
+            if recipes.floats(twin._thens) and self.output != "tensor":
+                raise OptionError(f"with_recipe: then ends with Normalize (float tensors): "
+                                  f"output must be 'tensor', got output={self.output!r}")
         return twin
 
     # -- process-local state --------------------------------------------------------------------

@@ -21,7 +21,7 @@ IMAGES, CLASSES = 48, 4
 
 # The keyword arguments timm's train.py passes to create_dataset / create_loader, read from its
 # source (train.py ships in neither timm's wheel nor its sdist) with train.py's defaults and the
-# documented flags --dataset shardkit --color-jitter 0 --train-interpolation bilinear
+# documented flags --dataset shardkit --train-interpolation bilinear
 # --interpolation bicubic --crop-pct 0.875 --input-size 3 32 32 (224 in the docs), --device cpu
 # and a resnet (data_config: ImageNet mean/std). The calls are the same at every release from
 # v1.0.20 (234907eca5d801a369b536e001ec0b45d8ec9d60) to v1.0.28
@@ -43,7 +43,7 @@ TRAIN_PY_TRAIN_LOADER = dict(
     input_size=[3, 32, 32], collate_fn=None, use_multi_epochs_loader=False, batch_size=128,
     is_training=True, no_aug=False, re_prob=0.0, re_mode="pixel", re_count=1, re_split=False,
     train_crop_mode=None, scale=[0.08, 1.0], ratio=[3 / 4, 4 / 3], hflip=0.5, vflip=0.0,
-    color_jitter=0.0, color_jitter_prob=None, grayscale_prob=None, gaussian_blur_prob=None,
+    color_jitter=0.4, color_jitter_prob=None, grayscale_prob=None, gaussian_blur_prob=None,
     auto_augment=None, num_aug_repeats=0, num_aug_splits=0, interpolation="bilinear",
     num_workers=4, worker_seeding="all", **TRAIN_PY_COMMON)
 TRAIN_PY_SCHEDULE = dict(  # main aa4b585 (1.0.29.dev0) on; timm 1.0.31 takes them
@@ -93,7 +93,7 @@ def test_train_py_arguments_of_timm_releases_are_accepted(out, root):
         assert got["train"] == ["PrefetchLoader", 32, "random_resized", 0.5], version
         assert got["eval"] == ["PrefetchLoader", 32, "center", 0.0], version
     # An option those defaults turn off, turned on, is still refused naming its flag.
-    assert "--grayscale-prob" in out["train_py_refused"]["grayscale_prob"]
+    assert "--aa" in out["train_py_refused"]["auto_augment"]
     assert "--train-img-sizes" in out["train_py_refused"]["input_size_choices"]
 
 
@@ -112,6 +112,10 @@ def test_timm_trains_evaluates_and_refuses_what_it_cannot_match(out, root):
     assert out["same_pixels"]
     # --train-interpolation bicubic: the bicubic recipe, its pixels, not the bilinear ones
     assert out["bicubic"] == [True, True, False]
+    # timm's colour steps (--color-jitter, -prob, --grayscale-prob, --gaussian-blur-prob): the
+    # recipe's steps, its pixels, in batches from the prefetcher
+    assert out["colour"] == [True, True, False]
+    assert out["colour_batches"] == [[8, 3, 32, 32]] * 2
     for run in ("prefetch_steps", "plain_steps"):
         assert len(out[run]) == 3
         for step in out[run]:
@@ -119,14 +123,15 @@ def test_timm_trains_evaluates_and_refuses_what_it_cannot_match(out, root):
             assert step["shape"] == [8, 3, 32, 32] and step["target"] == [8, CLASSES]  # mixed
     assert out["eval_count"] == IMAGES and out["eval_recipe"] == [32, "center"]
     refused = out["refused"]
-    assert "--color-jitter" in refused["color_jitter"]
+    assert "--color-jitter" in refused["color_jitter"] and "3 or 4 factors" in refused[
+        "color_jitter"]
     assert "--train-interpolation" in refused["interpolation"] and "'bilinear' or 'bicubic'" in \
         refused["interpolation"]
     assert "--crop-pct" in refused["crop_pct"] and "--size 33" in refused["crop_pct"]
     assert "--vflip" in refused["vflip"]
     # Several at once: one message names each, with what to pass instead.
     assert refused["several"].startswith("shardkit.timm.create_loader cannot apply 3 ")
-    for named in ("color_jitter=0.4 (train.py --color-jitter): pass 0 or 0.0",
+    for named in ("auto_augment='rand-m9-mstd0.5' (train.py --aa)",
                   "interpolation='random' (train.py --train-interpolation / --interpolation): "
                   "pass 'bilinear'", "vflip=0.5 (train.py --vflip): pass timm's default 0.0"):
         assert named in refused["several"], refused["several"]

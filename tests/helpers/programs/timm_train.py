@@ -112,7 +112,7 @@ def main() -> None:
     out["train_py_refused"] = {name: refusal(lambda: create_loader(
         create_dataset("shardkit", root=root, **latest["dataset"]["train"]),
         **torch_args({**latest["train"], name: value})))
-        for name, value in (("grayscale_prob", 0.2), ("input_size_choices", [32, 40]))}
+        for name, value in (("auto_augment", "rand-m9-mstd0.5"), ("input_size_choices", [32, 40]))}
     out["fallback_warnings"] = fallback_warnings(root)
     train = create_dataset("shardkit", root=root, split="train", is_training=True,
                            class_map="", download=False, batch_size=BATCH, seed=42, repeats=0)
@@ -146,6 +146,24 @@ def main() -> None:
     got = ds.__getitems__(list(range(BATCH))).images.clone()
     torch.manual_seed(5)
     out["same_pixels"] = bool(torch.equal(got, own.__getitems__(list(range(BATCH))).images))
+    # train.py's --color-jitter 0.4 (its default) --color-jitter-prob 0.8 --grayscale-prob 0.2
+    # --gaussian-blur-prob 0.5: timm's colour steps as recipe steps, the recipe object's pixels.
+    loader = create_loader(train, (3, SIZE, SIZE), BATCH, use_prefetcher=True, **{
+        **TRAIN, "color_jitter": 0.4, "color_jitter_prob": 0.8, "grayscale_prob": 0.2,
+        "gaussian_blur_prob": 0.5})
+    colour = loader.loader.dataset
+    R = shardkit.recipes
+    own = shardkit.ShardDataset(train.root, recipe=R.RandomResizedCrop(
+        SIZE, (0.08, 1.0), (3 / 4, 4 / 3), flip=0.5, then=[
+            R.ColorJitter(0.4, 0.4, 0.4, p=0.8), R.RandomGrayscale(0.2),
+            R.GaussianBlur(23, (0.1, 2.0), p=0.5)]))
+    torch.manual_seed(5)
+    got = colour.__getitems__(list(range(BATCH))).images.clone()
+    torch.manual_seed(5)
+    out["colour"] = [repr(colour.recipe) == repr(own.recipe), bool(torch.equal(
+        got, own.__getitems__(list(range(BATCH))).images)), bool(torch.equal(got, (
+            torch.manual_seed(5), ds.__getitems__(list(range(BATCH))).images)[1]))]
+    out["colour_batches"] = [list(images.shape) for _, (images, _) in zip(range(2), loader)]
     # --train-interpolation bicubic: v2's bicubic RandomResizedCrop, the recipe object's pixels.
     loader = create_loader(train, (3, SIZE, SIZE), BATCH, use_prefetcher=True,
                            **{**TRAIN, "interpolation": "bicubic"})
@@ -174,15 +192,16 @@ def main() -> None:
     # What the decode path cannot do is refused, naming train.py's flag.
     out["refused"] = {
         "color_jitter": refusal(lambda: create_loader(
-            train, SIZE, BATCH, **{**TRAIN, "color_jitter": 0.4})),
+            train, SIZE, BATCH, **{**TRAIN, "color_jitter": (0.4, 0.4)})),
         "interpolation": refusal(lambda: create_loader(
             train, SIZE, BATCH, **{**TRAIN, "interpolation": "random"})),
         "crop_pct": refusal(lambda: create_loader(val, SIZE, BATCH, **{**EVAL, "crop_pct": 0.95})),
         "vflip": refusal(lambda: create_loader(train, SIZE, BATCH, **{**TRAIN, "vflip": 0.5})),
-        # train.py's own defaults (--color-jitter 0.4, --train-interpolation random) and more:
-        # every one named in one message.
+        # train.py's own default --train-interpolation random and more: every one named in
+        # one message.
         "several": refusal(lambda: create_loader(train, SIZE, BATCH, **{
-            **TRAIN, "color_jitter": 0.4, "interpolation": "random", "vflip": 0.5})),
+            **TRAIN, "color_jitter": 0.4, "interpolation": "random", "vflip": 0.5,
+            "auto_augment": "rand-m9-mstd0.5"})),
         "several_eval": refusal(lambda: create_loader(val, SIZE, BATCH, **{
             **EVAL, "crop_pct": 0.95, "interpolation": "bilinear"})),
     }
