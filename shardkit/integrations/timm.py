@@ -223,6 +223,19 @@ def photometric_steps(o: dict[str, Any], refusals: Refusals) -> list:
     return steps
 
 
+def crop_pct_for(size: int, packed: int) -> float | None:
+    """The shortest decimal ``crop_pct`` with ``floor(size / crop_pct) == packed``, as timm
+    computes its resize: train.py's ``--crop-pct`` takes a decimal, and ``size / packed`` itself
+    can miss by a float rounding (``floor(14 / (14 / 25))`` is 24)."""
+    for digits in range(1, 10):
+        below = math.floor(size / packed * 10 ** digits)
+        for numerator in (below, below - 1):
+            value = round(numerator / 10 ** digits, digits)
+            if value > 0 and math.floor(size / value) == packed:
+                return value
+    return None
+
+
 def recipe_dataset(dataset: ShardDataset, size: int, o: dict[str, Any],
                    refusals: Refusals | None = None) -> ShardDataset:
     """``dataset`` cropping at decode as timm's transform for these options would; what it
@@ -250,10 +263,12 @@ def recipe_dataset(dataset: ShardDataset, size: int, o: dict[str, Any],
     crop_pct = 1.0 if o["is_training"] else (o["crop_pct"] or 0.875)
     resize = math.floor(size / crop_pct)
     if size and packed != resize:
+        matching = crop_pct_for(size, packed) if packed else None
         refusals.add("crop_pct", o["crop_pct"], f"needs images resized to {resize} (input size "
                      f"{size} / crop_pct {crop_pct}), but {dataset.root} was packed at "
-                     f"{packed or 'full size'}: pass crop_pct {size}/{packed or '?'} or pack it "
-                     f"with --size {resize}")
+                     f"{packed or 'full size'}: "
+                     + (f"pass crop_pct {matching} or " if matching else "")
+                     + f"pack it with --size {resize}")
     if not o["is_training"] and o["interpolation"] != "bicubic":
         refusals.add("interpolation", o["interpolation"], "pass 'bicubic' (the filter the store "
                      "was resized with when packed, anti-aliased bicubic)")

@@ -127,7 +127,9 @@ def test_timm_trains_evaluates_and_refuses_what_it_cannot_match(out, root):
         "color_jitter"]
     assert "--train-interpolation" in refused["interpolation"] and "'bilinear' or 'bicubic'" in \
         refused["interpolation"]
-    assert "--crop-pct" in refused["crop_pct"] and "--size 33" in refused["crop_pct"]
+    # a decimal train.py's --crop-pct takes, with floor(32 / crop_pct) = 36 as timm computes
+    assert "--crop-pct" in refused["crop_pct"] and refused["crop_pct"].endswith(
+        "pass crop_pct 0.88 or pack it with --size 33")
     assert "--vflip" in refused["vflip"]
     # Several at once: one message names each, with what to pass instead.
     assert refused["several"].startswith("shardkit.timm.create_loader cannot apply 3 ")
