@@ -62,7 +62,7 @@ FLAGS = {"vflip": "--vflip", "color_jitter": "--color-jitter", "auto_augment": "
          "crop_mode": "--crop-mode", "use_multi_epochs_loader": "--use-multi-epochs-loader",
          "worker_seeding": "--worker-seeding", "color_jitter_prob": "--color-jitter-prob",
          "grayscale_prob": "--grayscale-prob", "gaussian_blur_prob": "--gaussian-blur-prob",
-         "input_size_choices": "--train-img-sizes"}
+         "input_size_choices": "--train-img-sizes", "no_aug": "--no-aug"}
 # Arguments create_loader uses; every other one of timm's must keep timm's default.
 HANDLED = {"is_training", "no_aug", "scale", "ratio", "hflip", "interpolation", "mean", "std",
            "num_workers", "distributed", "crop_pct", "collate_fn", "pin_memory", "fp16",
@@ -262,7 +262,11 @@ def recipe_dataset(dataset: ShardDataset, size: int, o: dict[str, Any],
     # is the one the store was packed with (bicubic, anti-aliased).
     crop_pct = 1.0 if o["is_training"] else (o["crop_pct"] or 0.875)
     resize = math.floor(size / crop_pct)
-    if size and packed != resize:
+    if size and packed != resize and o["is_training"]:  # timm: Resize(size) + CenterCrop(size)
+        refusals.add("no_aug", o["no_aug"], f"needs the training images resized to {size}, but "
+                     f"{dataset.root} was packed at {packed or 'full size'}: pack it with "
+                     f"--size {size}")
+    elif size and packed != resize:
         matching = crop_pct_for(size, packed) if packed else None
         refusals.add("crop_pct", o["crop_pct"], f"needs images resized to {resize} (input size "
                      f"{size} / crop_pct {crop_pct}), but {dataset.root} was packed at "

@@ -131,6 +131,10 @@ def test_timm_trains_evaluates_and_refuses_what_it_cannot_match(out, root):
     assert "--crop-pct" in refused["crop_pct"] and refused["crop_pct"].endswith(
         "pass crop_pct 0.88 or pack it with --size 33")
     assert "--vflip" in refused["vflip"]
+    # --no-aug trains on Resize(32) + CenterCrop(32): a store packed at 32, whatever crop_pct
+    assert refused["no_aug"].endswith("no_aug=True (train.py --no-aug): needs the training "
+                                      "images resized to 32, but " + str(root / "train.lmdb")
+                                      + " was packed at 40: pack it with --size 32")
     # Several at once: one message names each, with what to pass instead.
     assert refused["several"].startswith("shardkit.timm.create_loader cannot apply 3 ")
     for named in ("auto_augment='rand-m9-mstd0.5' (train.py --aa)",

@@ -197,6 +197,7 @@ def main() -> None:
             train, SIZE, BATCH, **{**TRAIN, "interpolation": "random"})),
         "crop_pct": refusal(lambda: create_loader(val, SIZE, BATCH, **{**EVAL, "crop_pct": 0.95})),
         "vflip": refusal(lambda: create_loader(train, SIZE, BATCH, **{**TRAIN, "vflip": 0.5})),
+        "no_aug": refusal(lambda: create_loader(train, SIZE, BATCH, **{**TRAIN, "no_aug": True})),
         # train.py's own default --train-interpolation random and more: every one named in
         # one message.
         "several": refusal(lambda: create_loader(train, SIZE, BATCH, **{
