@@ -51,6 +51,8 @@ from ..read.sampler import ShardSampler
 NAME = "shardkit"
 TRAIN_SPLITS = ("train", "training")
 EVAL_SPLITS = ("validation", "val", "valid", "eval", "evaluation")
+#: timm's ``--train-interpolation random``: one of these per sample.
+RANDOM = ("bilinear", "bicubic")
 #: Picks the engine where create_loader's caller cannot pass ``engine=`` (timm's train.py).
 ENGINE_VARIABLE = "SHARDKIT_TIMM_ENGINE"
 
@@ -244,12 +246,14 @@ def recipe_dataset(dataset: ShardDataset, size: int, o: dict[str, Any],
     refusals = Refusals() if own else refusals
     packed = int(dataset.store.settings.get("size") or 0)
     if o["is_training"] and not o["no_aug"]:
-        interpolation = o["interpolation"]
-        if interpolation not in ("bilinear", "bicubic"):  # refused below or by the caller
+        # timm's RandomResizedCropAndInterpolation: 'random' draws one of bilinear and bicubic
+        # per sample, after the box
+        interpolation = RANDOM if o["interpolation"] == "random" else o["interpolation"]
+        if interpolation not in (*recipes.INTERPOLATIONS, RANDOM):  # refused below or by caller
             interpolation = "bilinear"
-            refusals.add("interpolation", o["interpolation"], "pass 'bilinear' or 'bicubic' "
-                         "(shardkit resizes as torchvision's RandomResizedCrop does, "
-                         "anti-aliased; timm's 'random' picks one per sample)")
+            refusals.add("interpolation", o["interpolation"], "pass 'random' (timm's default), "
+                         "'bilinear', 'bicubic' or 'nearest' (shardkit resizes as torchvision's "
+                         "RandomResizedCrop does, anti-aliased)")
         scale = o["scale"] if o["scale"] is not None else (0.08, 1.0)
         ratio = o["ratio"] if o["ratio"] is not None else (3.0 / 4.0, 4.0 / 3.0)
         steps = photometric_steps(o, refusals)

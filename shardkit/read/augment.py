@@ -168,9 +168,10 @@ class Recipe:
     reproduces them), or, for samples a ``ds.loader`` tagged (:mod:`.draws`), from a generator
     seeded per sample."""
 
-    #: The resize's interpolation, and the steps after the crop (``shardkit.recipes``): an
-    #: object whose ``draw(generator)`` makes their draws right after the flip's (None: none).
-    interpolation = "bilinear"
+    #: The resize's interpolation (a tuple: one drawn per sample after the box), and the steps
+    #: after the crop (``shardkit.recipes``): an object whose ``draw(generator)`` makes their
+    #: draws right after the flip's (None: none).
+    interpolation: str | tuple[str, ...] = "bilinear"
     then: Any = None
 
     def __init__(self, size: int | tuple[int, int], mode: str,
@@ -229,6 +230,9 @@ class Recipe:
         # without flip draws exactly what it drew before flip existed).
         p = self._flip32 if self.flip > 0 or self.always_draw_flip else None
         then, interpolation = self.then, self.interpolation
+        # several: one per sample, ``random.choice`` as timm draws it after the box, here from
+        # the sample's torch stream (``torch.randint(0, n, (1,))``)
+        choices = interpolation if isinstance(interpolation, tuple) else None
         plans = []
         for k, (height, width) in enumerate(sizes):
             if reseed is not None:
@@ -252,6 +256,8 @@ class Recipe:
                 top, left = (codec.center_origin(height, width, size) if mode == "center"
                              else codec.random_origin(height, width, size, DRAWS))
                 h = w = size
+            if choices is not None:
+                interpolation = choices[randint(0, len(choices)).item()]
             flip = p is not None and not uniform(0, 1).item() >= p
             dct = (dct_factor(h, w, out_h, out_w)
                    if dct_scale and h >= 2 * out_h and w >= 2 * out_w else 1)

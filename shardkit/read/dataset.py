@@ -225,18 +225,17 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
     def with_recipe(self, crop: int, crop_mode: codec.CropMode = "center",
                     scale: Sequence[float] = (0.08, 1.0),
                     ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0), flip: float = 0.0,
-                    dct_scale: bool = False, interpolation: str = "bilinear",
+                    dct_scale: bool = False, interpolation: Any = "bilinear",
                     then: Sequence[Any] = ()) -> "ShardDataset":
         """This dataset (same store, output, options), cropping at decode with another recipe:
         what ``ShardDataset(path, crop=crop, crop_mode=..., ...)`` with the same other arguments
         gives (``interpolation`` and ``then``: a random-resized crop's, as in
         ``RandomResizedCrop``). The copy shares the store's handles (``close()`` on either
         closes both)."""
-        if interpolation != "bilinear" and (crop_mode != "random_resized" or interpolation
-                                            not in recipes.INTERPOLATIONS):
-            raise OptionError(f"with_recipe: interpolation is a random-resized crop's, one of "
-                              f"{recipes.INTERPOLATIONS}; got {interpolation!r} with crop_mode="
-                              f"{crop_mode!r}")
+        interpolation = recipes.check_interpolation(interpolation, "with_recipe")
+        if interpolation != "bilinear" and crop_mode != "random_resized":
+            raise OptionError(f"with_recipe: interpolation is a random-resized crop's; got "
+                              f"{interpolation!r} with crop_mode={crop_mode!r}")
         if self._transform is not None:
             raise OptionError("with_recipe: this dataset has a transform; a decode crop under it "
                               "would crop before the transform does (create one without)")

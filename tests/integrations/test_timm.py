@@ -20,8 +20,8 @@ TESTS = Path(__file__).resolve().parents[1]
 IMAGES, CLASSES = 48, 4
 
 # The keyword arguments timm's train.py passes to create_dataset / create_loader, read from its
-# source (train.py ships in neither timm's wheel nor its sdist) with train.py's defaults and the
-# documented flags --dataset shardkit --train-interpolation bilinear
+# source (train.py ships in neither timm's wheel nor its sdist) with train.py's defaults (its
+# --train-interpolation random among them) and the documented flags --dataset shardkit
 # --interpolation bicubic --crop-pct 0.875 --input-size 3 32 32 (224 in the docs), --device cpu
 # and a resnet (data_config: ImageNet mean/std). The calls are the same at every release from
 # v1.0.20 (234907eca5d801a369b536e001ec0b45d8ec9d60) to v1.0.28
@@ -44,7 +44,7 @@ TRAIN_PY_TRAIN_LOADER = dict(
     is_training=True, no_aug=False, re_prob=0.0, re_mode="pixel", re_count=1, re_split=False,
     train_crop_mode=None, scale=[0.08, 1.0], ratio=[3 / 4, 4 / 3], hflip=0.5, vflip=0.0,
     color_jitter=0.4, color_jitter_prob=None, grayscale_prob=None, gaussian_blur_prob=None,
-    auto_augment=None, num_aug_repeats=0, num_aug_splits=0, interpolation="bilinear",
+    auto_augment=None, num_aug_repeats=0, num_aug_splits=0, interpolation="random",
     num_workers=4, worker_seeding="all", **TRAIN_PY_COMMON)
 TRAIN_PY_SCHEDULE = dict(  # main aa4b585 (1.0.29.dev0) on; timm 1.0.31 takes them
     input_size_choices=None, batch_size_choices=None, batch_choice_weights=None,
@@ -116,6 +116,10 @@ def test_timm_trains_evaluates_and_refuses_what_it_cannot_match(out, root):
     # recipe's steps, its pixels, in batches from the prefetcher
     assert out["colour"] == [True, True, False]
     assert out["colour_batches"] == [[8, 3, 32, 32]] * 2
+    # --train-interpolation random (train.py's default): bilinear or bicubic per sample, the
+    # recipe's pixels, neither the bilinear-only nor the bicubic-only ones
+    assert out["random"] == [True, True, False, False]
+    assert out["random_batches"] == [[8, 3, 32, 32]] * 2
     for run in ("prefetch_steps", "plain_steps"):
         assert len(out[run]) == 3
         for step in out[run]:
@@ -125,8 +129,8 @@ def test_timm_trains_evaluates_and_refuses_what_it_cannot_match(out, root):
     refused = out["refused"]
     assert "--color-jitter" in refused["color_jitter"] and "3 or 4 factors" in refused[
         "color_jitter"]
-    assert "--train-interpolation" in refused["interpolation"] and "'bilinear' or 'bicubic'" in \
-        refused["interpolation"]
+    assert "interpolation='lanczos' (train.py --train-interpolation / --interpolation): pass " \
+        "'random' (timm's default), 'bilinear', 'bicubic' or 'nearest'" in refused["interpolation"]
     # a decimal train.py's --crop-pct takes, with floor(32 / crop_pct) = 36 as timm computes
     assert "--crop-pct" in refused["crop_pct"] and refused["crop_pct"].endswith(
         "pass crop_pct 0.88 or pack it with --size 33")
@@ -138,8 +142,8 @@ def test_timm_trains_evaluates_and_refuses_what_it_cannot_match(out, root):
     # Several at once: one message names each, with what to pass instead.
     assert refused["several"].startswith("shardkit.timm.create_loader cannot apply 3 ")
     for named in ("auto_augment='rand-m9-mstd0.5' (train.py --aa)",
-                  "interpolation='random' (train.py --train-interpolation / --interpolation): "
-                  "pass 'bilinear'", "vflip=0.5 (train.py --vflip): pass timm's default 0.0"):
+                  "interpolation='lanczos' (train.py --train-interpolation / --interpolation): "
+                  "pass 'random'", "vflip=0.5 (train.py --vflip): pass timm's default 0.0"):
         assert named in refused["several"], refused["several"]
     assert "cannot apply 2 " in refused["several_eval"]
     assert "crop_pct=0.95 (train.py --crop-pct): needs images resized to 33" in refused[

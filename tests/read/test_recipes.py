@@ -7,6 +7,7 @@ torchvision v2's are checked in ``test_recipes_tv.py``."""
 from __future__ import annotations
 
 import enum
+import re
 
 import pytest
 import torch
@@ -117,6 +118,15 @@ def test_options_build_a_recipe_and_a_conflicting_option_is_refused(store):
         == R.RandomResizedCrop(16, interpolation="bicubic")
     with pytest.raises(OptionError, match="interpolation must be one of"):
         R.RandomResizedCrop(16, interpolation=mode.LANCZOS)
+    # a sequence of them draws one per sample (timm's 'random'); a sequence of one is that one
+    assert R.RandomResizedCrop(16, interpolation=[mode.BICUBIC, "bilinear"]).interpolation == (
+        "bicubic", "bilinear")
+    assert R.RandomResizedCrop(16, interpolation=["nearest"]) == R.RandomResizedCrop(
+        16, interpolation="nearest")
+    for bad in (("bilinear", "lanczos"), ()):
+        with pytest.raises(OptionError, match=r"^RandomResizedCrop interpolation must be one of "
+                                              rf".* got {re.escape(repr(bad))}$"):
+            R.RandomResizedCrop(16, interpolation=bad)
     assert hash(R.ColorJitter(brightness=[0.5, 1.5])) == hash(R.ColorJitter(brightness=(0.5, 1.5)))
     # v2's sizes as sequences: one side is square, a square kernel is its side
     assert R.CenterCrop([16]) == R.CenterCrop(16) and R.RandomCrop((16, 16)) == R.RandomCrop(16)

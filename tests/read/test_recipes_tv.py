@@ -16,7 +16,8 @@ from helpers import run_program
 import shardkit
 from shardkit.bench.sample import photo_like
 
-CASES = ["whole", "center", "random", "rrc_bicubic", "rrc_nearest", "views", "dino"]
+CASES = ["whole", "center", "random", "rrc_bicubic", "rrc_nearest", "rrc_random", "views",
+         "dino"]
 
 
 @pytest.fixture(scope="module")
@@ -55,4 +56,7 @@ def test_recipe_equals_torchvision_v2_on_every_read_path(probe, case):
     else:  # eight distinct draw streams on each loader path
         assert probe[case].pop("streams") == {"workers": seeds, "threads": seeds,
                                                "resume": seeds}
+    if case == "rrc_random":  # the reference drew both interpolations, about equally
+        bilinear, bicubic = probe[case].pop("picks")
+        assert min(bilinear, bicubic) > 0.4 * (bilinear + bicubic), (bilinear, bicubic)
     assert probe[case] == expected

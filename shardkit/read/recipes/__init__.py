@@ -23,7 +23,8 @@ import torch
 from ... import codec
 from ...errors import OptionError
 from .. import augment
-from .crops import CROPS, INTERPOLATIONS, CenterCrop, RandomCrop, RandomResizedCrop, Views, Whole
+from .crops import (CROPS, INTERPOLATIONS, CenterCrop, RandomCrop, RandomResizedCrop, Views,
+                    Whole, check_interpolation)
 from .dino import dino
 from .normalize import Normalize
 from .photometric import ColorJitter, GaussianBlur, RandomGrayscale, RandomSolarize

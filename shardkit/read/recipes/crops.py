@@ -25,12 +25,26 @@ _DEFAULT_SCALE, _DEFAULT_RATIO = (0.08, 1.0), (3.0 / 4.0, 4.0 / 3.0)
 
 
 class Part(NamedTuple):
-    """What a crop adds to its decode-time draws: the resize's interpolation, whether its flip
-    step draws (v2's ``RandomHorizontalFlip`` draws even at 0), and its steps."""
+    """What a crop adds to its decode-time draws: the resize's interpolation (a tuple: one drawn
+    per sample), whether its flip step draws (v2's ``RandomHorizontalFlip`` draws even at 0), and
+    its steps."""
 
-    interpolation: str
+    interpolation: str | tuple[str, ...]
     draw_flip: bool
     then: Then | None
+
+
+def check_interpolation(value: Any, owner: str) -> str | tuple[str, ...]:
+    """A resize's interpolation as its name (torchvision's ``InterpolationMode`` is an Enum of
+    these names), or a sequence of them as a tuple (one of a single name: that name)."""
+    many = isinstance(value, (list, tuple))
+    names = [getattr(v, "value", v) if isinstance(v, enum.Enum) else v
+             for v in (value if many else [value])]
+    if not names or not all(isinstance(n, str) and n in INTERPOLATIONS for n in names):
+        raise OptionError(f"{owner} interpolation must be one of {INTERPOLATIONS} (or "
+                          f"torchvision's InterpolationMode of one), or a sequence of them to "
+                          f"draw one per sample from; got {value!r}")
+    return tuple(names) if many and len(names) > 1 else names[0]
 
 
 def _side(value: Any, owner: str) -> int:
@@ -120,8 +134,9 @@ class RandomCrop(_Crop):
 class RandomResizedCrop(_Crop):
     """v2's ``RandomResizedCrop(size, scale, ratio, interpolation, antialias=True)``.
     ``interpolation``: ``"bilinear"``, ``"bicubic"`` or ``"nearest"`` (or v2's
-    ``InterpolationMode`` of one). ``size``: an int, or
-    (height, width) inside ``Views``."""
+    ``InterpolationMode`` of one), or a sequence of them: one drawn per sample, uniformly, right
+    after the box (timm's ``RandomResizedCropAndInterpolation``; its ``random`` is
+    ``("bilinear", "bicubic")``). ``size``: an int, or (height, width) inside ``Views``."""
 
     size: Any
     scale: Sequence[float] = _DEFAULT_SCALE
@@ -131,14 +146,8 @@ class RandomResizedCrop(_Crop):
     then: Sequence[Any] = ()
 
     def __post_init__(self) -> None:
-        # torchvision's InterpolationMode is an Enum of these names: kept as its name
-        interpolation = getattr(self.interpolation, "value", self.interpolation) \
-            if isinstance(self.interpolation, enum.Enum) else self.interpolation
-        if interpolation not in INTERPOLATIONS:
-            raise OptionError(f"RandomResizedCrop interpolation must be one of "
-                              f"{INTERPOLATIONS} (or torchvision's InterpolationMode of one), "
-                              f"got {self.interpolation!r}")
-        object.__setattr__(self, "interpolation", interpolation)
+        object.__setattr__(self, "interpolation",
+                           check_interpolation(self.interpolation, "RandomResizedCrop"))
         size, scale, ratio = check_box(self.size, self.scale, self.ratio, "RandomResizedCrop")
         object.__setattr__(self, "size", size)
         object.__setattr__(self, "scale", scale)

@@ -30,7 +30,7 @@ from shardkit.timm import create_dataset, create_loader
 SIZE, BATCH = 32, 8
 MEAN, STD = timm.data.IMAGENET_DEFAULT_MEAN, timm.data.IMAGENET_DEFAULT_STD
 # What train.py passes with `--color-jitter 0 --train-interpolation bilinear` (the others: its
-# defaults), on CPU.
+# defaults), on CPU: one filter, so that other recipes' pixels can be told from it.
 TRAIN = dict(is_training=True, no_aug=False, re_prob=0.25, re_mode="pixel", re_count=1,
              re_split=False, scale=[0.08, 1.0], ratio=[3 / 4, 4 / 3], hflip=0.5, vflip=0.0,
              color_jitter=0.0, auto_augment=None, num_aug_repeats=0, num_aug_splits=0,
@@ -177,6 +177,22 @@ def main() -> None:
         got, own.__getitems__(list(range(BATCH))).images)), bool(torch.equal(got, (
             torch.manual_seed(5), ds.__getitems__(list(range(BATCH))).images)[1]))]
 
+    # train.py's default --train-interpolation random: bilinear or bicubic per sample, timm's
+    # RandomResizedCropAndInterpolation; the recipe object's pixels, neither single filter's.
+    loader = create_loader(train, (3, SIZE, SIZE), BATCH, use_prefetcher=True,
+                           **{**TRAIN, "interpolation": "random"})
+    mixed = loader.loader.dataset
+    own = shardkit.ShardDataset(train.root, recipe=shardkit.recipes.RandomResizedCrop(
+        SIZE, (0.08, 1.0), (3 / 4, 4 / 3), flip=0.5, interpolation=("bilinear", "bicubic")))
+    torch.manual_seed(5)
+    got = mixed.__getitems__(list(range(BATCH))).images.clone()
+    torch.manual_seed(5)
+    out["random"] = [repr(mixed.recipe) == repr(own.recipe), bool(torch.equal(
+        got, own.__getitems__(list(range(BATCH))).images))] + [bool(torch.equal(got, (
+            torch.manual_seed(5), single.__getitems__(list(range(BATCH))).images)[1]))
+            for single in (ds, bicubic)]
+    out["random_batches"] = [list(images.shape) for _, (images, _) in zip(range(2), loader)]
+
     # --no-prefetcher: normalised float batches the model takes directly, mixup on them.
     loader = create_loader(train, (3, SIZE, SIZE), BATCH, use_prefetcher=False,
                            **{**TRAIN, "re_prob": 0.0})
@@ -194,14 +210,13 @@ def main() -> None:
         "color_jitter": refusal(lambda: create_loader(
             train, SIZE, BATCH, **{**TRAIN, "color_jitter": (0.4, 0.4)})),
         "interpolation": refusal(lambda: create_loader(
-            train, SIZE, BATCH, **{**TRAIN, "interpolation": "random"})),
+            train, SIZE, BATCH, **{**TRAIN, "interpolation": "lanczos"})),
         "crop_pct": refusal(lambda: create_loader(val, SIZE, BATCH, **{**EVAL, "crop_pct": 0.95})),
         "vflip": refusal(lambda: create_loader(train, SIZE, BATCH, **{**TRAIN, "vflip": 0.5})),
         "no_aug": refusal(lambda: create_loader(train, SIZE, BATCH, **{**TRAIN, "no_aug": True})),
-        # train.py's own default --train-interpolation random and more: every one named in
-        # one message.
+        # several: every one named in one message.
         "several": refusal(lambda: create_loader(train, SIZE, BATCH, **{
-            **TRAIN, "color_jitter": 0.4, "interpolation": "random", "vflip": 0.5,
+            **TRAIN, "color_jitter": 0.4, "interpolation": "lanczos", "vflip": 0.5,
             "auto_augment": "rand-m9-mstd0.5"})),
         "several_eval": refusal(lambda: create_loader(val, SIZE, BATCH, **{
             **EVAL, "crop_pct": 0.95, "interpolation": "bilinear"})),

@@ -45,6 +45,30 @@ def tv_steps(then: list) -> list:
     return out
 
 
+PICKS: dict = {}  # how often the reference drew each interpolation
+
+
+class RandomResizedCropAndInterpolation(v2.RandomResizedCrop):
+    """timm's transform of that name in v2's terms: the box, then one of the interpolations
+    (``torch.randint`` in place of timm's ``random.choice``), then v2's anti-aliased resize."""
+
+    def __init__(self, size, scale, ratio, interpolations) -> None:
+        super().__init__(size, scale, ratio, antialias=True)
+        self.interpolations = [I(i) for i in interpolations]
+
+    def make_params(self, flat_inputs):
+        params = super().make_params(flat_inputs)
+        pick = int(torch.randint(0, len(self.interpolations), (1,)))
+        PICKS[pick] = PICKS.get(pick, 0) + 1
+        return {**params, "interpolation": self.interpolations[pick]}
+
+    def transform(self, inpt, params):
+        params = dict(params)
+        interpolation = params.pop("interpolation")
+        return v2.functional.resized_crop(inpt, **params, size=self.size,
+                                          interpolation=interpolation, antialias=True)
+
+
 def tv_crop(c) -> v2.Compose:
     """v2's pipeline for one shardkit crop recipe."""
     if isinstance(c, shardkit.View):  # v2's RandomResizedCrop then RandomHorizontalFlip
@@ -54,6 +78,8 @@ def tv_crop(c) -> v2.Compose:
         first = [v2.CenterCrop(c.size)]
     elif isinstance(c, R.RandomCrop):
         first = [v2.RandomCrop(c.size)]
+    elif isinstance(c, R.RandomResizedCrop) and isinstance(c.interpolation, tuple):
+        first = [RandomResizedCropAndInterpolation(c.size, c.scale, c.ratio, c.interpolation)]
     elif isinstance(c, R.RandomResizedCrop):
         first = [v2.RandomResizedCrop(c.size, c.scale, c.ratio, interpolation=I(c.interpolation),
                                       antialias=True)]
@@ -73,6 +99,8 @@ CASES = {
                                        then=[R.ColorJitter(*JITTER), R.Normalize()]),
     "rrc_nearest": R.RandomResizedCrop(44, interpolation="nearest", then=[
         R.ColorJitter(brightness=(0.5, 1.5), hue=0.3, p=0.6), R.GaussianBlur(3, 1.0)]),
+    # timm's --train-interpolation random: bilinear or bicubic, one per sample
+    "rrc_random": R.RandomResizedCrop(36, flip=0.5, interpolation=("bilinear", "bicubic")),
     "views": R.Views([R.RandomResizedCrop((40, 24), (0.2, 1.0), then=[R.RandomGrayscale(0.5)]),
                       shardkit.View(32, flip=1.0)]),
     "dino": R.dino(local_crops_number=2, global_size=64, local_size=32),
@@ -159,6 +187,9 @@ def probe_recipe(path: str, full: ShardDataset, recipe) -> dict:
             check("resume", got, draws, first=BATCH)
         out["streams"] = {k: len(v) for k, v in streams.items()}
     out.update({k: [t.samples, t.differing] for k, t in tallies.items()})
+    if PICKS:
+        out["picks"] = [PICKS.get(i, 0) for i in range(2)]
+        PICKS.clear()
     ds.close()
     return out
 
