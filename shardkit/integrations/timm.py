@@ -277,9 +277,14 @@ def recipe_dataset(dataset: ShardDataset, size: int, o: dict[str, Any],
                      f"{packed or 'full size'}: "
                      + (f"pass crop_pct {matching} or " if matching else "")
                      + f"pack it with --size {resize}")
-    if not o["is_training"] and o["interpolation"] != "bicubic":
+    # timm's Resize: the evaluation interpolation, or under no_aug the training one ('random'
+    # is bilinear there); the store's is the packer's
+    resized_with = "bilinear" if o["interpolation"] == "random" and o["is_training"] \
+        else o["interpolation"]
+    if resized_with != "bicubic":
         refusals.add("interpolation", o["interpolation"], "pass 'bicubic' (the filter the store "
-                     "was resized with when packed, anti-aliased bicubic)")
+                     "was resized with when packed, anti-aliased bicubic"
+                     + (", which --no-aug's Resize must use)" if o["is_training"] else ")"))
     if own:
         refusals.raise_any()
     return dataset.with_recipe(size, "center")

@@ -139,6 +139,11 @@ def test_timm_trains_evaluates_and_refuses_what_it_cannot_match(out, root):
     assert refused["no_aug"].endswith("no_aug=True (train.py --no-aug): needs the training "
                                       "images resized to 32, but " + str(root / "train.lmdb")
                                       + " was packed at 40: pack it with --size 32")
+    assert refused["no_aug_random"].endswith(
+        "interpolation='random' (train.py --train-interpolation / --interpolation): pass "
+        "'bicubic' (the filter the store was resized with when packed, anti-aliased bicubic, "
+        "which --no-aug's Resize must use)") and "cannot apply 1 " in refused["no_aug_random"]
+    assert out["no_aug"] == [40, "center", [[8, 3, 40, 40]]]
     # Several at once: one message names each, with what to pass instead.
     assert refused["several"].startswith("shardkit.timm.create_loader cannot apply 3 ")
     for named in ("auto_augment='rand-m9-mstd0.5' (train.py --aa)",

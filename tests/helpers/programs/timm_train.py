@@ -213,7 +213,12 @@ def main() -> None:
             train, SIZE, BATCH, **{**TRAIN, "interpolation": "lanczos"})),
         "crop_pct": refusal(lambda: create_loader(val, SIZE, BATCH, **{**EVAL, "crop_pct": 0.95})),
         "vflip": refusal(lambda: create_loader(train, SIZE, BATCH, **{**TRAIN, "vflip": 0.5})),
-        "no_aug": refusal(lambda: create_loader(train, SIZE, BATCH, **{**TRAIN, "no_aug": True})),
+        "no_aug": refusal(lambda: create_loader(train, SIZE, BATCH, **{
+            **TRAIN, "no_aug": True, "interpolation": "bicubic"})),
+        # --no-aug's Resize takes the training interpolation ('random': bilinear), the store's
+        # is bicubic: refused on a store packed at the input size (40) too
+        "no_aug_random": refusal(lambda: create_loader(train, 40, BATCH, **{
+            **TRAIN, "no_aug": True, "interpolation": "random"})),
         # several: every one named in one message.
         "several": refusal(lambda: create_loader(train, SIZE, BATCH, **{
             **TRAIN, "color_jitter": 0.4, "interpolation": "lanczos", "vflip": 0.5,
@@ -225,6 +230,12 @@ def main() -> None:
     cropping = shardkit.ShardDataset(train.root, crop=SIZE, crop_mode="random_resized")
     out["double_crop"] = refusal(lambda: timm.data.create_loader(
         cropping, (3, SIZE, SIZE), BATCH, is_training=True, device=torch.device("cpu")))
+
+    # --no-aug --train-interpolation bicubic at the packed size: the centre crop of the store.
+    loader = create_loader(train, (3, 40, 40), BATCH, use_prefetcher=True, **{
+        **TRAIN, "no_aug": True, "interpolation": "bicubic"})
+    out["no_aug"] = [loader.loader.dataset.crop, loader.loader.dataset.crop_mode,
+                     [list(images.shape) for _, (images, _) in zip(range(1), loader)]]
 
     # Under DDP (one gloo rank here) the training loader draws from a ShardSampler.
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
