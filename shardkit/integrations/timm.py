@@ -284,7 +284,8 @@ def recipe_dataset(dataset: ShardDataset, size: int, o: dict[str, Any],
     if resized_with != "bicubic":
         refusals.add("interpolation", o["interpolation"], "pass 'bicubic' (the filter the store "
                      "was resized with when packed, anti-aliased bicubic"
-                     + (", which --no-aug's Resize must use)" if o["is_training"] else ")"))
+                     + (", which --no-aug's Resize must use; under --no-aug train.py passes "
+                        "--interpolation, else the model's default)" if o["is_training"] else ")"))
     if own:
         refusals.raise_any()
     return dataset.with_recipe(size, "center")

@@ -142,7 +142,8 @@ def test_timm_trains_evaluates_and_refuses_what_it_cannot_match(out, root):
     assert refused["no_aug_random"].endswith(
         "interpolation='random' (train.py --train-interpolation / --interpolation): pass "
         "'bicubic' (the filter the store was resized with when packed, anti-aliased bicubic, "
-        "which --no-aug's Resize must use)") and "cannot apply 1 " in refused["no_aug_random"]
+        "which --no-aug's Resize must use; under --no-aug train.py passes --interpolation, else "
+        "the model's default)") and "cannot apply 1 " in refused["no_aug_random"]
     assert out["no_aug"] == [40, "center", [[8, 3, 40, 40]]]
     # Several at once: one message names each, with what to pass instead.
     assert refused["several"].startswith("shardkit.timm.create_loader cannot apply 3 ")
