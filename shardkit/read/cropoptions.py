@@ -12,10 +12,6 @@ from .. import codec
 from ..errors import OptionError
 from . import augment, recipes
 
-SCALE = (0.08, 1.0)
-RATIO = (3.0 / 4.0, 4.0 / 3.0)
-
-
 class CropOptions(NamedTuple):
     """The checked options (``views`` checked into a tuple of ``View``, ``crop`` an int)."""
 
@@ -25,14 +21,6 @@ class CropOptions(NamedTuple):
     ratio: Sequence[float]
     flip: float
     views: tuple | None
-
-
-def is_default(value: Any, default: tuple[float, float]) -> bool:
-    """``value`` is the pair ``default`` (a list or tuple of the same numbers)."""
-    try:
-        return tuple(value) == default
-    except TypeError:
-        return False
 
 
 def check(recipe: Any, output: str, crop: Any, crop_mode: Any, scale: Any, ratio: Any,
@@ -63,12 +51,14 @@ def check(recipe: Any, output: str, crop: Any, crop_mode: Any, scale: Any, ratio
     if views is not None:
         views = augment.check_views(views)
         if crop is not None or crop_mode != "center" or flip or output == "bytes" \
-                or not is_default(scale, SCALE) or not is_default(ratio, RATIO):
+                or not recipes.is_default(scale, recipes.SCALE) \
+                or not recipes.is_default(ratio, recipes.RATIO):
             raise OptionError("views cannot be used with crop, crop_mode, scale, ratio, "
                               "flip (each View has its own) or output='bytes'")
     elif crop_mode != "random_resized":  # another crop would ignore them
-        for name, value, default in (("scale", scale, SCALE), ("ratio", ratio, RATIO)):
-            if not is_default(value, default):
+        for name, value, default in (("scale", scale, recipes.SCALE),
+                                     ("ratio", ratio, recipes.RATIO)):
+            if not recipes.is_default(value, default):
                 raise OptionError(f"{name} is the random-resized crop's: it needs crop_mode="
                                   f"'random_resized', got crop_mode={crop_mode!r} "
                                   f"({name}={value!r})")

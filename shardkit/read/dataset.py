@@ -236,6 +236,9 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
         if interpolation != "bilinear" and crop_mode != "random_resized":
             raise OptionError(f"with_recipe: interpolation is a random-resized crop's; got "
                               f"{interpolation!r} with crop_mode={crop_mode!r}")
+        if then and crop_mode != "random_resized":
+            raise OptionError(f"with_recipe: then is a random-resized crop's steps here, got "
+                              f"crop_mode={crop_mode!r}")
         if self._transform is not None:
             raise OptionError("with_recipe: this dataset has a transform; a decode crop under it "
                               "would crop before the transform does (create one without)")
@@ -253,9 +256,6 @@ class ShardDataset(Items, StoreAttributes, OpenedInWorkers, Dataset):
                               "with the recipe you want")
         twin = copy.copy(self)
         twin.crop, twin.crop_mode, twin.flip = crop, crop_mode, flip
-        if then and crop_mode != "random_resized":
-            raise OptionError(f"with_recipe: then is a random-resized crop's steps here, got "
-                              f"crop_mode={crop_mode!r}")
         twin._set_recipes(augment.recipe(crop, crop_mode, scale, ratio, flip, dct_scale), None,
                           dct_scale)
         twin.recipe = recipes.from_flags(crop, crop_mode, scale, ratio, flip, None)

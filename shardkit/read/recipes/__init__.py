@@ -23,8 +23,8 @@ import torch
 from ... import codec
 from ...errors import OptionError
 from .. import augment
-from .crops import (CROPS, INTERPOLATIONS, CenterCrop, RandomCrop, RandomResizedCrop, Views,
-                    Whole, check_interpolation)
+from .crops import (CROPS, INTERPOLATIONS, RATIO, SCALE, CenterCrop, RandomCrop,
+                    RandomResizedCrop, Views, Whole, check_interpolation)
 from .dino import dino
 from .normalize import Normalize
 from .photometric import ColorJitter, GaussianBlur, RandomGrayscale, RandomSolarize
@@ -35,12 +35,12 @@ __all__ = ["Whole", "CenterCrop", "RandomCrop", "RandomResizedCrop", "Views", "C
 
 View = augment.View
 
-_FLAG_DEFAULTS = {"crop": None, "crop_mode": "center", "scale": (0.08, 1.0),
-                  "ratio": (3.0 / 4.0, 4.0 / 3.0), "flip": 0.0, "views": None}
+_FLAG_DEFAULTS = {"crop": None, "crop_mode": "center", "scale": SCALE, "ratio": RATIO,
+                  "flip": 0.0, "views": None}
 
 
-def _is_default(name: str, value: Any) -> bool:
-    default = _FLAG_DEFAULTS[name]
+def is_default(value: Any, default: Any) -> bool:
+    """``value`` is ``default``: for a pair, a list or tuple of the same numbers."""
     if isinstance(default, tuple):
         try:
             return tuple(value) == default
@@ -55,7 +55,8 @@ def resolve(recipe: Any, flags: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(recipe, CROPS):
         raise OptionError("recipe must be one of shardkit.recipes' Whole, CenterCrop, RandomCrop, "
                           f"RandomResizedCrop, Views (or dino(...)), got {recipe!r}")
-    given = [name for name, value in flags.items() if not _is_default(name, value)]
+    given = [name for name, value in flags.items()
+             if not is_default(value, _FLAG_DEFAULTS[name])]
     if given:
         raise OptionError(f"recipe and {given[0]} both say how to crop: pass "
                           f"{type(recipe).__name__}(...) alone, or the options without recipe")

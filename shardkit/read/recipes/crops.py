@@ -21,7 +21,8 @@ from ..augment import View, check_box
 from .steps import Then, check_then
 
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
-_DEFAULT_SCALE, _DEFAULT_RATIO = (0.08, 1.0), (3.0 / 4.0, 4.0 / 3.0)
+#: ``RandomResizedCrop``'s (and v2's) default scale and ratio ranges.
+SCALE, RATIO = (0.08, 1.0), (3.0 / 4.0, 4.0 / 3.0)
 
 
 class Part(NamedTuple):
@@ -139,8 +140,8 @@ class RandomResizedCrop(_Crop):
     ``("bilinear", "bicubic")``). ``size``: an int, or (height, width) inside ``Views``."""
 
     size: Any
-    scale: Sequence[float] = _DEFAULT_SCALE
-    ratio: Sequence[float] = _DEFAULT_RATIO
+    scale: Sequence[float] = SCALE
+    ratio: Sequence[float] = RATIO
     flip: float | None = None
     interpolation: str = "bilinear"
     then: Sequence[Any] = ()
