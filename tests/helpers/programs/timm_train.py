@@ -59,6 +59,22 @@ def steps(model, loader, loss_fn, mixup_fn=None, n=3) -> list[dict]:
     return seen
 
 
+def seeded_batch(ds) -> torch.Tensor:
+    """The first ``BATCH`` samples of ``ds`` in one batch, drawn after ``torch.manual_seed(5)``."""
+    torch.manual_seed(5)
+    return ds.__getitems__(list(range(BATCH))).images.clone()
+
+
+def recipe_check(made, recipe, *others) -> list[bool]:
+    """``made`` (a dataset create_loader built) against ``ShardDataset(recipe=recipe)`` on the
+    same store: the same recipe, the same pixels under one seed; then whether its pixels equal
+    each of ``others``' (datasets of another recipe: expected False)."""
+    own = shardkit.ShardDataset(made.root, recipe=recipe)
+    got = seeded_batch(made)
+    return [repr(made.recipe) == repr(own.recipe), bool(torch.equal(got, seeded_batch(own)))] \
+        + [bool(torch.equal(got, seeded_batch(other))) for other in others]
+
+
 def refusal(call) -> str:
     try:
         call()
@@ -142,55 +158,32 @@ def main() -> None:
     # The decode recipe is ShardDataset's own with timm's numbers: same seed, same pixels.
     own = shardkit.ShardDataset(train.root, crop=SIZE, crop_mode="random_resized",
                                 scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5)
-    torch.manual_seed(5)
-    got = ds.__getitems__(list(range(BATCH))).images.clone()
-    torch.manual_seed(5)
-    out["same_pixels"] = bool(torch.equal(got, own.__getitems__(list(range(BATCH))).images))
+    out["same_pixels"] = bool(torch.equal(seeded_batch(ds), seeded_batch(own)))
+    R = shardkit.recipes
     # train.py's --color-jitter 0.4 (its default) --color-jitter-prob 0.8 --grayscale-prob 0.2
     # --gaussian-blur-prob 0.5: timm's colour steps as recipe steps, the recipe object's pixels.
     loader = create_loader(train, (3, SIZE, SIZE), BATCH, use_prefetcher=True, **{
         **TRAIN, "color_jitter": 0.4, "color_jitter_prob": 0.8, "grayscale_prob": 0.2,
         "gaussian_blur_prob": 0.5})
-    colour = loader.loader.dataset
-    R = shardkit.recipes
-    own = shardkit.ShardDataset(train.root, recipe=R.RandomResizedCrop(
+    out["colour"] = recipe_check(loader.loader.dataset, R.RandomResizedCrop(
         SIZE, (0.08, 1.0), (3 / 4, 4 / 3), flip=0.5, then=[
             R.ColorJitter(0.4, 0.4, 0.4, p=0.8), R.RandomGrayscale(0.2),
-            R.GaussianBlur(23, (0.1, 2.0), p=0.5)]))
-    torch.manual_seed(5)
-    got = colour.__getitems__(list(range(BATCH))).images.clone()
-    torch.manual_seed(5)
-    out["colour"] = [repr(colour.recipe) == repr(own.recipe), bool(torch.equal(
-        got, own.__getitems__(list(range(BATCH))).images)), bool(torch.equal(got, (
-            torch.manual_seed(5), ds.__getitems__(list(range(BATCH))).images)[1]))]
+            R.GaussianBlur(23, (0.1, 2.0), p=0.5)]), ds)
     out["colour_batches"] = [list(images.shape) for _, (images, _) in zip(range(2), loader)]
     # --train-interpolation bicubic: v2's bicubic RandomResizedCrop, the recipe object's pixels.
     loader = create_loader(train, (3, SIZE, SIZE), BATCH, use_prefetcher=True,
                            **{**TRAIN, "interpolation": "bicubic"})
     bicubic = loader.loader.dataset
-    own = shardkit.ShardDataset(train.root, recipe=shardkit.recipes.RandomResizedCrop(
-        SIZE, (0.08, 1.0), (3 / 4, 4 / 3), flip=0.5, interpolation="bicubic"))
-    torch.manual_seed(5)
-    got = bicubic.__getitems__(list(range(BATCH))).images.clone()
-    torch.manual_seed(5)
-    out["bicubic"] = [repr(bicubic.recipe) == repr(own.recipe), bool(torch.equal(
-        got, own.__getitems__(list(range(BATCH))).images)), bool(torch.equal(got, (
-            torch.manual_seed(5), ds.__getitems__(list(range(BATCH))).images)[1]))]
+    out["bicubic"] = recipe_check(bicubic, R.RandomResizedCrop(
+        SIZE, (0.08, 1.0), (3 / 4, 4 / 3), flip=0.5, interpolation="bicubic"), ds)
 
     # train.py's default --train-interpolation random: bilinear or bicubic per sample, timm's
     # RandomResizedCropAndInterpolation; the recipe object's pixels, neither single filter's.
     loader = create_loader(train, (3, SIZE, SIZE), BATCH, use_prefetcher=True,
                            **{**TRAIN, "interpolation": "random"})
-    mixed = loader.loader.dataset
-    own = shardkit.ShardDataset(train.root, recipe=shardkit.recipes.RandomResizedCrop(
-        SIZE, (0.08, 1.0), (3 / 4, 4 / 3), flip=0.5, interpolation=("bilinear", "bicubic")))
-    torch.manual_seed(5)
-    got = mixed.__getitems__(list(range(BATCH))).images.clone()
-    torch.manual_seed(5)
-    out["random"] = [repr(mixed.recipe) == repr(own.recipe), bool(torch.equal(
-        got, own.__getitems__(list(range(BATCH))).images))] + [bool(torch.equal(got, (
-            torch.manual_seed(5), single.__getitems__(list(range(BATCH))).images)[1]))
-            for single in (ds, bicubic)]
+    out["random"] = recipe_check(loader.loader.dataset, R.RandomResizedCrop(
+        SIZE, (0.08, 1.0), (3 / 4, 4 / 3), flip=0.5, interpolation=("bilinear", "bicubic")),
+        ds, bicubic)
     out["random_batches"] = [list(images.shape) for _, (images, _) in zip(range(2), loader)]
 
     # --no-prefetcher: normalised float batches the model takes directly, mixup on them.
